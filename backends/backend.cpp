@@ -1,0 +1,88 @@
+#include "backends/backend.hpp"
+
+namespace kvsim {
+
+KvPools Backend::allocate_pools(const PoolGeometry& g, uint8_t fill_byte) {
+  validate_geometry(g);
+  KvPools p;
+  p.geometry = g;
+  for (PoolKind k : {PoolKind::primary, PoolKind::secondary}) {
+    const int i = static_cast<int>(k);
+    p.strides[i] = contiguous_strides(g, k);
+    const size_t bytes = static_cast<size_t>(g.pool_bytes(k));
+    if (bytes) {
+      p.data[i] = allocate(bytes);
+      fill(p.data[i], fill_byte, bytes);
+    }
+    if (g.has_scale_pool()) {
+      const PoolGeometry sg = g.scale_geometry();
+      p.scale_strides[i] = contiguous_strides(sg, k);
+      const size_t sbytes = static_cast<size_t>(sg.pool_bytes(k));
+      if (sbytes) {
+        p.scales[i] = allocate(sbytes);
+        fill(p.scales[i], fill_byte, sbytes);
+      }
+    }
+  }
+  return p;
+}
+
+void Backend::release_pools(KvPools& pools) noexcept {
+  for (int i = 0; i < 2; ++i) {
+    if (pools.data[i]) release(pools.data[i]);
+    if (pools.scales[i]) release(pools.scales[i]);
+    pools.data[i] = pools.scales[i] = nullptr;
+  }
+}
+
+// Every entry point: host validation first, then the backend's run_*.
+void Backend::append_paged(const KvPools& pools, const AppendPagedOp& op) {
+  validate_append_paged(pools, op);
+  run_append_paged(pools, op);
+}
+void Backend::reshape_and_cache(const KvPools& pools, const ReshapeAndCacheOp& op) {
+  validate_reshape_and_cache(pools, op);
+  run_reshape_and_cache(pools, op);
+}
+void Backend::qkv_preprocess_write(const KvPools& pools, const QkvPreprocessOp& op) {
+  validate_qkv_preprocess(pools, op);
+  run_qkv_preprocess_write(pools, op);
+}
+void Backend::append_mla(const KvPools& pools, const AppendMlaOp& op) {
+  validate_append_mla(pools, op);
+  run_append_mla(pools, op);
+}
+void Backend::indexer_k_scatter(const IndexerKScatterOp& op) {
+  validate_indexer_k_scatter(op);
+  run_indexer_k_scatter(op);
+}
+void Backend::gather_paged(const KvPools& pools, const GatherPagedOp& op) {
+  validate_gather_paged(pools, op);
+  run_gather_paged(pools, op);
+}
+void Backend::decode_attention(const KvPools& pools, const DecodeAttentionOp& op) {
+  validate_decode_attention(pools, op);
+  run_decode_attention(pools, op);
+}
+void Backend::prefill_attention(const KvPools& pools, const PrefillAttentionOp& op) {
+  validate_prefill_attention(pools, op);
+  run_prefill_attention(pools, op);
+}
+void Backend::partial_copy(const KvPools& pools, const PartialCopyOp& op) {
+  validate_partial_copy(pools, op);
+  run_partial_copy(pools, op);
+}
+void Backend::copy_blocks(const KvPools& pools, const CopyBlocksOp& op) {
+  validate_copy_blocks(pools, op);
+  run_copy_blocks(pools, op);
+}
+void Backend::offload(const KvPools& pools, const MoveBlocksOp& op) {
+  validate_move_blocks(pools, op);
+  run_move_blocks(pools, op, /*to_secondary=*/true);
+}
+void Backend::onboard(const KvPools& pools, const MoveBlocksOp& op) {
+  validate_move_blocks(pools, op);
+  run_move_blocks(pools, op, /*to_secondary=*/false);
+}
+
+}  // namespace kvsim

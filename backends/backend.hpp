@@ -1,0 +1,119 @@
+// The one backend interface that sim/ drives. A backend owns memory (pools,
+// tensors) and runs the ops of SPEC §5 on descriptors core defines. Every op
+// entry point here validates on the host first (core's validate_* functions)
+// and only then calls the backend's implementation, so a rejected op leaves
+// every pool unchanged on every backend. Backends know nothing of scenarios.
+#pragma once
+
+#include <cstddef>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <kvsim/core.hpp>
+#include <kvsim/core/ops/attention.hpp>
+#include <kvsim/core/ops/qkv_preprocess.hpp>
+#include <kvsim/core/ops/read_copy_ops.hpp>
+#include <kvsim/core/ops/write_ops.hpp>
+
+namespace kvsim {
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual std::string_view name() const = 0;
+
+  // ---- memory: pointers returned live in this backend's address space
+  virtual void* allocate(size_t bytes) = 0;
+  virtual void release(void* p) noexcept = 0;
+  virtual void to_backend(void* dst, const void* host_src, size_t bytes) = 0;
+  virtual void to_host(void* host_dst, const void* src, size_t bytes) = 0;
+  virtual void fill(void* dst, uint8_t byte, size_t bytes) = 0;
+  virtual void synchronize() {}
+
+  // Data and nvfp4 scale pools for both pool kinds, contiguous strides,
+  // filled with `fill_byte`. Validates the geometry first.
+  KvPools allocate_pools(const PoolGeometry& g, uint8_t fill_byte = 0);
+  void release_pools(KvPools& pools) noexcept;
+
+  // ---- ops (validate, then run)
+  void append_paged(const KvPools& pools, const AppendPagedOp& op);
+  void reshape_and_cache(const KvPools& pools, const ReshapeAndCacheOp& op);
+  void qkv_preprocess_write(const KvPools& pools, const QkvPreprocessOp& op);
+  void append_mla(const KvPools& pools, const AppendMlaOp& op);
+  void indexer_k_scatter(const IndexerKScatterOp& op);
+  void gather_paged(const KvPools& pools, const GatherPagedOp& op);
+  void decode_attention(const KvPools& pools, const DecodeAttentionOp& op);
+  void prefill_attention(const KvPools& pools, const PrefillAttentionOp& op);
+  void partial_copy(const KvPools& pools, const PartialCopyOp& op);
+  void copy_blocks(const KvPools& pools, const CopyBlocksOp& op);
+  void offload(const KvPools& pools, const MoveBlocksOp& op);
+  void onboard(const KvPools& pools, const MoveBlocksOp& op);
+
+ protected:
+  virtual void run_append_paged(const KvPools&, const AppendPagedOp&) = 0;
+  virtual void run_reshape_and_cache(const KvPools&, const ReshapeAndCacheOp&) = 0;
+  virtual void run_qkv_preprocess_write(const KvPools&, const QkvPreprocessOp&) = 0;
+  virtual void run_append_mla(const KvPools&, const AppendMlaOp&) = 0;
+  virtual void run_indexer_k_scatter(const IndexerKScatterOp&) = 0;
+  virtual void run_gather_paged(const KvPools&, const GatherPagedOp&) = 0;
+  virtual void run_decode_attention(const KvPools&, const DecodeAttentionOp&) = 0;
+  virtual void run_prefill_attention(const KvPools&, const PrefillAttentionOp&) = 0;
+  virtual void run_partial_copy(const KvPools&, const PartialCopyOp&) = 0;
+  virtual void run_copy_blocks(const KvPools&, const CopyBlocksOp&) = 0;
+  virtual void run_move_blocks(const KvPools&, const MoveBlocksOp&, bool to_secondary) = 0;
+};
+
+// Backend memory that frees itself.
+class BackendBuffer {
+ public:
+  BackendBuffer() = default;
+  BackendBuffer(Backend& b, size_t bytes) : backend_(&b), bytes_(bytes), ptr_(bytes ? b.allocate(bytes) : nullptr) {}
+  ~BackendBuffer() { reset(); }
+  BackendBuffer(BackendBuffer&& o) noexcept { *this = std::move(o); }
+  BackendBuffer& operator=(BackendBuffer&& o) noexcept {
+    if (this != &o) {
+      reset();
+      backend_ = o.backend_;
+      bytes_ = o.bytes_;
+      ptr_ = o.ptr_;
+      o.ptr_ = nullptr;
+      o.bytes_ = 0;
+    }
+    return *this;
+  }
+  BackendBuffer(const BackendBuffer&) = delete;
+  BackendBuffer& operator=(const BackendBuffer&) = delete;
+
+  void* get() const { return ptr_; }
+  size_t bytes() const { return bytes_; }
+  void upload(const void* host, size_t n) { backend_->to_backend(ptr_, host, n); }
+  void download(void* host, size_t n) const { backend_->to_host(host, ptr_, n); }
+  void reset() noexcept {
+    if (ptr_ && backend_) backend_->release(ptr_);
+    ptr_ = nullptr;
+    bytes_ = 0;
+  }
+
+ private:
+  Backend* backend_ = nullptr;
+  size_t bytes_ = 0;
+  void* ptr_ = nullptr;
+};
+
+// ---- registry: selecting a backend by name goes through here only.
+struct BackendOptions {
+  int threads = 0;  // cpu: oneTBB max concurrency (0 = all cores)
+};
+
+class BackendUnavailable : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+std::vector<std::string> backend_names();  // compiled-in backends
+std::unique_ptr<Backend> make_backend(std::string_view name, const BackendOptions& options = {});
+
+}  // namespace kvsim

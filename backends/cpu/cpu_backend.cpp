@@ -1,0 +1,23 @@
+#include "backends/cpu/cpu_backend.hpp"
+
+#include <cstdlib>
+#include <cstring>
+#include <new>
+
+namespace kvsim {
+
+CpuBackend::CpuBackend(int threads)
+    : arena_(threads > 0 ? threads : tbb::task_arena::automatic) {}
+
+void* CpuBackend::allocate(size_t bytes) {
+  // 64-byte alignment: whole cache lines per block, as device allocations are.
+  void* p = std::aligned_alloc(64, (bytes + 63) / 64 * 64);
+  if (!p) throw std::bad_alloc();
+  return p;
+}
+void CpuBackend::release(void* p) noexcept { std::free(p); }
+void CpuBackend::to_backend(void* dst, const void* src, size_t bytes) { std::memcpy(dst, src, bytes); }
+void CpuBackend::to_host(void* dst, const void* src, size_t bytes) { std::memcpy(dst, src, bytes); }
+void CpuBackend::fill(void* dst, uint8_t byte, size_t bytes) { std::memset(dst, byte, bytes); }
+
+}  // namespace kvsim

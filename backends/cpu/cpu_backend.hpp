@@ -1,0 +1,43 @@
+// The oneTBB CPU backend: the oracle every other backend is held to. Each op
+// runs core's work-item functions under tbb::parallel_for inside an arena of
+// the requested thread count; every output byte has exactly one writer and
+// every reduction runs inside one work item in core's canonical order, so
+// results are identical for any thread count and from run to run.
+#pragma once
+
+#include <tbb/task_arena.h>
+
+#include "backends/backend.hpp"
+
+namespace kvsim {
+
+class CpuBackend final : public Backend {
+ public:
+  explicit CpuBackend(int threads = 0);
+  std::string_view name() const override { return "cpu"; }
+  int threads() const { return arena_.max_concurrency(); }
+
+  void* allocate(size_t bytes) override;
+  void release(void* p) noexcept override;
+  void to_backend(void* dst, const void* host_src, size_t bytes) override;
+  void to_host(void* host_dst, const void* src, size_t bytes) override;
+  void fill(void* dst, uint8_t byte, size_t bytes) override;
+
+ protected:
+  void run_append_paged(const KvPools&, const AppendPagedOp&) override;
+  void run_reshape_and_cache(const KvPools&, const ReshapeAndCacheOp&) override;
+  void run_qkv_preprocess_write(const KvPools&, const QkvPreprocessOp&) override;
+  void run_append_mla(const KvPools&, const AppendMlaOp&) override;
+  void run_indexer_k_scatter(const IndexerKScatterOp&) override;
+  void run_gather_paged(const KvPools&, const GatherPagedOp&) override;
+  void run_decode_attention(const KvPools&, const DecodeAttentionOp&) override;
+  void run_prefill_attention(const KvPools&, const PrefillAttentionOp&) override;
+  void run_partial_copy(const KvPools&, const PartialCopyOp&) override;
+  void run_copy_blocks(const KvPools&, const CopyBlocksOp&) override;
+  void run_move_blocks(const KvPools&, const MoveBlocksOp&, bool to_secondary) override;
+
+ private:
+  tbb::task_arena arena_;
+};
+
+}  // namespace kvsim

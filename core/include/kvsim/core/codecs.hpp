@@ -1,0 +1,227 @@
+// Bit-exact number codecs (SPEC §4). Every function is integer arithmetic on
+// the fp32 bit pattern (or exact fp32 operations), so host and device produce
+// the same code for every input; the exhaustive tests in
+// tests/core/codecs_exhaustive_test.cpp check all 2^32 fp32 inputs against an
+// independent reference.
+//
+// Conventions (decided here, documented in docs/index-arithmetic.md §codecs):
+//  * bf16 / fp16: round to nearest even; NaN -> canonical 0x7FFF (sign dropped,
+//    as CUDA's __float2bfloat16_rn / cvt.rn.f16.f32 produce); overflow -> +-Inf.
+//  * fp8 e4m3 ("fn": no Inf, NaN = S.1111.111, max 448) and e5m2 (IEEE-like,
+//    max 57344): round to nearest even on the exact fp32 value.
+//      saturating:      finite overflow and +-Inf -> +-max (0x7E / 0x7B | sign),
+//                       which is __nv_cvt_float_to_fp8(x, __NV_SATFINITE, ...).
+//      non-saturating:  overflow -> e4m3: S.1111.111 (NaN, sign kept),
+//                       e5m2: +-Inf (0x7C | sign); +-Inf -> same.
+//      NaN -> 0x7F in every mode (sign dropped; CUDA's intrinsic keeps the sign
+//      bit, SPEC §4 fixes 0x7F). -0 and negative underflow keep the sign (0x80).
+//  * e2m1 (nvfp4 element): +-{0, .5, 1, 1.5, 2, 3, 4, 6}, sign in bit 3, round to
+//    nearest even, saturating at 6; +-Inf -> +-6; NaN -> 0x7 (+6), the PTX
+//    cvt.rn.satfinite rule of mapping NaN to the positive maximum.
+//  * int8: round to nearest even, saturate to [-128, 127]; NaN -> 0.
+#pragma once
+
+#include "bits.hpp"
+
+namespace kvsim::codec {
+
+// Round the magnitude of a finite fp32 value (bits with the sign cleared) to
+// nearest even in a binary format with EB exponent bits, MB mantissa bits and
+// bias 2^(EB-1)-1, including its subnormals. The exponent field is allowed to
+// run past the format's top: callers decide what overflow means. Works for
+// formats whose smallest subnormal is >= 2^-24 (fp16, fp8, e2m1).
+template <int EB, int MB>
+KVSIM_HD constexpr uint32_t round_magnitude(uint32_t abs_bits) {
+  constexpr int bias = (1 << (EB - 1)) - 1;
+  constexpr int min_normal_exp = 1 - bias;
+  const int exp_field = static_cast<int>(abs_bits >> 23);
+  if (exp_field == 0) return 0;  // fp32 zero/subnormal: < half the target's smallest subnormal
+  const int e = exp_field - 127;
+  const uint32_t m = (abs_bits & 0x7FFFFFu) | 0x800000u;  // 24-bit significand
+  const int shift = 23 - MB + (e < min_normal_exp ? (min_normal_exp - e) : 0);
+  if (shift >= 25) return 0;  // value < half the smallest subnormal (ties at exactly half go to 0)
+  uint32_t q = m >> shift;
+  const uint32_t rem = m & ((1u << shift) - 1u);
+  const uint32_t half = 1u << (shift - 1);
+  if (rem > half || (rem == half && (q & 1u))) ++q;
+  // Normal: q carries the implicit bit, so adding the biased exponent minus one
+  // lets a mantissa carry roll into the exponent. Subnormal: q is the code.
+  if (e >= min_normal_exp) return (static_cast<uint32_t>(e + bias - 1) << MB) + q;
+  return q;
+}
+
+// Decode a sign-less code of a binary format (no Inf/NaN handling) to fp32, exactly.
+template <int EB, int MB>
+KVSIM_HD constexpr float decode_magnitude(uint32_t code) {
+  constexpr int bias = (1 << (EB - 1)) - 1;
+  const uint32_t e = code >> MB;
+  const uint32_t m = code & ((1u << MB) - 1u);
+  if (e == 0) {
+    // subnormal: m * 2^(1 - bias - MB); both factors exact in fp32, product exact
+    return static_cast<float>(m) * bits_float(static_cast<uint32_t>(127 + 1 - bias - MB) << 23);
+  }
+  return bits_float((static_cast<uint32_t>(static_cast<int>(e) - bias + 127) << 23) | (m << (23 - MB)));
+}
+
+// ---------------------------------------------------------------- bf16, fp16
+inline constexpr uint16_t kCanonicalNaN16 = 0x7FFF;
+
+KVSIM_HD constexpr uint16_t f32_to_bf16(float f) {
+  const uint32_t x = float_bits(f);
+  if (is_nan_bits(x)) return kCanonicalNaN16;
+  return static_cast<uint16_t>((x + 0x7FFFu + ((x >> 16) & 1u)) >> 16);
+}
+
+KVSIM_HD constexpr float bf16_to_f32(uint16_t h) { return bits_float(static_cast<uint32_t>(h) << 16); }
+
+KVSIM_HD constexpr uint16_t f32_to_f16(float f) {
+  const uint32_t x = float_bits(f);
+  if (is_nan_bits(x)) return kCanonicalNaN16;
+  const uint16_t sign = static_cast<uint16_t>((x >> 16) & 0x8000u);
+  const uint32_t a = x & 0x7FFFFFFFu;
+  if (a >= 0x7F800000u) return sign | 0x7C00u;  // Inf
+  const uint32_t code = round_magnitude<5, 10>(a);
+  return sign | static_cast<uint16_t>(code >= 0x7C00u ? 0x7C00u : code);
+}
+
+KVSIM_HD constexpr float f16_to_f32(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  const uint32_t mag = h & 0x7FFFu;
+  if (mag >= 0x7C00u) {
+    const uint32_t mant = mag & 0x3FFu;
+    return bits_float(sign | 0x7F800000u | (mant << 13));  // Inf, or NaN with its payload
+  }
+  return bits_float(float_bits(decode_magnitude<5, 10>(mag)) | sign);
+}
+
+// ---------------------------------------------------------------- fp8
+enum class Saturation : uint8_t { finite, none };  // finite = __NV_SATFINITE
+
+inline constexpr uint8_t kFp8NaN = 0x7F;
+inline constexpr uint8_t kE4m3MaxCode = 0x7E;  // 448
+inline constexpr uint8_t kE5m2MaxCode = 0x7B;  // 57344
+inline constexpr uint8_t kE5m2InfCode = 0x7C;
+
+KVSIM_HD constexpr uint8_t f32_to_e4m3(float f, Saturation sat = Saturation::finite) {
+  const uint32_t x = float_bits(f);
+  if (is_nan_bits(x)) return kFp8NaN;
+  const uint8_t sign = static_cast<uint8_t>((x >> 24) & 0x80u);
+  const uint32_t a = x & 0x7FFFFFFFu;
+  const uint32_t code = (a == 0x7F800000u) ? 0xFFu : round_magnitude<4, 3>(a);
+  if (code > kE4m3MaxCode) return sign | (sat == Saturation::finite ? kE4m3MaxCode : kFp8NaN);
+  return sign | static_cast<uint8_t>(code);
+}
+
+KVSIM_HD constexpr float e4m3_to_f32(uint8_t c) {
+  const uint32_t sign = static_cast<uint32_t>(c & 0x80u) << 24;
+  const uint32_t mag = c & 0x7Fu;
+  if (mag == 0x7Fu) return bits_float(sign | 0x7FC00000u);  // NaN
+  return bits_float(float_bits(decode_magnitude<4, 3>(mag)) | sign);
+}
+
+KVSIM_HD constexpr uint8_t f32_to_e5m2(float f, Saturation sat = Saturation::finite) {
+  const uint32_t x = float_bits(f);
+  if (is_nan_bits(x)) return kFp8NaN;
+  const uint8_t sign = static_cast<uint8_t>((x >> 24) & 0x80u);
+  const uint32_t a = x & 0x7FFFFFFFu;
+  const uint32_t code = (a == 0x7F800000u) ? 0xFFu : round_magnitude<5, 2>(a);
+  if (code > kE5m2MaxCode) return sign | (sat == Saturation::finite ? kE5m2MaxCode : kE5m2InfCode);
+  return sign | static_cast<uint8_t>(code);
+}
+
+KVSIM_HD constexpr float e5m2_to_f32(uint8_t c) {
+  const uint32_t sign = static_cast<uint32_t>(c & 0x80u) << 24;
+  const uint32_t mag = c & 0x7Fu;
+  if (mag >= kE5m2InfCode) return bits_float(sign | 0x7F800000u | ((mag & 3u) << 21));
+  return bits_float(float_bits(decode_magnitude<5, 2>(mag)) | sign);
+}
+
+// ---------------------------------------------------------------- e2m1 (fp4)
+inline constexpr uint8_t kE2m1MaxCode = 0x7;  // 6.0
+
+KVSIM_HD constexpr uint8_t f32_to_e2m1(float f) {
+  const uint32_t x = float_bits(f);
+  if (is_nan_bits(x)) return kE2m1MaxCode;
+  const uint8_t sign = static_cast<uint8_t>((x >> 28) & 0x8u);
+  const uint32_t a = x & 0x7FFFFFFFu;
+  const uint32_t code = (a == 0x7F800000u) ? 0xFu : round_magnitude<2, 1>(a);
+  return sign | static_cast<uint8_t>(code > kE2m1MaxCode ? kE2m1MaxCode : code);
+}
+
+KVSIM_HD constexpr float e2m1_to_f32(uint8_t c) {
+  const float mag = decode_magnitude<2, 1>(c & 0x7u);
+  return (c & 0x8u) ? bits_float(float_bits(mag) | 0x80000000u) : mag;
+}
+
+// ---------------------------------------------------------------- int8
+// Round to nearest even for |x| < 2^24 (callers clamp first).
+KVSIM_HD constexpr int32_t round_half_even_small(float f) {
+  const uint32_t x = float_bits(f);
+  const uint32_t a = x & 0x7FFFFFFFu;
+  const int e = static_cast<int>(a >> 23) - 127;
+  if (e < -1) return 0;
+  const uint32_t m = (a & 0x7FFFFFu) | 0x800000u;
+  const int shift = 23 - e;  // 1..24 for e in [-1, 22]
+  uint32_t q = m >> shift;
+  const uint32_t rem = m & ((1u << shift) - 1u);
+  const uint32_t half = 1u << (shift - 1);
+  if (rem > half || (rem == half && (q & 1u))) ++q;
+  return (x >> 31) ? -static_cast<int32_t>(q) : static_cast<int32_t>(q);
+}
+
+KVSIM_HD constexpr int8_t f32_to_int8(float f) {
+  if (is_nan(f)) return 0;
+  if (f >= 128.0f) return 127;
+  if (f <= -129.0f) return -128;
+  const int32_t r = round_half_even_small(f);
+  return static_cast<int8_t>(r > 127 ? 127 : (r < -128 ? -128 : r));
+}
+
+KVSIM_HD constexpr float int8_to_f32(int8_t v) { return static_cast<float>(v); }
+
+// ---------------------------------------------------------------- nvfp4 block
+// One 16-element NVFP4 block (SPEC §4): amax = max|x| (NaN elements ignored);
+// sf = amax / (6*g); sf8 = e4m3_satfinite(sf); out = 1 / (float(sf8) * g), or 0
+// when amax, sf8 or g is 0; code_i = e2m1(x_i * out). Element 2i goes to the
+// low nibble of byte i. Decode: (e2m1(code) * float(sf8)) * g. g must be
+// finite and > 0 (checked by validation before any op runs).
+inline constexpr int kNvfp4BlockElems = 16;
+
+KVSIM_HD constexpr uint8_t nvfp4_block_scale(const float* x, float global_scale) {
+  float amax = 0.0f;
+  for (int i = 0; i < kNvfp4BlockElems; ++i) {
+    const float a = abs_f32(x[i]);
+    amax = (a > amax) ? a : amax;
+  }
+  const float sf = amax / (6.0f * global_scale);
+  return f32_to_e4m3(sf, Saturation::finite);
+}
+
+KVSIM_HD constexpr float nvfp4_encode_multiplier(uint8_t scale_code, float global_scale) {
+  const float sf8 = e4m3_to_f32(scale_code);
+  if (sf8 == 0.0f || global_scale == 0.0f) return 0.0f;  // amax == 0 gives sf8 == 0
+  return 1.0f / (sf8 * global_scale);
+}
+
+// Quantize 16 fp32 values; writes 8 packed bytes and returns the scale byte.
+KVSIM_HD constexpr uint8_t nvfp4_quantize16(const float* x, float global_scale, uint8_t* packed) {
+  const uint8_t scale_code = nvfp4_block_scale(x, global_scale);
+  const float out = nvfp4_encode_multiplier(scale_code, global_scale);
+  for (int i = 0; i < kNvfp4BlockElems / 2; ++i) {
+    const uint8_t lo = f32_to_e2m1(x[2 * i] * out);
+    const uint8_t hi = f32_to_e2m1(x[2 * i + 1] * out);
+    packed[i] = static_cast<uint8_t>(lo | (hi << 4));
+  }
+  return scale_code;
+}
+
+KVSIM_HD constexpr float nvfp4_decode(uint8_t nibble, uint8_t scale_code, float global_scale) {
+  return (e2m1_to_f32(nibble) * e4m3_to_f32(scale_code)) * global_scale;
+}
+
+KVSIM_HD constexpr uint8_t nibble_at(const uint8_t* packed, int64_t element) {
+  const uint8_t byte = packed[element >> 1];
+  return (element & 1) ? static_cast<uint8_t>(byte >> 4) : static_cast<uint8_t>(byte & 0xFu);
+}
+
+}  // namespace kvsim::codec

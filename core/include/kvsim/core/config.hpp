@@ -1,0 +1,27 @@
+// kvsim core configuration: the one place that decides how a core function is
+// compiled for host and device. core/ is header-only and knows nothing of TBB,
+// CUDA runtime APIs, TOML or the CLI; a .cu file that includes it gets device
+// versions of every KVSIM_HD function for free.
+#pragma once
+
+#include <cstdint>
+
+#if defined(__CUDACC__)
+#define KVSIM_HD __host__ __device__
+#define KVSIM_FORCEINLINE __forceinline__
+#else
+#define KVSIM_HD
+#define KVSIM_FORCEINLINE inline
+#endif
+
+// Exactness guard (SPEC §1): fast-math would let the compiler reassociate and
+// contract the canonical order, so refuse to build under it.
+#if defined(__FAST_MATH__)
+#error "kvsim must not be compiled with -ffast-math: outputs must be bit-exact"
+#endif
+
+namespace kvsim {
+
+inline constexpr const char* kVersion = "0.1.0";
+
+}  // namespace kvsim

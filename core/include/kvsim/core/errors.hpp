@@ -1,0 +1,73 @@
+// Named validation errors (SPEC §3). Every rejection in kvsim carries one of
+// these codes plus a message naming the sequence, the entry, the value and the
+// rule; validation always happens before any byte moves, so a thrown
+// ValidationError means every pool is unchanged.
+#pragma once
+
+#include <stdexcept>
+#include <string>
+#include <string_view>
+
+namespace kvsim {
+
+enum class ErrorCode {
+  bad_geometry,              // a PoolGeometry field out of its range
+  bad_strides,               // caller strides overlap or leave the pool
+  unsupported_head_dim,      // head_dim the layout, dtype or op does not support
+  unsupported_page_size,     // tokens_per_block outside 1..1024 or not allowed by the op
+  indptr_bad_start,          // indptr[0] != 0
+  non_monotone_indptr,       // indptr[b+1] < indptr[b]
+  indices_size_mismatch,     // indices.size() != indptr[n]
+  block_out_of_range,        // a block id >= the pool's block count (or negative, not BAD_PAGE)
+  last_page_len_out_of_range,// last_page_len[b] not in [1, P] for a sequence with pages
+  position_beyond_sequence,  // a token position outside [0, length)
+  write_through_bad_page,    // a write lands on a BAD_PAGE (-1) entry
+  slot_beyond_pool,          // slot >= blocks * P
+  shared_block_write,        // two live sequences write one block in one op
+  secondary_not_onboarded,   // a secondary-pool reference used by a read or write
+  bad_global_scale,          // nvfp4 global scale not finite and > 0
+  bad_window,                // window/sink parameters inconsistent
+  shape_mismatch,            // tensor shape or dtype does not match what the op needs
+  bad_argument,              // any other argument the op cannot accept
+};
+
+constexpr std::string_view error_name(ErrorCode c) {
+  switch (c) {
+    case ErrorCode::bad_geometry: return "bad_geometry";
+    case ErrorCode::bad_strides: return "bad_strides";
+    case ErrorCode::unsupported_head_dim: return "unsupported_head_dim";
+    case ErrorCode::unsupported_page_size: return "unsupported_page_size";
+    case ErrorCode::indptr_bad_start: return "indptr_bad_start";
+    case ErrorCode::non_monotone_indptr: return "non_monotone_indptr";
+    case ErrorCode::indices_size_mismatch: return "indices_size_mismatch";
+    case ErrorCode::block_out_of_range: return "block_out_of_range";
+    case ErrorCode::last_page_len_out_of_range: return "last_page_len_out_of_range";
+    case ErrorCode::position_beyond_sequence: return "position_beyond_sequence";
+    case ErrorCode::write_through_bad_page: return "write_through_bad_page";
+    case ErrorCode::slot_beyond_pool: return "slot_beyond_pool";
+    case ErrorCode::shared_block_write: return "shared_block_write";
+    case ErrorCode::secondary_not_onboarded: return "secondary_not_onboarded";
+    case ErrorCode::bad_global_scale: return "bad_global_scale";
+    case ErrorCode::bad_window: return "bad_window";
+    case ErrorCode::shape_mismatch: return "shape_mismatch";
+    case ErrorCode::bad_argument: return "bad_argument";
+  }
+  return "unknown";
+}
+
+class ValidationError : public std::runtime_error {
+ public:
+  ValidationError(ErrorCode code, const std::string& message)
+      : std::runtime_error(std::string(error_name(code)) + ": " + message), code_(code) {}
+  ErrorCode code() const noexcept { return code_; }
+  std::string_view name() const noexcept { return error_name(code_); }
+
+ private:
+  ErrorCode code_;
+};
+
+[[noreturn]] inline void fail(ErrorCode code, const std::string& message) {
+  throw ValidationError(code, message);
+}
+
+}  // namespace kvsim

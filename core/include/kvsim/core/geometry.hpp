@@ -1,0 +1,297 @@
+// Pool geometry, block layouts, layer placement, strides and THE offset
+// function (SPEC §2). Every element offset in kvsim -- both backends, the
+// `explain` subcommand and the docs -- comes from element_offset() below.
+//
+// A pool is one tensor per pool kind (primary, secondary):
+//   in_block  (TensorRT-LLM):        [block][layer][kv][block-inner]
+//   per_layer (FlashInfer / vLLM):   [layer][block][kv][block-inner]
+// block-inner, for one (layer, kv):
+//   NHD:            [token][head][dim]
+//   HND:            [head][token][dim]
+//   split-x K:      [head][dim/x][token][x]      (vLLM, x = 16 bytes / element)
+//   split-x V:      [head][dim][token]
+// Offsets are in elements (nibbles for nvfp4) and 64-bit throughout:
+// FlashInfer #3130 read the wrong page through 32-bit stride arithmetic.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "dtype.hpp"
+#include "errors.hpp"
+
+namespace kvsim {
+
+enum class BlockLayout : uint8_t { nhd, hnd, split_x };
+enum class LayerPlacement : uint8_t { in_block, per_layer };
+enum class PoolKind : uint8_t { primary, secondary };
+
+constexpr std::string_view layout_name(BlockLayout l) {
+  switch (l) {
+    case BlockLayout::nhd: return "nhd";
+    case BlockLayout::hnd: return "hnd";
+    case BlockLayout::split_x: return "split-x";
+  }
+  return "?";
+}
+constexpr std::optional<BlockLayout> parse_layout(std::string_view s) {
+  if (s == "nhd" || s == "NHD") return BlockLayout::nhd;
+  if (s == "hnd" || s == "HND") return BlockLayout::hnd;
+  if (s == "split-x" || s == "split_x") return BlockLayout::split_x;
+  return std::nullopt;
+}
+constexpr std::string_view placement_name(LayerPlacement p) {
+  return p == LayerPlacement::in_block ? "in_block" : "per_layer";
+}
+constexpr std::optional<LayerPlacement> parse_placement(std::string_view s) {
+  if (s == "in_block" || s == "in-block") return LayerPlacement::in_block;
+  if (s == "per_layer" || s == "per-layer") return LayerPlacement::per_layer;
+  return std::nullopt;
+}
+
+inline constexpr int32_t kMaxTokensPerBlock = 1024;
+
+// Divides a token index by the page size. Powers of two take the shift/mask
+// path real kernels use; the result is identical either way (tested).
+struct PageDivider {
+  int32_t page_size = 1;
+  int32_t shift = 0;
+  bool pow2 = true;
+
+  KVSIM_HD static constexpr PageDivider make(int32_t p) {
+    PageDivider d;
+    d.page_size = p;
+    d.pow2 = p > 0 && (p & (p - 1)) == 0;
+    d.shift = 0;
+    if (d.pow2)
+      while ((1 << d.shift) < p) ++d.shift;
+    return d;
+  }
+  // x >= 0: quotient (page) and remainder (entry).
+  KVSIM_HD constexpr int64_t div(int64_t x) const { return pow2 ? (x >> shift) : x / page_size; }
+  KVSIM_HD constexpr int32_t mod(int64_t x) const {
+    return static_cast<int32_t>(pow2 ? (x & (page_size - 1)) : x % page_size);
+  }
+};
+
+struct PoolGeometry {
+  int32_t layers = 1;
+  int32_t kv_factor = 2;  // 2 = separate K and V; 1 = one latent tensor (MLA)
+  int32_t kv_heads = 1;
+  int32_t tokens_per_block = 16;
+  int32_t head_dim = 128;
+  CacheDtype dtype = CacheDtype::bf16;
+  BlockLayout layout = BlockLayout::nhd;
+  LayerPlacement placement = LayerPlacement::in_block;
+  int64_t primary_blocks = 1;
+  int64_t secondary_blocks = 0;
+
+  KVSIM_HD constexpr int64_t blocks(PoolKind k) const {
+    return k == PoolKind::primary ? primary_blocks : secondary_blocks;
+  }
+  // vLLM's x: elements per 16 bytes (fp32 4, 16-bit 8, 8-bit 16).
+  KVSIM_HD constexpr int32_t split_x() const { return 128 / bits_per_element(dtype); }
+  // Elements of one (block, layer, kv) sub-block.
+  KVSIM_HD constexpr int64_t inner_elements() const {
+    return static_cast<int64_t>(kv_heads) * tokens_per_block * head_dim;
+  }
+  // Elements of one block across all layers and K/V.
+  KVSIM_HD constexpr int64_t block_elements() const {
+    return static_cast<int64_t>(layers) * kv_factor * inner_elements();
+  }
+  KVSIM_HD constexpr int64_t pool_elements(PoolKind k) const { return blocks(k) * block_elements(); }
+  KVSIM_HD constexpr int64_t bytes_for(int64_t elements) const {
+    return (elements * bits_per_element(dtype) + 7) / 8;
+  }
+  KVSIM_HD constexpr int64_t block_bytes() const { return bytes_for(block_elements()); }
+  KVSIM_HD constexpr int64_t pool_bytes(PoolKind k) const { return bytes_for(pool_elements(k)); }
+  KVSIM_HD constexpr PageDivider page_divider() const { return PageDivider::make(tokens_per_block); }
+
+  // The nvfp4 block-scale pool: the data pool's shape with head_dim / 16, one
+  // byte per entry (linear K and V scales, as FlashInfer's append writes them).
+  KVSIM_HD constexpr bool has_scale_pool() const { return dtype == CacheDtype::nvfp4; }
+  KVSIM_HD constexpr PoolGeometry scale_geometry() const {
+    PoolGeometry g = *this;
+    g.head_dim = head_dim / 16;
+    g.dtype = CacheDtype::fp8_e4m3;  // one byte per entry
+    g.layout = layout == BlockLayout::split_x ? BlockLayout::nhd : layout;
+    return g;
+  }
+};
+
+// Strides (in elements) of the inner [head][token][dim] coordinates of one
+// (layer, kv) sub-block. dim is split as (dim / x, dim % x) so vLLM's split-x
+// K layout is one more stride, not a special case: non-split layouts use x = D.
+struct InnerStrides {
+  int64_t head = 0;
+  int64_t token = 0;
+  int64_t dim_outer = 0;  // stride of dim / x
+  int64_t dim_inner = 1;  // stride of dim % x
+  int32_t x = 1;
+};
+
+struct PoolStrides {
+  int64_t block = 0;
+  int64_t layer = 0;
+  int64_t kv = 0;
+  InnerStrides inner[2];  // [kv]: split-x K and V differ
+};
+
+KVSIM_HD constexpr InnerStrides contiguous_inner_strides(const PoolGeometry& g, int32_t kv) {
+  const int64_t H = g.kv_heads, P = g.tokens_per_block, D = g.head_dim;
+  InnerStrides s{};
+  switch (g.layout) {
+    case BlockLayout::nhd:
+      s = InnerStrides{D, H * D, D, 1, g.head_dim};
+      break;
+    case BlockLayout::hnd:
+      s = InnerStrides{P * D, D, D, 1, g.head_dim};
+      break;
+    case BlockLayout::split_x: {
+      const int64_t x = g.split_x();
+      if (kv == 0)
+        s = InnerStrides{D * P, x, P * x, 1, static_cast<int32_t>(x)};  // K [head][dim/x][token][x]
+      else
+        s = InnerStrides{D * P, 1, 0, P, g.head_dim};  // V [head][dim][token]
+      break;
+    }
+  }
+  return s;
+}
+
+// Dense strides of the pool tensor for one pool kind. per_layer needs the
+// pool's block count for its layer stride, so primary and secondary differ.
+KVSIM_HD constexpr PoolStrides contiguous_strides(const PoolGeometry& g, PoolKind kind = PoolKind::primary) {
+  PoolStrides s{};
+  const int64_t inner = g.inner_elements();
+  s.kv = inner;
+  if (g.placement == LayerPlacement::in_block) {
+    s.layer = g.kv_factor * inner;
+    s.block = g.layers * s.layer;
+  } else {
+    s.block = g.kv_factor * inner;
+    s.layer = g.blocks(kind) * s.block;
+  }
+  s.inner[0] = contiguous_inner_strides(g, 0);
+  s.inner[1] = contiguous_inner_strides(g, 1);
+  return s;
+}
+
+// THE offset function: element offset of (block, layer, kv, head, token, dim)
+// in a pool tensor with strides s. For nvfp4 the unit is a nibble: byte =
+// offset >> 1, element 2i in the low nibble.
+KVSIM_HD constexpr int64_t element_offset(const PoolStrides& s, int64_t block, int32_t layer, int32_t kv,
+                                          int32_t head, int32_t token, int32_t dim) {
+  const InnerStrides& in = s.inner[kv];
+  return block * s.block + static_cast<int64_t>(layer) * s.layer + static_cast<int64_t>(kv) * s.kv +
+         static_cast<int64_t>(head) * in.head + static_cast<int64_t>(token) * in.token +
+         static_cast<int64_t>(dim / in.x) * in.dim_outer + static_cast<int64_t>(dim % in.x) * in.dim_inner;
+}
+
+// Byte holding an element (the element's first byte for multi-byte types).
+KVSIM_HD constexpr int64_t element_byte_offset(int64_t element_offset, CacheDtype t) {
+  return element_offset * bits_per_element(t) / 8;
+}
+
+// Offset of the nvfp4 scale byte covering dim (dim / 16) in the scale pool.
+KVSIM_HD constexpr int64_t scale_offset(const PoolStrides& scale_strides, int64_t block, int32_t layer, int32_t kv,
+                                        int32_t head, int32_t token, int32_t dim) {
+  return element_offset(scale_strides, block, layer, kv, head, token, dim / 16);
+}
+
+// ---------------------------------------------------------------- validation
+
+inline std::string geometry_summary(const PoolGeometry& g) {
+  return "L=" + std::to_string(g.layers) + " F=" + std::to_string(g.kv_factor) + " H=" + std::to_string(g.kv_heads) +
+         " P=" + std::to_string(g.tokens_per_block) + " D=" + std::to_string(g.head_dim) + " " +
+         std::string(dtype_name(g.dtype)) + " " + std::string(layout_name(g.layout)) + " " +
+         std::string(placement_name(g.placement));
+}
+
+// Rejects every geometry the contract does not support, naming field and value.
+inline void validate_geometry(const PoolGeometry& g) {
+  auto bad = [&](ErrorCode c, const std::string& what) { fail(c, what + " (geometry " + geometry_summary(g) + ")"); };
+  if (g.layers < 1) bad(ErrorCode::bad_geometry, "layers = " + std::to_string(g.layers) + " must be >= 1");
+  if (g.kv_factor != 1 && g.kv_factor != 2)
+    bad(ErrorCode::bad_geometry, "kv_factor = " + std::to_string(g.kv_factor) + " must be 1 (MLA latent) or 2 (K and V)");
+  if (g.kv_heads < 1) bad(ErrorCode::bad_geometry, "kv_heads = " + std::to_string(g.kv_heads) + " must be >= 1");
+  if (g.tokens_per_block < 1 || g.tokens_per_block > kMaxTokensPerBlock)
+    bad(ErrorCode::unsupported_page_size,
+        "tokens_per_block = " + std::to_string(g.tokens_per_block) + " must be in 1..1024");
+  if (g.head_dim < 1) bad(ErrorCode::unsupported_head_dim, "head_dim = " + std::to_string(g.head_dim) + " must be >= 1");
+  if (g.primary_blocks < 1)
+    bad(ErrorCode::bad_geometry, "primary_blocks = " + std::to_string(g.primary_blocks) + " must be >= 1");
+  if (g.secondary_blocks < 0)
+    bad(ErrorCode::bad_geometry, "secondary_blocks = " + std::to_string(g.secondary_blocks) + " must be >= 0");
+  if (g.dtype == CacheDtype::nvfp4 && g.head_dim % 16 != 0)
+    bad(ErrorCode::unsupported_head_dim,
+        "head_dim = " + std::to_string(g.head_dim) + " must be a multiple of 16 for nvfp4 (one scale per 16 elements)");
+  if (g.layout == BlockLayout::split_x) {
+    if (g.dtype == CacheDtype::nvfp4)
+      bad(ErrorCode::bad_geometry, "split-x layout does not support nvfp4 (x = 16 bytes / element is not whole)");
+    else if (g.head_dim % g.split_x() != 0)
+      bad(ErrorCode::unsupported_head_dim, "head_dim = " + std::to_string(g.head_dim) +
+                                               " must be a multiple of x = " + std::to_string(g.split_x()) +
+                                               " for split-x with " + std::string(dtype_name(g.dtype)));
+  }
+  // 64-bit element count of the larger pool must not overflow.
+  const long double total = static_cast<long double>(g.layers) * g.kv_factor * g.kv_heads * g.tokens_per_block *
+                            g.head_dim * static_cast<long double>(g.primary_blocks > g.secondary_blocks ? g.primary_blocks
+                                                                                                        : g.secondary_blocks);
+  if (total > 4.0e18L) bad(ErrorCode::bad_geometry, "pool has more than 4e18 elements");
+}
+
+// Caller strides must keep every element inside `pool_elements` and map
+// distinct coordinates to distinct elements. Checked with the sufficient
+// condition of PyTorch-style overlap checks: sorted by stride, each stride
+// exceeds the span of all smaller ones.
+inline void validate_strides(const PoolGeometry& g, const PoolStrides& s, PoolKind kind, int64_t pool_elements) {
+  const int64_t blocks = g.blocks(kind);
+  for (int kv = 0; kv < g.kv_factor; ++kv) {
+    const InnerStrides& in = s.inner[kv];
+    if (in.x < 1 || g.head_dim % in.x != 0)
+      fail(ErrorCode::bad_strides, "kv " + std::to_string(kv) + ": x = " + std::to_string(in.x) +
+                                       " must divide head_dim = " + std::to_string(g.head_dim));
+    struct Dim {
+      int64_t stride, extent;
+      const char* name;
+    } dims[] = {{s.block, blocks, "block"},
+                {s.layer, g.layers, "layer"},
+                {s.kv, g.kv_factor, "kv"},
+                {in.head, g.kv_heads, "head"},
+                {in.token, g.tokens_per_block, "token"},
+                {in.dim_outer, g.head_dim / in.x, "dim/x"},
+                {in.dim_inner, in.x, "dim%x"}};
+    int64_t max_offset = 0;
+    for (const Dim& d : dims) {
+      if (d.stride < 0) fail(ErrorCode::bad_strides, std::string("stride of ") + d.name + " is negative");
+      if (d.extent > 0) max_offset += d.stride * (d.extent - 1);
+    }
+    if (blocks > 0 && max_offset >= pool_elements)
+      fail(ErrorCode::bad_strides, "kv " + std::to_string(kv) + ": largest offset " + std::to_string(max_offset) +
+                                       " lies beyond the pool of " + std::to_string(pool_elements) + " elements");
+    // Overlap check over dims with extent > 1.
+    Dim live[7];
+    int n = 0;
+    for (const Dim& d : dims)
+      if (d.extent > 1) live[n++] = d;
+    for (int i = 1; i < n; ++i)
+      for (int j = i; j > 0 && live[j].stride < live[j - 1].stride; --j) {
+        Dim t = live[j];
+        live[j] = live[j - 1];
+        live[j - 1] = t;
+      }
+    int64_t span = 0;
+    for (int i = 0; i < n; ++i) {
+      if (live[i].stride <= span)
+        fail(ErrorCode::bad_strides, std::string("stride of ") + live[i].name + " = " + std::to_string(live[i].stride) +
+                                         " overlaps the span " + std::to_string(span) + " of smaller dimensions");
+      span += live[i].stride * (live[i].extent - 1);
+    }
+  }
+  if (g.kv_factor == 2 && s.inner[0].x != s.inner[1].x && g.layout != BlockLayout::split_x)
+    fail(ErrorCode::bad_strides, "K and V inner x differ outside split-x");
+}
+
+}  // namespace kvsim

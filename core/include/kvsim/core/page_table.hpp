@@ -1,0 +1,215 @@
+// The page-table contract (SPEC §3): CSR tables (FlashInfer), dense block
+// tables (TensorRT-LLM / vLLM), slot mappings (vLLM), append coordinates and
+// primary/secondary block references (TensorRT-LLM KVCacheIndex). The views
+// are plain pointers + sizes so the same struct serves the host reference and
+// a kernel (as FlashInfer's paged_kv_t does); validate_* are host-only and
+// throw a named ValidationError before any byte moves.
+#pragma once
+
+#include <span>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "errors.hpp"
+#include "geometry.hpp"
+
+namespace kvsim {
+
+inline constexpr int32_t kBadPage = -1;
+
+// A block reference: -1 is BAD_PAGE; otherwise the top bit selects the
+// secondary pool (TensorRT-LLM's KVCacheIndex) and the low 31 bits the block.
+struct BlockRef {
+  int32_t raw = kBadPage;
+  static constexpr uint32_t kSecondaryBit = 0x80000000u;
+
+  KVSIM_HD static constexpr BlockRef primary(int32_t block) { return BlockRef{block}; }
+  KVSIM_HD static constexpr BlockRef secondary(int32_t block) {
+    return BlockRef{static_cast<int32_t>(static_cast<uint32_t>(block) | kSecondaryBit)};
+  }
+  KVSIM_HD constexpr bool is_bad() const { return raw == kBadPage; }
+  KVSIM_HD constexpr bool is_secondary() const { return !is_bad() && (static_cast<uint32_t>(raw) & kSecondaryBit); }
+  KVSIM_HD constexpr int32_t block() const { return static_cast<int32_t>(static_cast<uint32_t>(raw) & ~kSecondaryBit); }
+  KVSIM_HD constexpr PoolKind pool() const { return is_secondary() ? PoolKind::secondary : PoolKind::primary; }
+};
+
+inline std::string describe_ref(BlockRef r) {
+  if (r.is_bad()) return "BAD_PAGE(-1)";
+  return std::string(r.is_secondary() ? "secondary:" : "") + std::to_string(r.block());
+}
+
+// ---------------------------------------------------------------- CSR view
+// length(b) = 0 without pages, else (pages - 1) * P + last_page_len[b].
+struct CsrPageTable {
+  const int32_t* indptr = nullptr;         // [batch + 1]
+  const int32_t* indices = nullptr;        // [indptr[batch]] raw BlockRefs
+  const int32_t* last_page_len = nullptr;  // [batch]
+  int32_t batch = 0;
+  PageDivider page;
+
+  KVSIM_HD constexpr int32_t num_pages(int32_t b) const { return indptr[b + 1] - indptr[b]; }
+  KVSIM_HD constexpr int64_t length(int32_t b) const {
+    const int32_t n = num_pages(b);
+    return n == 0 ? 0 : static_cast<int64_t>(n - 1) * page.page_size + last_page_len[b];
+  }
+  // FlashInfer's divmod: (indptr[b] * P + position) -> (global page slot, entry).
+  KVSIM_HD constexpr void locate(int32_t b, int64_t position, int64_t& page_slot, int32_t& entry) const {
+    const int64_t linear = static_cast<int64_t>(indptr[b]) * page.page_size + position;
+    page_slot = page.div(linear);
+    entry = page.mod(linear);
+  }
+  KVSIM_HD constexpr BlockRef block_at(int64_t page_slot) const { return BlockRef{indices[page_slot]}; }
+};
+
+// ---------------------------------------------------------------- dense table
+// [batch, max_blocks_per_seq] padded with -1 (BAD_PAGE).
+struct DenseBlockTable {
+  const int32_t* table = nullptr;
+  int32_t batch = 0;
+  int32_t max_blocks_per_seq = 0;
+
+  KVSIM_HD constexpr BlockRef block_at(int32_t b, int64_t logical_page) const {
+    if (logical_page < 0 || logical_page >= max_blocks_per_seq) return BlockRef{kBadPage};
+    return BlockRef{table[static_cast<int64_t>(b) * max_blocks_per_seq + logical_page]};
+  }
+};
+
+// ---------------------------------------------------------------- slots
+// vLLM: slot = block * P + offset; a negative slot means "skip this token".
+struct SlotLocation {
+  int64_t block;
+  int32_t entry;
+};
+KVSIM_HD constexpr SlotLocation locate_slot(int64_t slot, PageDivider page) {
+  return SlotLocation{page.div(slot), page.mod(slot)};
+}
+
+// ---------------------------------------------------------------- validation helpers
+namespace detail {
+inline std::string seq_entry(int32_t b, const char* array, int64_t i) {
+  return "sequence " + std::to_string(b) + ", " + array + "[" + std::to_string(i) + "]";
+}
+}  // namespace detail
+
+// A reference used by an op: must be a live block of a primary pool in range.
+inline void validate_block_ref(BlockRef r, const PoolGeometry& g, const std::string& where, bool is_write) {
+  if (r.is_bad()) {
+    if (is_write)
+      fail(ErrorCode::write_through_bad_page,
+           where + " = -1 (BAD_PAGE): rule: a write must land in a live page, never through BAD_PAGE");
+    return;  // reads of BAD_PAGE are defined per op (gather reads zeros)
+  }
+  if (r.is_secondary()) {
+    if (r.block() >= g.secondary_blocks)
+      fail(ErrorCode::block_out_of_range, where + " = " + describe_ref(r) + ": rule: block id < secondary_blocks = " +
+                                              std::to_string(g.secondary_blocks));
+    fail(ErrorCode::secondary_not_onboarded,
+         where + " = " + describe_ref(r) + ": rule: a secondary-pool block must be onboarded before it is read or written");
+  }
+  if (r.raw < 0 || r.block() >= g.primary_blocks)
+    fail(ErrorCode::block_out_of_range, where + " = " + std::to_string(r.raw) +
+                                            ": rule: block id must be in [0, primary_blocks = " +
+                                            std::to_string(g.primary_blocks) + ")");
+}
+
+// CSR structure: indptr starts at 0 and never decreases, indices has
+// indptr[n] entries, every entry is a valid reference (BAD_PAGE rejected when
+// `for_write`), last_page_len in [1, P] for each sequence with pages.
+inline void validate_csr(std::span<const int32_t> indptr, std::span<const int32_t> indices,
+                         std::span<const int32_t> last_page_len, const PoolGeometry& g, bool for_write) {
+  if (indptr.empty()) fail(ErrorCode::shape_mismatch, "indptr is empty: rule: indptr has batch + 1 entries");
+  const int64_t batch = static_cast<int64_t>(indptr.size()) - 1;
+  if (indptr[0] != 0)
+    fail(ErrorCode::indptr_bad_start, "indptr[0] = " + std::to_string(indptr[0]) + ": rule: indptr starts at 0");
+  for (int64_t b = 0; b < batch; ++b)
+    if (indptr[b + 1] < indptr[b])
+      fail(ErrorCode::non_monotone_indptr, "sequence " + std::to_string(b) + ": indptr[" + std::to_string(b + 1) +
+                                               "] = " + std::to_string(indptr[b + 1]) + " < indptr[" +
+                                               std::to_string(b) + "] = " + std::to_string(indptr[b]) +
+                                               ": rule: indptr is non-decreasing");
+  if (static_cast<int64_t>(indices.size()) != indptr[batch])
+    fail(ErrorCode::indices_size_mismatch, "indices has " + std::to_string(indices.size()) + " entries but indptr[" +
+                                               std::to_string(batch) + "] = " + std::to_string(indptr[batch]) +
+                                               ": rule: indices has indptr[n] entries");
+  if (static_cast<int64_t>(last_page_len.size()) != batch)
+    fail(ErrorCode::shape_mismatch, "last_page_len has " + std::to_string(last_page_len.size()) + " entries for " +
+                                        std::to_string(batch) + " sequences");
+  for (int64_t b = 0; b < batch; ++b) {
+    for (int32_t i = indptr[b]; i < indptr[b + 1]; ++i)
+      validate_block_ref(BlockRef{indices[i]}, g, detail::seq_entry(static_cast<int32_t>(b), "indices", i), for_write);
+    if (indptr[b + 1] > indptr[b] && (last_page_len[b] < 1 || last_page_len[b] > g.tokens_per_block))
+      fail(ErrorCode::last_page_len_out_of_range,
+           detail::seq_entry(static_cast<int32_t>(b), "last_page_len", b) + " = " + std::to_string(last_page_len[b]) +
+               ": rule: last_page_len is in [1, P = " + std::to_string(g.tokens_per_block) +
+               "] for a sequence with pages");
+  }
+}
+
+inline CsrPageTable make_csr_view(std::span<const int32_t> indptr, std::span<const int32_t> indices,
+                                  std::span<const int32_t> last_page_len, const PoolGeometry& g) {
+  return CsrPageTable{indptr.data(), indices.data(), last_page_len.data(), static_cast<int32_t>(indptr.size()) - 1,
+                      g.page_divider()};
+}
+
+// Slots: each slot is negative (skip) or < primary_blocks * P.
+inline void validate_slot_mapping(std::span<const int64_t> slots, const PoolGeometry& g, const char* name = "slot_mapping") {
+  const int64_t limit = g.primary_blocks * g.tokens_per_block;
+  for (size_t i = 0; i < slots.size(); ++i)
+    if (slots[i] >= limit)
+      fail(ErrorCode::slot_beyond_pool, "token " + std::to_string(i) + ", " + name + "[" + std::to_string(i) +
+                                            "] = " + std::to_string(slots[i]) + ": rule: slot < blocks * P = " +
+                                            std::to_string(limit) + " (negative = skip)");
+}
+
+// Two live sequences must never write one block in one op. `writes` lists
+// (sequence, block) for every write the op will perform.
+inline void validate_exclusive_writers(std::span<const std::pair<int32_t, int64_t>> writes) {
+  std::unordered_map<int64_t, int32_t> owner;
+  for (const auto& [seq, block] : writes) {
+    auto [it, inserted] = owner.emplace(block, seq);
+    if (!inserted && it->second != seq)
+      fail(ErrorCode::shared_block_write, "block " + std::to_string(block) + " is written by sequence " +
+                                              std::to_string(it->second) + " and sequence " + std::to_string(seq) +
+                                              ": rule: two live sequences never write one block");
+  }
+}
+
+// ---------------------------------------------------------------- append coordinates
+// FlashInfer get_batch_indices_positions: for token i of sequence b (in
+// [append_indptr[b], append_indptr[b+1])), positions[i] = i + len[b] -
+// append_indptr[b+1], len being the post-append length.
+struct AppendCoordinates {
+  std::vector<int32_t> batch_indices;
+  std::vector<int32_t> positions;
+};
+
+inline AppendCoordinates append_coordinates(std::span<const int32_t> append_indptr,
+                                            std::span<const int64_t> seq_lens_after) {
+  if (append_indptr.empty() || append_indptr.size() != seq_lens_after.size() + 1)
+    fail(ErrorCode::shape_mismatch, "append_indptr has " + std::to_string(append_indptr.size()) +
+                                        " entries for " + std::to_string(seq_lens_after.size()) +
+                                        " sequences: rule: batch + 1 entries");
+  if (append_indptr[0] != 0)
+    fail(ErrorCode::indptr_bad_start, "append_indptr[0] = " + std::to_string(append_indptr[0]) + ": rule: starts at 0");
+  AppendCoordinates c;
+  const int64_t batch = static_cast<int64_t>(seq_lens_after.size());
+  for (int64_t b = 0; b < batch; ++b) {
+    if (append_indptr[b + 1] < append_indptr[b])
+      fail(ErrorCode::non_monotone_indptr, "sequence " + std::to_string(b) + ": append_indptr[" +
+                                               std::to_string(b + 1) + "] = " + std::to_string(append_indptr[b + 1]) +
+                                               " < append_indptr[" + std::to_string(b) + "]: rule: non-decreasing");
+    const int64_t appended = append_indptr[b + 1] - append_indptr[b];
+    if (appended > seq_lens_after[b])
+      fail(ErrorCode::position_beyond_sequence,
+           "sequence " + std::to_string(b) + " appends " + std::to_string(appended) + " tokens but its length after append is " +
+               std::to_string(seq_lens_after[b]) + ": rule: positions[i] = i + len[b] - append_indptr[b+1] >= 0");
+    for (int32_t i = append_indptr[b]; i < append_indptr[b + 1]; ++i) {
+      c.batch_indices.push_back(static_cast<int32_t>(b));
+      c.positions.push_back(static_cast<int32_t>(i + seq_lens_after[b] - append_indptr[b + 1]));
+    }
+  }
+  return c;
+}
+
+}  // namespace kvsim

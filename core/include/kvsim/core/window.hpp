@@ -1,0 +1,65 @@
+// The window mapping (TensorRT-LLM KVBlockArray::getKVTokenIdx), SPEC §5.10.
+// Sink tokens S stay where they are; every later token cycles through a ring
+// of cyclic_len slots that starts after a bubble which pads the sinks to a
+// block boundary, so window edges fall on block edges:
+//   bubble     = (S mod P == 0) ? 0 : P - S mod P
+//   cyclic_len = one_more_block ? W + P - S : W - S
+//   t < S      -> t
+//   otherwise  -> S + bubble + (t - S) mod cyclic_len
+// Reader and writer both call cache_token(); that is the whole safety story.
+#pragma once
+
+#include <string>
+
+#include "errors.hpp"
+
+namespace kvsim {
+
+struct WindowMapping {
+  int32_t window = 0;  // W; 0 = no window (identity mapping)
+  int32_t sinks = 0;   // S
+  int32_t tokens_per_block = 1;
+  bool one_more_block = false;
+  int32_t bubble = 0;
+  int64_t cyclic_len = 0;
+
+  KVSIM_HD static constexpr WindowMapping make(int32_t window, int32_t sinks, int32_t tokens_per_block,
+                                               bool one_more_block) {
+    WindowMapping m;
+    m.window = window;
+    m.sinks = sinks;
+    m.tokens_per_block = tokens_per_block;
+    m.one_more_block = one_more_block;
+    if (window > 0) {
+      const int32_t rem = tokens_per_block > 0 ? sinks % tokens_per_block : 0;
+      m.bubble = rem == 0 ? 0 : tokens_per_block - rem;
+      m.cyclic_len = one_more_block ? static_cast<int64_t>(window) + tokens_per_block - sinks
+                                    : static_cast<int64_t>(window) - sinks;
+    }
+    return m;
+  }
+  KVSIM_HD constexpr bool enabled() const { return window > 0; }
+  KVSIM_HD constexpr bool is_sink(int64_t t) const { return t < sinks; }
+  KVSIM_HD constexpr int64_t cache_token(int64_t t) const {
+    if (!enabled() || is_sink(t)) return t;
+    return sinks + bubble + (t - sinks) % cyclic_len;
+  }
+  // Cache slots a sequence of `length` tokens occupies (its table must cover them).
+  KVSIM_HD constexpr int64_t cache_length(int64_t length) const {
+    if (!enabled() || length <= sinks) return length;
+    const int64_t ring = length - sinks < cyclic_len ? length - sinks : cyclic_len;
+    return sinks + bubble + ring;
+  }
+};
+
+inline void validate_window(const WindowMapping& m) {
+  if (m.window < 0) fail(ErrorCode::bad_window, "window = " + std::to_string(m.window) + " must be >= 0 (0 = none)");
+  if (m.sinks < 0) fail(ErrorCode::bad_window, "sinks = " + std::to_string(m.sinks) + " must be >= 0");
+  if (m.window > 0 && m.sinks >= m.window)
+    fail(ErrorCode::bad_window, "sinks = " + std::to_string(m.sinks) + " must be < window = " +
+                                    std::to_string(m.window) + ": rule: cyclic_len = W - S > 0");
+  if (m.window == 0 && m.sinks > 0)
+    fail(ErrorCode::bad_window, "sinks = " + std::to_string(m.sinks) + " given without a window");
+}
+
+}  // namespace kvsim

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Installs what kvsim needs (Debian 12 packages, only those missing), then
+# configures and builds kvsim into ./build. Safe to run again: it only
+# installs what is missing and rebuilds what changed.
+#   KVSIM_BUILD_DIR   build folder (default: build)
+#   KVSIM_CUDA        AUTO (default: CUDA parts when nvcc is found), ON or OFF
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+packages=(g++ cmake ninja-build libeigen3-dev libtbb-dev doctest-dev libcli11-dev
+          libtomlplusplus-dev nlohmann-json3-dev)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "kvsim setup: installing ${missing[*]}"
+  sudo_cmd=()
+  [ "$(id -u)" -ne 0 ] && sudo_cmd=(sudo)
+  export DEBIAN_FRONTEND=noninteractive
+  "${sudo_cmd[@]}" apt-get update
+  "${sudo_cmd[@]}" apt-get install -y --no-install-recommends "${missing[@]}"
+fi
+
+# nvcc lives outside the default PATH on CUDA Toolkit installs.
+if ! command -v nvcc >/dev/null 2>&1 && [ -x /usr/local/cuda/bin/nvcc ]; then
+  export PATH="/usr/local/cuda/bin:$PATH"
+fi
+
+build_dir="${KVSIM_BUILD_DIR:-build}"
+cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVSIM_CUDA="${KVSIM_CUDA:-AUTO}"
+cmake --build "$build_dir" -j"$(nproc)"
