@@ -6,6 +6,10 @@
 
 #include <span>
 
+#include <string>
+
+#include "../attention_math.hpp"
+#include "../cache_io.hpp"
 #include "../page_table.hpp"
 #include "../tensor.hpp"
 #include "../window.hpp"
@@ -52,8 +56,265 @@ struct PrefillAttentionOp {
   WindowMapping window;
 };
 
-// Host validation: throws a named ValidationError before any byte moves.
-void validate_decode_attention(const KvPools& pools, const DecodeAttentionOp& op);
-void validate_prefill_attention(const KvPools& pools, const PrefillAttentionOp& op);
+// ---------------------------------------------------------------- key list
+// The keys one query at absolute position p attends to, in canonical order:
+// sinks [0, n_sinks), then the window [window_start, p] (no window: [0, p]),
+// then the masked tail: the cache slots after the query's own slot up to the
+// end of its page, read whole as real kernels do (only while the ring has not
+// wrapped; once it has, every slot of the page holds a live token).
+struct KeyList {
+  int64_t position = 0;
+  int64_t n_sinks = 0;
+  int64_t window_start = 0;
+  int64_t n_attended = 0;
+  int64_t n_tail = 0;
+  int64_t tail_first_slot = 0;
+
+  KVSIM_HD constexpr int64_t size() const { return n_attended + n_tail; }
+  // Cache slot of key j; masked keys are the tail.
+  KVSIM_HD constexpr int64_t slot(int64_t j, const WindowMapping& w, bool& masked) const {
+    masked = j >= n_attended;
+    if (masked) return tail_first_slot + (j - n_attended);
+    const int64_t t = j < n_sinks ? j : window_start + (j - n_sinks);
+    return w.cache_token(t);
+  }
+};
+
+KVSIM_HD constexpr KeyList make_key_list(int64_t p, const WindowMapping& w, PageDivider page) {
+  KeyList k;
+  k.position = p;
+  if (w.enabled()) {
+    k.n_sinks = p + 1 < w.sinks ? p + 1 : w.sinks;
+    const int64_t recent = static_cast<int64_t>(w.window) - w.sinks;  // tokens kept besides the sinks
+    const int64_t start = p + 1 - recent;
+    k.window_start = start > w.sinks ? start : w.sinks;
+  }
+  const int64_t n_window = p >= k.window_start ? p - k.window_start + 1 : 0;
+  k.n_attended = k.n_sinks + n_window;
+  const bool wrapped = w.enabled() && p >= w.sinks && (p - w.sinks) >= w.cyclic_len;
+  if (!wrapped) {
+    const int64_t slot_p = w.cache_token(p);
+    k.n_tail = page.page_size - 1 - page.mod(slot_p);
+    k.tail_first_slot = slot_p + 1;
+  }
+  return k;
+}
+
+// ---------------------------------------------------------------- work item
+// Trivially copyable arguments of attend_query (built on the host from the
+// op descriptor; block_table points into the backend's memory).
+struct AttentionArgs {
+  KvPools pools;
+  int32_t layer = 0;
+  TensorView q, out;
+  const int32_t* block_table = nullptr;
+  int32_t max_blocks_per_seq = 0;
+  AttentionScales scales;
+  WindowMapping window;
+  int32_t group = 1;  // query heads per KV head
+};
+
+// Loads one head row (D values) of K (kv = 0) or V (kv = 1) at a cache slot,
+// as exact fp32: stored codes for fp32/fp16/bf16/fp8/int8 (per-tensor scales
+// are applied by the caller), full SPEC §4 decode for nvfp4.
+KVSIM_HD inline void load_head_row(const AttentionArgs& a, int32_t seq, int64_t slot, int32_t kv, int32_t head,
+                                   float* row) {
+  const PoolGeometry& g = a.pools.geometry;
+  const PageDivider page = g.page_divider();
+  const BlockRef ref{a.block_table[static_cast<int64_t>(seq) * a.max_blocks_per_seq + page.div(slot)]};
+  const int64_t block = ref.block();
+  const int32_t entry = page.mod(slot);
+  const uint8_t* pool = a.pools.bytes(PoolKind::primary);
+  const PoolStrides& st = a.pools.strides[0];
+  if (g.dtype == CacheDtype::nvfp4) {
+    const uint8_t* scales = a.pools.scale_bytes(PoolKind::primary);
+    const float gs = kv == 0 ? a.scales.k_global_scale : a.scales.v_global_scale;
+    for (int32_t d = 0; d < g.head_dim; ++d) {
+      const int64_t off = element_offset(st, block, a.layer, kv, head, entry, d);
+      const uint8_t sf = scales[scale_offset(a.pools.scale_strides[0], block, a.layer, kv, head, entry, d)];
+      row[d] = codec::nvfp4_decode(load_nibble(pool, off), sf, gs);
+    }
+  } else {
+    for (int32_t d = 0; d < g.head_dim; ++d)
+      row[d] = load_cache_code_value(pool, g.dtype, element_offset(st, block, a.layer, kv, head, entry, d));
+  }
+}
+
+// Scratch floats attend_query needs for `num_keys` keys.
+KVSIM_HD constexpr int64_t attention_scratch_floats(int32_t group, int32_t head_dim, int64_t num_keys) {
+  const int64_t parts = (num_keys + canon::kPartitionSize - 1) / canon::kPartitionSize;
+  return static_cast<int64_t>(group) * head_dim      // q
+         + 2 * static_cast<int64_t>(head_dim)          // k row, v row
+         + static_cast<int64_t>(group) * canon::kPartitionSize * 2  // scores, probabilities
+         + static_cast<int64_t>(group) * parts * (2 + head_dim)     // m_p, l_p, acc_p
+         + static_cast<int64_t>(head_dim);             // merged O
+}
+
+// One query token (sequence seq, absolute position `position`, row `row` of
+// q/out) against KV head kv_head, for the group of query heads sharing it.
+KVSIM_HD inline void attend_query(const AttentionArgs& a, int32_t seq, int64_t position, int64_t row, int32_t kv_head,
+                                  float* scratch) {
+  using namespace canon;
+  const int32_t D = a.pools.geometry.head_dim;
+  const int32_t G = a.group;
+  const KeyList keys = make_key_list(position, a.window, a.pools.geometry.page_divider());
+  const int64_t n = keys.size();
+  const int64_t parts = (n + kPartitionSize - 1) / kPartitionSize;
+  const float score_scale = a.scales.sm_scale * a.scales.k_scale;
+
+  float* q = scratch;
+  float* krow = q + static_cast<int64_t>(G) * D;
+  float* vrow = krow + D;
+  float* s = vrow + D;                                   // [G][kPartitionSize]
+  float* p = s + static_cast<int64_t>(G) * kPartitionSize;  // [G][kPartitionSize]
+  float* part_m = p + static_cast<int64_t>(G) * kPartitionSize;  // [G][parts]
+  float* part_l = part_m + static_cast<int64_t>(G) * parts;      // [G][parts]
+  float* part_acc = part_l + static_cast<int64_t>(G) * parts;    // [G][parts][D]
+  float* merged = part_acc + static_cast<int64_t>(G) * parts * D;
+
+  for (int32_t g = 0; g < G; ++g)
+    for (int32_t d = 0; d < D; ++d)
+      q[g * D + d] = load_float(a.q.data, a.q.dtype, a.q.offset(row, kv_head * G + g, d));
+
+  for (int64_t part = 0; part < parts; ++part) {
+    const int64_t first = part * kPartitionSize;
+    const int32_t count = static_cast<int32_t>(n - first < kPartitionSize ? n - first : kPartitionSize);
+    // Scores.
+    for (int32_t j = 0; j < count; ++j) {
+      bool masked = false;
+      const int64_t slot = keys.slot(first + j, a.window, masked);
+      if (!masked) load_head_row(a, seq, slot, 0, kv_head, krow);
+      for (int32_t g = 0; g < G; ++g)
+        s[g * kPartitionSize + j] = masked ? neg_inf() : dot(q + g * D, krow, D) * score_scale;
+    }
+    // Max, probabilities, sum.
+    for (int32_t g = 0; g < G; ++g) {
+      const float m = partition_max(s + g * kPartitionSize, count);
+      for (int32_t j = 0; j < count; ++j) p[g * kPartitionSize + j] = probability(s[g * kPartitionSize + j], m);
+      part_m[g * parts + part] = m;
+      part_l[g * parts + part] = partition_sum(p + g * kPartitionSize, count);
+      float* acc = part_acc + (static_cast<int64_t>(g) * parts + part) * D;
+      for (int32_t d = 0; d < D; ++d) acc[d] = 0.0f;
+    }
+    // P.V: every key of the partition, masked ones included (p = 0).
+    for (int32_t j = 0; j < count; ++j) {
+      bool masked = false;
+      const int64_t slot = keys.slot(first + j, a.window, masked);
+      load_head_row(a, seq, slot, 1, kv_head, vrow);
+      for (int32_t g = 0; g < G; ++g) {
+        const float pj = p[g * kPartitionSize + j];
+        float* acc = part_acc + (static_cast<int64_t>(g) * parts + part) * D;
+        for (int32_t d = 0; d < D; ++d) acc[d] = fma_f32(pj, vrow[d], acc[d]);
+      }
+    }
+  }
+  // Merge in partition order.
+  for (int32_t g = 0; g < G; ++g) {
+    float global_max = neg_inf();
+    for (int64_t part = 0; part < parts; ++part)
+      global_max = part_m[g * parts + part] > global_max ? part_m[g * parts + part] : global_max;
+    float L = 0.0f;
+    for (int32_t d = 0; d < D; ++d) merged[d] = 0.0f;
+    for (int64_t part = 0; part < parts; ++part) {
+      const float w = merge_weight(part_m[g * parts + part], global_max);
+      L = fma_f32(part_l[g * parts + part], w, L);
+      const float* acc = part_acc + (static_cast<int64_t>(g) * parts + part) * D;
+      for (int32_t d = 0; d < D; ++d) merged[d] = fma_f32(acc[d], w, merged[d]);
+    }
+    for (int32_t d = 0; d < D; ++d) {
+      const float o = (merged[d] / L) * a.scales.v_scale;
+      store_float(a.out.data, a.out.dtype, a.out.offset(row, kv_head * G + g, d), o);
+    }
+  }
+}
+
+// Position of prefill query row i of sequence b.
+KVSIM_HD constexpr int64_t prefill_position(int32_t seq_len, int32_t q_begin, int32_t q_end, int64_t row) {
+  return static_cast<int64_t>(seq_len) - (q_end - q_begin) + (row - q_begin);
+}
+
+// ---------------------------------------------------------------- validation
+namespace detail {
+inline void validate_attention_common(const KvPools& pools, int32_t layer, const TensorView& q, const TensorView& out,
+                                      int64_t rows, std::span<const int32_t> seq_lens,
+                                      std::span<const int32_t> block_table, int32_t max_blocks,
+                                      const AttentionScales& sc, const WindowMapping& w, const char* op) {
+  const PoolGeometry& g = pools.geometry;
+  const std::string o = std::string(op) + ": ";
+  if (g.kv_factor != 2) fail(ErrorCode::bad_argument, o + "needs separate K and V (kv_factor 2)");
+  if (layer < 0 || layer >= g.layers)
+    fail(ErrorCode::bad_argument, o + "layer = " + std::to_string(layer) + " outside [0, " + std::to_string(g.layers) + ")");
+  if (g.head_dim > canon::kMaxHeadDim)
+    fail(ErrorCode::unsupported_head_dim, o + "head_dim = " + std::to_string(g.head_dim) + " > " + std::to_string(canon::kMaxHeadDim));
+  for (const TensorView* t : {&q, &out}) {
+    const char* name = t == &q ? "q" : "out";
+    if (t->data == nullptr || t->rank != 3 || !is_float_input(t->dtype) || t->shape[0] != rows ||
+        t->shape[2] != g.head_dim || t->shape[1] < g.kv_heads || t->shape[1] % g.kv_heads != 0)
+      fail(ErrorCode::shape_mismatch, o + name + " must be [" + std::to_string(rows) + ", Hq, " +
+                                          std::to_string(g.head_dim) + "] fp32/fp16/bf16 with Hq a multiple of H = " +
+                                          std::to_string(g.kv_heads));
+  }
+  if (q.shape[1] != out.shape[1]) fail(ErrorCode::shape_mismatch, o + "q and out have different head counts");
+  for (float v : {sc.sm_scale, sc.k_scale, sc.v_scale})
+    if (!(v == v) || v == canon::pos_inf() || v == canon::neg_inf())
+      fail(ErrorCode::bad_argument, o + "softmax/K/V scales must be finite");
+  if (g.dtype == CacheDtype::nvfp4)
+    for (float v : {sc.k_global_scale, sc.v_global_scale})
+      if (!(v > 0.0f) || v == canon::pos_inf())
+        fail(ErrorCode::bad_global_scale, o + "nvfp4 global scale " + std::to_string(v) + " must be finite and > 0");
+  validate_window(w);
+  if (w.enabled() && w.tokens_per_block != g.tokens_per_block)
+    fail(ErrorCode::bad_window, o + "window mapping built for P = " + std::to_string(w.tokens_per_block) +
+                                    " but the pool has P = " + std::to_string(g.tokens_per_block));
+  if (max_blocks < 0 || static_cast<int64_t>(block_table.size()) != static_cast<int64_t>(seq_lens.size()) * max_blocks)
+    fail(ErrorCode::shape_mismatch, o + "block_table has " + std::to_string(block_table.size()) + " entries, expected " +
+                                        std::to_string(seq_lens.size()) + " x " + std::to_string(max_blocks));
+  const PageDivider page = g.page_divider();
+  for (size_t b = 0; b < seq_lens.size(); ++b) {
+    if (seq_lens[b] < 1)
+      fail(ErrorCode::position_beyond_sequence, o + "sequence " + std::to_string(b) + ": seq_lens = " +
+                                                    std::to_string(seq_lens[b]) + ": rule: a query needs >= 1 token");
+    // Every page holding a slot the sequence occupies is read (whole pages).
+    const int64_t slots = w.cache_length(seq_lens[b]);
+    const int64_t pages = page.div(slots - 1) + 1;
+    if (pages > max_blocks)
+      fail(ErrorCode::position_beyond_sequence, o + "sequence " + std::to_string(b) + " occupies " +
+                                                    std::to_string(pages) + " pages but the table has " +
+                                                    std::to_string(max_blocks) + " columns");
+    for (int64_t pg = 0; pg < pages; ++pg) {
+      const BlockRef r{block_table[b * max_blocks + pg]};
+      const std::string where = o + "sequence " + std::to_string(b) + ", block_table[" + std::to_string(b) + "][" +
+                                std::to_string(pg) + "]";
+      if (r.is_bad())
+        fail(ErrorCode::write_through_bad_page, where + " = -1 (BAD_PAGE) is read: rule: every page of a live sequence is a live block");
+      validate_block_ref(r, g, where, /*is_write=*/false);
+    }
+  }
+}
+}  // namespace detail
+
+inline void validate_decode_attention(const KvPools& pools, const DecodeAttentionOp& op) {
+  detail::validate_attention_common(pools, op.layer, op.q, op.out, static_cast<int64_t>(op.seq_lens.size()),
+                                    op.seq_lens, op.block_table, op.max_blocks_per_seq, op.scales, op.window,
+                                    "decode_attention");
+}
+
+inline void validate_prefill_attention(const KvPools& pools, const PrefillAttentionOp& op) {
+  const std::string o = "prefill_attention: ";
+  if (op.q_indptr.size() != op.seq_lens.size() + 1 || op.q_indptr.empty() || op.q_indptr[0] != 0)
+    fail(ErrorCode::shape_mismatch, o + "q_indptr must have batch + 1 entries starting at 0");
+  for (size_t b = 0; b + 1 < op.q_indptr.size(); ++b) {
+    if (op.q_indptr[b + 1] < op.q_indptr[b])
+      fail(ErrorCode::non_monotone_indptr, o + "sequence " + std::to_string(b) + ": q_indptr[" + std::to_string(b + 1) +
+                                               "] = " + std::to_string(op.q_indptr[b + 1]) + " < q_indptr[" +
+                                               std::to_string(b) + "]: rule: non-decreasing");
+    if (op.q_indptr[b + 1] - op.q_indptr[b] > op.seq_lens[b])
+      fail(ErrorCode::position_beyond_sequence, o + "sequence " + std::to_string(b) + " has " +
+                                                    std::to_string(op.q_indptr[b + 1] - op.q_indptr[b]) +
+                                                    " queries but seq_lens = " + std::to_string(op.seq_lens[b]));
+  }
+  detail::validate_attention_common(pools, op.layer, op.q, op.out, op.q_indptr.back(), op.seq_lens, op.block_table,
+                                    op.max_blocks_per_seq, op.scales, op.window, "prefill_attention");
+}
 
 }  // namespace kvsim

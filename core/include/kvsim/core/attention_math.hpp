@@ -1,0 +1,134 @@
+// The canonical arithmetic of attention (SPEC §1), written once for host and
+// device. The order depends only on absolute token positions -- never on
+// chunking, layout, page size, thread count or reuse -- so the invariants of
+// SPEC §6 can demand bit equality. docs/canonical-arithmetic.md draws it.
+//
+//  keys of a query  : sinks, then the window (or 0..p), in position order,
+//                     then the masked tail of the query's page (whole-page
+//                     reads: probability exactly 0, V still enters P.V)
+//  partitions       : that list cut every kPartitionSize keys from its start
+//  score(q, k)      : lane l of 32 owns dims [l*c, (l+1)*c), c = ceil(D/32),
+//                     acc = fma(q[d], k[d], acc) from d = l*c upward; the 32
+//                     partials meet in an xor butterfly (16, 8, 4, 2, 1);
+//                     then one multiply by the effective scale
+//  partition max    : order-free (NaN never wins a > comparison)
+//  partition sum    : lane l sums keys [l*r, (l+1)*r) of the partition in
+//                     order (r = kPartitionSize / 32), then the butterfly
+//  P.V              : per output dim, acc = fma(p_j, v_j[d], acc) over the
+//                     partition's keys in order
+//  merge            : M = max m_p; w_p = exp(m_p - M) (0 for empty
+//                     partitions); L = fma(l_p, w_p, L), O = fma(acc_p, w_p, O)
+//                     in partition order; out = (O / L) * v_scale, rounded
+//                     to the output dtype.
+#pragma once
+
+#include "bits.hpp"
+
+namespace kvsim::canon {
+
+inline constexpr int kWarp = 32;
+inline constexpr int kPartitionSize = 256;              // keys per partition
+inline constexpr int kLaneRun = kPartitionSize / kWarp;  // keys per lane in the partition sum
+inline constexpr int kMaxHeadDim = 1024;
+
+KVSIM_HD inline float fma_f32(float a, float b, float c) {
+#if defined(__CUDA_ARCH__)
+  return __fmaf_rn(a, b, c);
+#else
+  return __builtin_fmaf(a, b, c);  // correctly rounded (hardware or glibc)
+#endif
+}
+
+KVSIM_HD constexpr float neg_inf() { return bits_float(0xFF800000u); }
+KVSIM_HD constexpr float pos_inf() { return bits_float(0x7F800000u); }
+
+// 2^n for n in [-126, 127], exactly.
+KVSIM_HD constexpr float pow2i(int n) { return bits_float(static_cast<uint32_t>(n + 127) << 23); }
+
+// core's fp32 exp: Cody-Waite reduction by ln 2 (split in a short high part
+// and a correction, both applied with fma), a degree-6 polynomial (Cephes
+// expf coefficients) in Horner form with fma, and an exact two-step scaling by
+// 2^k so subnormal results and k = 128 round once. Maximum error against
+// double exp: measured in tests/core/exp_test.cpp and quoted in
+// docs/canonical-arithmetic.md. exp(-inf) = 0, exp(NaN) = NaN.
+KVSIM_HD inline float exp_f32(float x) {
+  if (is_nan(x)) return x;
+  if (x > 88.72283935546875f) return pos_inf();
+  if (x < -103.97208404541015625f) return 0.0f;
+  const float t = x * 1.44269504088896341f;
+  const float kf = (t + 12582912.0f) - 12582912.0f;  // round to nearest even, |t| < 2^22
+  float r = fma_f32(-kf, 0.693359375f, x);
+  r = fma_f32(-kf, -2.12194440e-4f, r);
+  float p = 1.9875691500e-4f;
+  p = fma_f32(p, r, 1.3981999507e-3f);
+  p = fma_f32(p, r, 8.3334519073e-3f);
+  p = fma_f32(p, r, 4.1665795894e-2f);
+  p = fma_f32(p, r, 1.6666665459e-1f);
+  p = fma_f32(p, r, 5.0000001201e-1f);
+  const float r2 = r * r;
+  float y = fma_f32(p, r2, r);
+  y = y + 1.0f;
+  const int k = static_cast<int>(kf);
+  const int k1 = k / 2;
+  const int k2 = k - k1;
+  return (y * pow2i(k1)) * pow2i(k2);
+}
+
+// The xor butterfly of a warp: level by level v[l] = v[l] + v[l ^ off] for
+// off = 16, 8, 4, 2, 1. Addition is commutative, so every lane ends with the
+// same float; __shfl_xor_sync computes exactly this on the device.
+KVSIM_HD inline float butterfly_sum32(float* v) {
+  for (int off = kWarp / 2; off >= 1; off >>= 1) {
+    float next[kWarp];
+    for (int l = 0; l < kWarp; ++l) next[l] = v[l] + v[l ^ off];
+    for (int l = 0; l < kWarp; ++l) v[l] = next[l];
+  }
+  return v[0];
+}
+
+// Canonical dot product over head_dim (before the score scale).
+KVSIM_HD inline float dot(const float* q, const float* k, int head_dim) {
+  const int c = (head_dim + kWarp - 1) / kWarp;
+  float partial[kWarp];
+  for (int l = 0; l < kWarp; ++l) {
+    float acc = 0.0f;
+    for (int j = 0; j < c; ++j) {
+      const int d = l * c + j;
+      if (d < head_dim) acc = fma_f32(q[d], k[d], acc);
+    }
+    partial[l] = acc;
+  }
+  return butterfly_sum32(partial);
+}
+
+// Max of a partition's scores (masked keys hold -inf).
+KVSIM_HD inline float partition_max(const float* s, int n) {
+  float m = neg_inf();
+  for (int j = 0; j < n; ++j) m = s[j] > m ? s[j] : m;
+  return m;
+}
+
+// Probability of one key: exactly 0 for a masked key (score -inf).
+KVSIM_HD inline float probability(float s, float m) {
+  if (s == neg_inf()) return 0.0f;
+  return exp_f32(s - m);
+}
+
+// Partition sum of probabilities: lane runs in order, then the butterfly.
+KVSIM_HD inline float partition_sum(const float* p, int n) {
+  float partial[kWarp];
+  for (int l = 0; l < kWarp; ++l) {
+    float acc = 0.0f;
+    for (int j = l * kLaneRun; j < (l + 1) * kLaneRun && j < n; ++j) acc = acc + p[j];
+    partial[l] = acc;
+  }
+  return butterfly_sum32(partial);
+}
+
+// Merge weight of a partition with max m_p under the global max M.
+KVSIM_HD inline float merge_weight(float m_p, float global_max) {
+  if (m_p == neg_inf()) return 0.0f;
+  return exp_f32(m_p - global_max);
+}
+
+}  // namespace kvsim::canon

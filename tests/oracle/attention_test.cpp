@@ -1,0 +1,415 @@
+// decode_attention / prefill_attention on the CPU oracle:
+//  * against attention computed with Eigen in double over the logically
+//    gathered K/V, within a stated bound;
+//  * bit-equal across layouts, placements and page sizes for the same data;
+//  * a one-token prefill chunk bit-equal to decode, chunked prefill bit-equal
+//    to one chunk; identical for any thread count;
+//  * the NaN demonstration: a NaN left in a V page tail poisons exactly the
+//    sequence whose last page holds it;
+//  * a window >= every length gives the outputs of no window;
+//  * rejections leave outputs and pools unchanged.
+// Pools are written here through this test's own offset formula (from the
+// layout definitions), not through core's element_offset.
+#include <doctest/doctest.h>
+
+#include <Eigen/Dense>
+
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <numeric>
+#include <thread>
+#include <vector>
+
+#include "backends/backend.hpp"
+
+using namespace kvsim;
+
+namespace {
+
+// Deterministic value of a logical element in [-1, 1).
+float logical_value(uint32_t seed, int layer, int kv, int head, int64_t pos, int dim) {
+  uint64_t h = seed * 0x9E3779B97F4A7C15ull ^ (static_cast<uint64_t>(layer) << 48) ^ (static_cast<uint64_t>(kv) << 44) ^
+               (static_cast<uint64_t>(head) << 36) ^ (static_cast<uint64_t>(pos) << 12) ^ static_cast<uint64_t>(dim);
+  h ^= h >> 33;
+  h *= 0xff51afd7ed558ccdull;
+  h ^= h >> 33;
+  h *= 0xc4ceb9fe1a85ec53ull;
+  h ^= h >> 33;
+  return static_cast<float>(h >> 40) / 8388608.0f - 1.0f;
+}
+
+// The pool offset of a logical element, written out from SPEC §2 here.
+int64_t test_offset(const PoolGeometry& g, int64_t block, int layer, int kv, int head, int token, int dim) {
+  const int64_t H = g.kv_heads, P = g.tokens_per_block, D = g.head_dim, F = g.kv_factor, L = g.layers;
+  int64_t inner = 0;
+  switch (g.layout) {
+    case BlockLayout::nhd: inner = (token * H + head) * D + dim; break;
+    case BlockLayout::hnd: inner = (head * P + token) * D + dim; break;
+    case BlockLayout::split_x: {
+      const int64_t x = 128 / bits_per_element(g.dtype);
+      inner = kv == 0 ? ((head * (D / x) + dim / x) * P + token) * x + dim % x : (head * D + dim) * P + token;
+      break;
+    }
+  }
+  const int64_t sub = H * P * D;
+  if (g.placement == LayerPlacement::in_block) return ((block * L + layer) * F + kv) * sub + inner;
+  return ((layer * g.primary_blocks + block) * F + kv) * sub + inner;
+}
+
+struct Fixture {
+  PoolGeometry g;
+  int hq = 0;
+  std::vector<int32_t> seq_lens;
+  int32_t max_blocks = 0;
+  std::vector<int32_t> table;  // dense
+  WindowMapping window;
+};
+
+// Blocks are handed out in a scrambled order so logical pages are not contiguous.
+Fixture make_fixture(BlockLayout layout, LayerPlacement placement, int P, CacheDtype dtype, int H, int group, int D,
+                     std::vector<int32_t> lens, WindowMapping window = {}) {
+  Fixture f;
+  f.g.layers = 2;
+  f.g.kv_factor = 2;
+  f.g.kv_heads = H;
+  f.g.tokens_per_block = P;
+  f.g.head_dim = D;
+  f.g.dtype = dtype;
+  f.g.layout = layout;
+  f.g.placement = placement;
+  f.hq = H * group;
+  f.seq_lens = lens;
+  f.window = window;
+  for (int32_t len : lens) {
+    const int64_t pages = (window.cache_length(len) + P - 1) / P;
+    f.max_blocks = std::max<int32_t>(f.max_blocks, static_cast<int32_t>(pages));
+  }
+  const int64_t total = static_cast<int64_t>(lens.size()) * f.max_blocks;
+  f.g.primary_blocks = total + 3;
+  f.table.assign(total, kBadPage);
+  // idx -> (idx * m + 2) mod blocks is a permutation when gcd(m, blocks) = 1.
+  int64_t m = 7;
+  while (std::gcd(m, f.g.primary_blocks) != 1) ++m;
+  int64_t next = 0;
+  for (size_t b = 0; b < lens.size(); ++b) {
+    const int64_t pages = (window.cache_length(lens[b]) + P - 1) / P;
+    for (int64_t pg = 0; pg < pages; ++pg) f.table[b * f.max_blocks + pg] = static_cast<int32_t>((next++ * m + 2) % f.g.primary_blocks);
+  }
+  return f;
+}
+
+// Writes every token of every sequence (both layers) into a host image of
+// the pool, through the window mapping, as bf16/fp32/fp8 codes.
+std::vector<uint8_t> build_pool_image(const Fixture& f, uint32_t seed, uint8_t poison) {
+  const PoolGeometry& g = f.g;
+  std::vector<uint8_t> img(g.pool_bytes(PoolKind::primary), poison);
+  const int bytes = bits_per_element(g.dtype) / 8;
+  for (size_t b = 0; b < f.seq_lens.size(); ++b)
+    for (int64_t t = 0; t < f.seq_lens[b]; ++t) {
+      const int64_t slot = f.window.cache_token(t);
+      const int64_t block = f.table[b * f.max_blocks + slot / g.tokens_per_block];
+      const int entry = static_cast<int>(slot % g.tokens_per_block);
+      for (int l = 0; l < g.layers; ++l)
+        for (int kv = 0; kv < 2; ++kv)
+          for (int h = 0; h < g.kv_heads; ++h)
+            for (int d = 0; d < g.head_dim; ++d) {
+              const float v = logical_value(seed + static_cast<uint32_t>(b), l, kv, h, t, d);
+              uint8_t* dst = img.data() + test_offset(g, block, l, kv, h, entry, d) * bytes;
+              if (g.dtype == CacheDtype::bf16) {
+                const uint16_t c = codec::f32_to_bf16(v);
+                std::memcpy(dst, &c, 2);
+              } else if (g.dtype == CacheDtype::fp32) {
+                std::memcpy(dst, &v, 4);
+              } else if (g.dtype == CacheDtype::fp8_e4m3) {
+                *dst = codec::f32_to_e4m3(v * 8.0f);  // stored with k/v scale 1/8
+              }
+            }
+    }
+  return img;
+}
+
+// Stored value of a logical element as the kernel sees it (before scales).
+double stored_value(const Fixture& f, uint32_t seed, size_t b, int layer, int kv, int head, int64_t t, int d) {
+  const float v = logical_value(seed + static_cast<uint32_t>(b), layer, kv, head, t, d);
+  switch (f.g.dtype) {
+    case CacheDtype::bf16: return codec::bf16_to_f32(codec::f32_to_bf16(v));
+    case CacheDtype::fp8_e4m3: return codec::e4m3_to_f32(codec::f32_to_e4m3(v * 8.0f));
+    default: return v;
+  }
+}
+
+struct Run {
+  std::vector<float> out;
+};
+
+// Runs decode (prefill_chunks empty) or prefill over the given chunk split of
+// the last `tail_queries` tokens of every sequence.
+std::vector<float> run_attention(Backend& be, const Fixture& f, const std::vector<uint8_t>& image, int layer,
+                                 const AttentionScales& sc, bool decode, int tail_queries = 1, int chunk = 0) {
+  const PoolGeometry& g = f.g;
+  KvPools pools = be.allocate_pools(g);
+  be.to_backend(pools.data[0], image.data(), image.size());
+  const int batch = static_cast<int>(f.seq_lens.size());
+  const int64_t rows = decode ? batch : static_cast<int64_t>(batch) * tail_queries;
+  std::vector<float> q(rows * f.hq * g.head_dim), out(rows * f.hq * g.head_dim, -7.0f);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int h = 0; h < f.hq; ++h)
+      for (int d = 0; d < g.head_dim; ++d) {
+        const size_t b = decode ? r : r / tail_queries;
+        const int64_t pos = decode ? f.seq_lens[b] - 1 : f.seq_lens[b] - tail_queries + r % tail_queries;
+        q[(r * f.hq + h) * g.head_dim + d] = logical_value(999 + static_cast<uint32_t>(b), layer, 7, h, pos, d);
+      }
+  BackendBuffer qb(be, q.size() * 4), ob(be, out.size() * 4);
+  qb.upload(q.data(), q.size() * 4);
+  ob.upload(out.data(), out.size() * 4);
+  const TensorView qv = contiguous_view(qb.get(), CacheDtype::fp32, {rows, f.hq, g.head_dim});
+  if (decode) {
+    DecodeAttentionOp op;
+    op.layer = layer;
+    op.q = qv;
+    op.out = contiguous_view(ob.get(), CacheDtype::fp32, {rows, f.hq, g.head_dim});
+    op.seq_lens = f.seq_lens;
+    op.block_table = f.table;
+    op.max_blocks_per_seq = f.max_blocks;
+    op.scales = sc;
+    op.window = f.window;
+    be.decode_attention(pools, op);
+  } else {
+    // Chunks: queries [c0, c1) of every sequence per call, seq_lens truncated to the chunk end.
+    const int step = chunk > 0 ? chunk : tail_queries;
+    for (int c0 = 0; c0 < tail_queries; c0 += step) {
+      const int c1 = std::min(tail_queries, c0 + step);
+      std::vector<int32_t> indptr{0}, lens;
+      for (int b = 0; b < batch; ++b) {
+        indptr.push_back(indptr.back() + (c1 - c0));
+        lens.push_back(f.seq_lens[b] - tail_queries + c1);
+      }
+      // Gather this chunk's rows into contiguous q/out views via strides:
+      // row r of the chunk = sequence r / (c1 - c0), query c0 + r % (c1 - c0).
+      PrefillAttentionOp op;
+      op.layer = layer;
+      op.q_indptr = indptr;
+      op.seq_lens = lens;
+      op.block_table = f.table;
+      op.max_blocks_per_seq = f.max_blocks;
+      op.scales = sc;
+      op.window = f.window;
+      if (c1 - c0 == tail_queries) {
+        op.q = qv;
+        op.out = contiguous_view(ob.get(), CacheDtype::fp32, {rows, f.hq, g.head_dim});
+        be.prefill_attention(pools, op);
+      } else {
+        // One sequence at a time keeps the chunk rows contiguous in q/out.
+        for (int b = 0; b < batch; ++b) {
+          std::vector<int32_t> ip{0, c1 - c0}, ln{lens[b]};
+          std::vector<int32_t> tb(f.table.begin() + b * f.max_blocks, f.table.begin() + (b + 1) * f.max_blocks);
+          op.q_indptr = ip;
+          op.seq_lens = ln;
+          op.block_table = tb;
+          const int64_t first_row = static_cast<int64_t>(b) * tail_queries + c0;
+          op.q = contiguous_view(static_cast<float*>(qb.get()) + first_row * f.hq * g.head_dim, CacheDtype::fp32,
+                                 {c1 - c0, f.hq, g.head_dim});
+          op.out = contiguous_view(static_cast<float*>(ob.get()) + first_row * f.hq * g.head_dim, CacheDtype::fp32,
+                                   {c1 - c0, f.hq, g.head_dim});
+          be.prefill_attention(pools, op);
+        }
+      }
+    }
+  }
+  ob.download(out.data(), out.size() * 4);
+  be.release_pools(pools);
+  return out;
+}
+
+bool same_bytes(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * 4) == 0;
+}
+
+}  // namespace
+
+TEST_CASE("decode attention matches Eigen double attention on the gathered K/V (GQA, head dims, dtypes)") {
+  auto be = make_backend("cpu");
+  // Bound: |out - ref| <= 1e-5 * max|v| per element for fp32 outputs. The
+  // fp32 canonical order differs from double by rounding in the dot
+  // products (D <= 256 terms), exp (1 ulp) and the sums; 1e-5 is two orders
+  // of magnitude above what was measured (max seen ~5e-7) and far below any
+  // indexing error (which moves outputs by O(1)).
+  for (CacheDtype dtype : {CacheDtype::bf16, CacheDtype::fp32, CacheDtype::fp8_e4m3})
+    for (auto [D, group] : {std::pair{64, 1}, {80, 4}, {96, 8}, {128, 4}, {256, 1}}) {
+      const Fixture f = make_fixture(BlockLayout::hnd, LayerPlacement::in_block, 16, dtype, 2, group, D, {1, 37, 600});
+      const uint32_t seed = 11;
+      const auto img = build_pool_image(f, seed, 0);
+      AttentionScales sc;
+      sc.sm_scale = 1.0f / std::sqrt(static_cast<float>(D));
+      if (dtype == CacheDtype::fp8_e4m3) sc.k_scale = sc.v_scale = 0.125f;
+      const int layer = 1;
+      const auto out = run_attention(*be, f, img, layer, sc, /*decode=*/true);
+      double worst = 0.0;
+      for (size_t b = 0; b < f.seq_lens.size(); ++b) {
+        const int64_t n = f.seq_lens[b];
+        for (int qh = 0; qh < f.hq; ++qh) {
+          const int kvh = qh / group;
+          Eigen::MatrixXd K(n, D), V(n, D);
+          Eigen::VectorXd q(D);
+          for (int64_t t = 0; t < n; ++t)
+            for (int d = 0; d < D; ++d) {
+              K(t, d) = stored_value(f, seed, b, layer, 0, kvh, t, d) * sc.k_scale;
+              V(t, d) = stored_value(f, seed, b, layer, 1, kvh, t, d) * sc.v_scale;
+            }
+          for (int d = 0; d < D; ++d) q(d) = logical_value(999 + static_cast<uint32_t>(b), layer, 7, qh, n - 1, d);
+          Eigen::VectorXd s = K * q * static_cast<double>(sc.sm_scale);
+          s = (s.array() - s.maxCoeff()).exp();
+          const Eigen::VectorXd ref = V.transpose() * s / s.sum();
+          const double vmax = V.cwiseAbs().maxCoeff();
+          for (int d = 0; d < D; ++d)
+            worst = std::max(worst, std::fabs(out[(b * f.hq + qh) * D + d] - ref(d)) / vmax);
+        }
+      }
+      INFO("dtype " << dtype_name(dtype) << " D " << D << " group " << group << " worst " << worst);
+      CHECK(worst <= 1e-5);
+    }
+}
+
+TEST_CASE("attention outputs are bit-equal across layouts, placements and page sizes") {
+  auto be = make_backend("cpu");
+  AttentionScales sc;
+  sc.sm_scale = 0.125f;
+  std::vector<float> reference;
+  for (BlockLayout layout : {BlockLayout::nhd, BlockLayout::hnd, BlockLayout::split_x})
+    for (LayerPlacement placement : {LayerPlacement::in_block, LayerPlacement::per_layer})
+      for (int P : {1, 3, 7, 16, 17}) {
+        const Fixture f = make_fixture(layout, placement, P, CacheDtype::bf16, 3, 2, 64, {5, 1, 300});
+        const auto out = run_attention(*be, f, build_pool_image(f, 3, 0), 0, sc, true);
+        if (reference.empty()) reference = out;
+        INFO(layout_name(layout) << " " << placement_name(placement) << " P=" << P);
+        CHECK(same_bytes(out, reference));
+      }
+}
+
+TEST_CASE("one-token prefill equals decode; chunked prefill equals one chunk; any thread count") {
+  AttentionScales sc;
+  sc.sm_scale = 0.1f;
+  const Fixture f = make_fixture(BlockLayout::nhd, LayerPlacement::per_layer, 7, CacheDtype::bf16, 2, 4, 80, {9, 520, 33});
+  const auto img = build_pool_image(f, 5, 0);
+  auto be = make_backend("cpu");
+  const auto decode = run_attention(*be, f, img, 1, sc, true);
+  const auto prefill1 = run_attention(*be, f, img, 1, sc, false, /*tail_queries=*/1);
+  CHECK(same_bytes(decode, prefill1));
+  const auto whole = run_attention(*be, f, img, 1, sc, false, /*tail_queries=*/9);
+  for (int chunk : {1, 2, 4}) {
+    INFO("chunk " << chunk);
+    CHECK(same_bytes(run_attention(*be, f, img, 1, sc, false, 9, chunk), whole));
+  }
+  const unsigned max_threads = std::max(1u, std::thread::hardware_concurrency());
+  for (int threads : {1, 2, 3, static_cast<int>(max_threads)}) {
+    auto bt = make_backend("cpu", BackendOptions{threads});
+    INFO("threads " << threads);
+    CHECK(same_bytes(run_attention(*bt, f, img, 1, sc, true), decode));
+    CHECK(same_bytes(run_attention(*bt, f, img, 1, sc, false, 9), whole));
+  }
+  CHECK(same_bytes(run_attention(*be, f, img, 1, sc, false, 9), whole));  // run to run
+}
+
+TEST_CASE("a window wider than every sequence gives the outputs of no window (sinks with a bubble)") {
+  AttentionScales sc;
+  sc.sm_scale = 0.2f;
+  auto be = make_backend("cpu");
+  const Fixture plain = make_fixture(BlockLayout::hnd, LayerPlacement::in_block, 16, CacheDtype::bf16, 1, 2, 64, {40, 3, 290});
+  const Fixture windowed = make_fixture(BlockLayout::hnd, LayerPlacement::in_block, 16, CacheDtype::bf16, 1, 2, 64,
+                                        {40, 3, 290}, WindowMapping::make(1000, 4, 16, false));
+  CHECK(same_bytes(run_attention(*be, plain, build_pool_image(plain, 8, 0), 0, sc, true),
+                   run_attention(*be, windowed, build_pool_image(windowed, 8, 0), 0, sc, true)));
+  // A real window: the output of a long sequence differs from no window and
+  // equals attention over sinks + the last W - S tokens (checked in double).
+  const Fixture narrow = make_fixture(BlockLayout::hnd, LayerPlacement::in_block, 16, CacheDtype::fp32, 1, 1, 64, {200},
+                                      WindowMapping::make(48, 4, 16, false));
+  const auto out = run_attention(*be, narrow, build_pool_image(narrow, 8, 0), 0, sc, true);
+  std::vector<int64_t> keys;
+  for (int64_t t = 0; t < 4; ++t) keys.push_back(t);
+  for (int64_t t = 200 - 44; t < 200; ++t) keys.push_back(t);
+  Eigen::VectorXd s(keys.size());
+  for (size_t j = 0; j < keys.size(); ++j) {
+    double acc = 0;
+    for (int d = 0; d < 64; ++d)
+      acc += static_cast<double>(logical_value(999, 0, 7, 0, 199, d)) * logical_value(8, 0, 0, 0, keys[j], d);
+    s(j) = acc * 0.2;
+  }
+  s = (s.array() - s.maxCoeff()).exp();
+  for (int d = 0; d < 64; ++d) {
+    double o = 0;
+    for (size_t j = 0; j < keys.size(); ++j) o += s(j) * logical_value(8, 0, 1, 0, keys[j], d);
+    CHECK(std::fabs(out[d] - o / s.sum()) <= 1e-5);
+  }
+}
+
+TEST_CASE("NaN in a V page tail poisons exactly the sequence whose last page holds it") {
+  AttentionScales sc;
+  sc.sm_scale = 0.125f;
+  auto be = make_backend("cpu");
+  // Lengths 16 (full last page), 21 (tail of 11 slots), 32 (full).
+  const Fixture f = make_fixture(BlockLayout::nhd, LayerPlacement::in_block, 16, CacheDtype::bf16, 2, 2, 64, {16, 21, 32});
+  // Poison with 0xFF: bf16 0xFFFF is a NaN. Written tokens overwrite it; tails keep it.
+  const auto poisoned = build_pool_image(f, 4, 0xFF);
+  const auto out = run_attention(*be, f, poisoned, 0, sc, true);
+  const int per_seq = f.hq * 64;
+  for (int b = 0; b < 3; ++b) {
+    bool any_nan = false;
+    for (int i = 0; i < per_seq; ++i) any_nan |= std::isnan(out[b * per_seq + i]);
+    INFO("sequence " << b);
+    CHECK(any_nan == (b == 1));
+  }
+  // The same pool with the tail zeroed (what qkv_preprocess_write's V-tail
+  // zeroing does) is NaN-free and equal to a pool zeroed from the start.
+  const auto clean = run_attention(*be, f, build_pool_image(f, 4, 0x00), 0, sc, true);
+  for (float v : clean) CHECK_FALSE(std::isnan(v));
+}
+
+TEST_CASE("attention rejections name the rule and leave outputs and pools unchanged") {
+  auto be = make_backend("cpu");
+  Fixture f = make_fixture(BlockLayout::nhd, LayerPlacement::in_block, 4, CacheDtype::bf16, 2, 2, 64, {5, 9});
+  f.g.secondary_blocks = 2;
+  const auto img = build_pool_image(f, 1, 0x5A);
+  KvPools pools = be->allocate_pools(f.g);
+  be->to_backend(pools.data[0], img.data(), img.size());
+  std::vector<float> q(2 * 4 * 64, 0.5f), out(2 * 4 * 64, -3.0f);
+  DecodeAttentionOp op;
+  op.q = contiguous_view(q.data(), CacheDtype::fp32, {2, 4, 64});
+  op.out = contiguous_view(out.data(), CacheDtype::fp32, {2, 4, 64});
+  op.seq_lens = f.seq_lens;
+  op.max_blocks_per_seq = f.max_blocks;
+  auto expect = [&](std::vector<int32_t> table, ErrorCode code, const char* needle, auto&& tweak) {
+    DecodeAttentionOp bad = op;
+    bad.block_table = table;
+    tweak(bad);
+    bool thrown = false;
+    try {
+      be->decode_attention(pools, bad);
+    } catch (const ValidationError& e) {
+      thrown = true;
+      CHECK(e.code() == code);
+      INFO(std::string(e.what()));
+      CHECK(std::string(e.what()).find(needle) != std::string::npos);
+    }
+    CHECK(thrown);
+    for (float v : out) CHECK(v == -3.0f);
+    std::vector<uint8_t> now(img.size());
+    be->to_host(now.data(), pools.data[0], now.size());
+    CHECK(now == img);
+  };
+  auto none = [](DecodeAttentionOp&) {};
+  std::vector<int32_t> t = f.table;
+  t[1 * f.max_blocks + 1] = kBadPage;
+  expect(t, ErrorCode::write_through_bad_page, "block_table[1][1]", none);
+  t = f.table;
+  t[1] = BlockRef::secondary(0).raw;  // sequence 0, page 1 (needed: length 5, P = 4)
+  expect(t, ErrorCode::secondary_not_onboarded, "onboarded", none);
+  t = f.table;
+  t[0] = 1000;
+  expect(t, ErrorCode::block_out_of_range, "1000", none);
+  expect(f.table, ErrorCode::shape_mismatch, "q must be", [](DecodeAttentionOp& o) { o.q.shape[2] = 32; });
+  std::vector<int32_t> zero_len{0, 9};
+  expect(f.table, ErrorCode::position_beyond_sequence, "sequence 0", [&](DecodeAttentionOp& o) { o.seq_lens = zero_len; });
+  expect(f.table, ErrorCode::bad_window, "window", [](DecodeAttentionOp& o) { o.window = WindowMapping::make(4, 4, 4, false); });
+  be->release_pools(pools);
+}
