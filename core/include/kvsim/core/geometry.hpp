@@ -235,11 +235,16 @@ inline void validate_geometry(const PoolGeometry& g) {
                                                " must be a multiple of x = " + std::to_string(g.split_x()) +
                                                " for split-x with " + std::string(dtype_name(g.dtype)));
   }
-  // 64-bit element count of the larger pool must not overflow.
+  // BlockRef is 31 bits of block id plus the pool bit (-1 is BAD_PAGE).
+  if (g.primary_blocks > 0x7FFFFFFE || g.secondary_blocks > 0x7FFFFFFE)
+    bad(ErrorCode::bad_geometry, "block counts must be < 2^31 - 1 (a BlockRef holds 31 bits of block id)");
+  // The larger pool's size in bits (elements * bits per element) must fit in int64.
   const long double total = static_cast<long double>(g.layers) * g.kv_factor * g.kv_heads * g.tokens_per_block *
                             g.head_dim * static_cast<long double>(g.primary_blocks > g.secondary_blocks ? g.primary_blocks
                                                                                                         : g.secondary_blocks);
-  if (total > 4.0e18L) bad(ErrorCode::bad_geometry, "pool has more than 4e18 elements");
+  if (total * bits_per_element(g.dtype) > 9.0e18L)
+    bad(ErrorCode::bad_geometry, "pool of " + std::to_string(static_cast<double>(total)) +
+                                     " elements overflows 64-bit bit offsets");
 }
 
 // Caller strides must keep every element inside `pool_elements` and map
@@ -248,6 +253,7 @@ inline void validate_geometry(const PoolGeometry& g) {
 // exceeds the span of all smaller ones.
 inline void validate_strides(const PoolGeometry& g, const PoolStrides& s, PoolKind kind, int64_t pool_elements) {
   const int64_t blocks = g.blocks(kind);
+  if (blocks == 0) return;  // an empty pool has no element that could overlap or leave it
   for (int kv = 0; kv < g.kv_factor; ++kv) {
     const InnerStrides& in = s.inner[kv];
     if (in.x < 1 || g.head_dim % in.x != 0)

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "config.hpp"
 #include "errors.hpp"
 
 namespace kvsim {

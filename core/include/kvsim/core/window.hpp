@@ -11,6 +11,7 @@
 
 #include <string>
 
+#include "config.hpp"
 #include "errors.hpp"
 
 namespace kvsim {
