@@ -31,5 +31,6 @@ struct ExitStatus {
 void register_layout(CLI::App& app);
 void register_explain(CLI::App& app);
 void register_codec(CLI::App& app);
+void register_bench(CLI::App& app);
 
 }  // namespace kvsim::cli

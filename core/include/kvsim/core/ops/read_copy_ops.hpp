@@ -1,8 +1,27 @@
 // Reads and block copies: gather_paged (TensorRT-LLM _gather_paged_kv),
-// partial_copy (cuKVCacheBlockPartialCopy), copy_blocks, offload / onboard.
+// partial_copy (cuKVCacheBlockPartialCopy), copy_blocks (vLLM copy_blocks),
+// offload / onboard (TensorRT-LLM primary <-> secondary block moves).
+//
+// Each op: a descriptor, a host validate_*() that throws a named
+// ValidationError before any byte moves, and KVSIM_HD work-item functions
+// that both backends call unchanged. Work items never share an output byte:
+//   gather_paged:       one item per (token, head) writes D fp32 outputs;
+//   block copies:       one item per (block pair, layer, kv, head, token) row
+//                       writes that row's D elements (and, for nvfp4, its D/16
+//                       scale bytes); nvfp4 rows are whole bytes because
+//                       validation demands byte-aligned nibble strides.
+// Every element offset comes from element_offset() / scale_offset() with the
+// strides of the pool it addresses (primary and secondary strides differ for
+// per_layer placement, so a move computes source and destination offsets
+// separately); nothing here assumes a block is one contiguous range.
 #pragma once
 
+#include <cmath>
+#include <cstdint>
+#include <optional>
 #include <span>
+#include <string>
+#include <unordered_set>
 #include <utility>
 
 #include "../cache_io.hpp"
@@ -11,44 +30,478 @@
 
 namespace kvsim {
 
-// SPEC §5.6 — the first num_tokens logical tokens of K (kv = 0) or V (kv = 1)
-// of one sequence as a contiguous [n, H, D] fp32 tensor, dequantized
-// (fp8/int8: code * scale; nvfp4: SPEC §4 decode with global_scale). A
-// BAD_PAGE range reads as zeros.
+// ================================================================ descriptors
+
+// SPEC §5.6 — TensorRT-LLM vanilla _gather_paged_kv: the first num_tokens
+// logical tokens of K (kv = 0) or V (kv = 1) of one sequence whose block
+// table is block_ids, as an [n, H, D] fp32 tensor. Token t lives in
+// block_ids[t / P] at entry t % P. Value of each element:
+//   fp32 / fp16 / bf16: the stored value, exactly (scale is not applied);
+//   fp8_e4m3 / fp8_e5m2 / int8: decoded code * scale (one fp32 multiply);
+//   nvfp4: codec::nvfp4_decode(nibble, scale byte, global_scale) (SPEC §4;
+//          scale is not applied).
+// A BAD_PAGE (-1) entry reads as +0.0 for its whole page range (vanilla.py's
+// new_zeros): the read side degrades where the write side asserts.
+// Only the ceil(n / P) entries the read touches are validated and read;
+// entries beyond them (dense-table padding) are ignored. num_tokens == 0 is a
+// no-op (out may then be an empty TensorView). `out` may have any
+// non-negative, non-overlapping strides (it need not be contiguous) but must
+// not overlap the pool it reads. gather_view() below returns the zero-copy
+// view of a one-block request where one exists.
 struct GatherPagedOp {
   int32_t layer = 0;
   int32_t kv = 0;
   std::span<const int32_t> block_ids;  // one sequence's table (BlockRefs, -1 allowed)
   int64_t num_tokens = 0;
-  TensorView out;  // [num_tokens, H, D] fp32
-  float scale = 1.0f;
-  float global_scale = 1.0f;  // nvfp4
+  TensorView out;             // [num_tokens, H, D] fp32
+  float scale = 1.0f;         // fp8 / int8 only; must be finite
+  float global_scale = 1.0f;  // nvfp4 only; must be finite and > 0
 };
 
-// SPEC §5.9 — copy the first n tokens of every layer/kv/head of a block
-// (n <= 0: the whole block; nvfp4 always whole blocks, scales too).
+// SPEC §5.9 — cuKVCacheBlockPartialCopy: copy the first num_tokens entries of
+// every (layer, kv, head) of src_block to the same entries of dst_block; the
+// other entries of dst_block are untouched. num_tokens <= 0 copies the whole
+// block (the kernel's sentinel); num_tokens > P is rejected. nvfp4 always
+// copies whole blocks, data and block scales, whatever num_tokens says (SPEC
+// §5.9): the packed nibbles and their scale bytes move as one unit, and no
+// copy ever has to split a byte that packs two elements. src and dst are
+// primary BlockRefs (raw values), distinct and live; entries of dst beyond the
+// copied ones keep their bytes.
 struct PartialCopyOp {
-  int32_t src_block = 0;  // BlockRef raw values (primary only)
+  int32_t src_block = 0;
   int32_t dst_block = 0;
   int32_t num_tokens = 0;
 };
 
-// Whole-block copies, in order; pairs (src, dst) of primary blocks.
+// vLLM copy_blocks: whole-block copies (data and nvfp4 scales) for pairs
+// (src, dst) of primary BlockRefs. Decision: the pairs are independent, as in
+// vLLM's kernel, which runs every pair at once: a block may be the source of
+// several pairs (fork), but no block may be the destination of two pairs, and
+// no destination may also be a source of any pair (src == dst included).
+// Such a list would make the result depend on execution order, so it is
+// rejected rather than given an order the GPU engines do not have.
 struct CopyBlocksOp {
   std::span<const std::pair<int32_t, int32_t>> pairs;
 };
 
-// Offload: primary[i] -> secondary[i]; onboard: secondary[i] -> primary[i];
-// data and scale pools, whole blocks.
+// TensorRT-LLM offloading: offload copies primary[i] -> secondary[i],
+// onboard copies secondary[i] -> primary[i]; whole blocks, data and nvfp4
+// scale pools. Both lists hold plain block indices of their pool (not
+// BlockRefs: no secondary bit), equal in length. A move is a one-to-one
+// pairing: no block appears twice in either list (this rules out two writers
+// of one destination in either direction, and validation does not need to
+// know the direction).
 struct MoveBlocksOp {
   std::span<const int32_t> primary;
   std::span<const int32_t> secondary;
 };
 
-// Host validation: throws a named ValidationError before any byte moves.
-void validate_gather_paged(const KvPools& pools, const GatherPagedOp& op);
-void validate_partial_copy(const KvPools& pools, const PartialCopyOp& op);
-void validate_copy_blocks(const KvPools& pools, const CopyBlocksOp& op);
-void validate_move_blocks(const KvPools& pools, const MoveBlocksOp& op);
+// ================================================================ gather_paged work items
+
+// Everything a gather work item needs, trivially copyable (a kernel takes it
+// by value). block_ids points into the memory of the backend that runs the
+// items: make_gather_paged_args fills it with the op's host table; a device
+// backend replaces it with its uploaded copy.
+struct GatherPagedArgs {
+  KvPools pools;
+  int32_t layer = 0;
+  int32_t kv = 0;
+  const int32_t* block_ids = nullptr;
+  int64_t num_tokens = 0;
+  TensorView out;
+  float scale = 1.0f;
+  float global_scale = 1.0f;
+  PageDivider page;
+};
+
+inline GatherPagedArgs make_gather_paged_args(const KvPools& pools, const GatherPagedOp& op) {
+  GatherPagedArgs a;
+  a.pools = pools;
+  a.layer = op.layer;
+  a.kv = op.kv;
+  a.block_ids = op.block_ids.data();
+  a.num_tokens = op.num_tokens;
+  a.out = op.out;
+  a.scale = op.scale;
+  a.global_scale = op.global_scale;
+  a.page = pools.geometry.page_divider();
+  return a;
+}
+
+// The gathered fp32 value of one stored element of a primary block (see
+// GatherPagedOp for the per-dtype rule).
+KVSIM_HD inline float gather_element_value(const GatherPagedArgs& a, int64_t block, int32_t head, int32_t entry,
+                                           int32_t dim) {
+  const CacheDtype t = a.pools.geometry.dtype;
+  const PoolStrides& s = a.pools.strides_of(PoolKind::primary);
+  const uint8_t* data = a.pools.bytes(PoolKind::primary);
+  const int64_t e = element_offset(s, block, a.layer, a.kv, head, entry, dim);
+  switch (t) {
+    case CacheDtype::fp8_e4m3:
+    case CacheDtype::fp8_e5m2:
+    case CacheDtype::int8:
+      return load_cache_code_value(data, t, e) * a.scale;
+    case CacheDtype::nvfp4: {
+      const int64_t so = scale_offset(a.pools.scale_strides[static_cast<int>(PoolKind::primary)], block, a.layer, a.kv,
+                                      head, entry, dim);
+      return codec::nvfp4_decode(load_nibble(data, e), a.pools.scale_bytes(PoolKind::primary)[so], a.global_scale);
+    }
+    default:
+      return load_cache_code_value(data, t, e);  // fp32 / fp16 / bf16: exact
+  }
+}
+
+// Work item (token t in [0, num_tokens), head h in [0, H)): writes out[t, h, 0..D).
+KVSIM_HD inline void gather_paged_token_head(const GatherPagedArgs& a, int64_t t, int32_t h) {
+  const BlockRef ref{a.block_ids[a.page.div(t)]};
+  const int32_t entry = a.page.mod(t);
+  float* out = static_cast<float*>(a.out.data);
+  const int32_t D = a.pools.geometry.head_dim;
+  for (int32_t d = 0; d < D; ++d)
+    out[a.out.offset(t, h, d)] = ref.is_bad() ? 0.0f : gather_element_value(a, ref.block(), h, entry, d);
+}
+
+// ================================================================ block-copy work items
+
+// One block copy between two pools (possibly the same pool). A block is
+// addressed row by row: row = ((layer * F + kv) * H + head) * tokens + token,
+// tokens being the number of leading entries copied per (layer, kv, head).
+// Pointers live in the memory of the backend that runs the items.
+struct BlockCopyArgs {
+  const uint8_t* src_data = nullptr;
+  const uint8_t* src_scales = nullptr;  // nvfp4 only
+  uint8_t* dst_data = nullptr;
+  uint8_t* dst_scales = nullptr;  // nvfp4 only
+  PoolStrides src_strides, src_scale_strides;
+  PoolStrides dst_strides, dst_scale_strides;
+  CacheDtype dtype = CacheDtype::fp32;
+  int32_t layers = 1;
+  int32_t kv_factor = 2;
+  int32_t heads = 1;
+  int32_t tokens = 1;  // entries copied per (layer, kv, head)
+  int32_t head_dim = 1;
+
+  KVSIM_HD constexpr int64_t rows_per_block() const {
+    return static_cast<int64_t>(layers) * kv_factor * heads * tokens;
+  }
+};
+
+// tokens: entries per (layer, kv, head) to copy, in [1, P].
+inline BlockCopyArgs make_block_copy_args(const KvPools& pools, PoolKind src, PoolKind dst, int32_t tokens) {
+  const PoolGeometry& g = pools.geometry;
+  BlockCopyArgs a;
+  a.src_data = pools.bytes(src);
+  a.dst_data = pools.bytes(dst);
+  a.src_strides = pools.strides_of(src);
+  a.dst_strides = pools.strides_of(dst);
+  if (g.has_scale_pool()) {
+    a.src_scales = pools.scale_bytes(src);
+    a.dst_scales = pools.scale_bytes(dst);
+    a.src_scale_strides = pools.scale_strides[static_cast<int>(src)];
+    a.dst_scale_strides = pools.scale_strides[static_cast<int>(dst)];
+  }
+  a.dtype = g.dtype;
+  a.layers = g.layers;
+  a.kv_factor = g.kv_factor;
+  a.heads = g.kv_heads;
+  a.tokens = tokens;
+  a.head_dim = g.head_dim;
+  return a;
+}
+
+// Work item: copies row `row` (in [0, rows_per_block())) of src_block to the
+// same row of dst_block: D elements, plus D/16 scale bytes for nvfp4.
+KVSIM_HD inline void copy_block_row(const BlockCopyArgs& a, int64_t src_block, int64_t dst_block, int64_t row) {
+  const int32_t token = static_cast<int32_t>(row % a.tokens);
+  int64_t rest = row / a.tokens;
+  const int32_t head = static_cast<int32_t>(rest % a.heads);
+  rest /= a.heads;
+  const int32_t kv = static_cast<int32_t>(rest % a.kv_factor);
+  const int32_t layer = static_cast<int32_t>(rest / a.kv_factor);
+
+  if (a.dtype == CacheDtype::nvfp4) {
+    // Nibbles 2i and 2i+1 of a row share one byte (validated: even strides,
+    // dim_inner 1), so the row is copied byte by byte with no read-modify-write.
+    for (int32_t d = 0; d < a.head_dim; d += 2) {
+      const int64_t s = element_offset(a.src_strides, src_block, layer, kv, head, token, d) >> 1;
+      const int64_t t = element_offset(a.dst_strides, dst_block, layer, kv, head, token, d) >> 1;
+      a.dst_data[t] = a.src_data[s];
+    }
+    for (int32_t d = 0; d < a.head_dim; d += codec::kNvfp4BlockElems) {
+      const int64_t s = scale_offset(a.src_scale_strides, src_block, layer, kv, head, token, d);
+      const int64_t t = scale_offset(a.dst_scale_strides, dst_block, layer, kv, head, token, d);
+      a.dst_scales[t] = a.src_scales[s];
+    }
+    return;
+  }
+  const int bytes = bytes_per_element(a.dtype);
+  for (int32_t d = 0; d < a.head_dim; ++d)
+    copy_element(a.dst_data, element_offset(a.dst_strides, dst_block, layer, kv, head, token, d), a.src_data,
+                 element_offset(a.src_strides, src_block, layer, kv, head, token, d), bytes);
+}
+
+// ================================================================ host validation
+
+namespace read_copy_detail {
+
+// The pool's data (and nvfp4 scale) memory exists and its strides keep every
+// element inside the pool without overlap (core's validate_strides).
+inline void validate_pool_memory(const KvPools& pools, PoolKind kind, const char* op) {
+  const PoolGeometry& g = pools.geometry;
+  const char* name = kind == PoolKind::primary ? "primary" : "secondary";
+  if (pools.data[static_cast<int>(kind)] == nullptr)
+    fail(ErrorCode::bad_argument, std::string(op) + ": the " + name + " data pool is not allocated");
+  validate_strides(g, pools.strides_of(kind), kind, g.pool_elements(kind));
+  if (g.has_scale_pool()) {
+    if (pools.scales[static_cast<int>(kind)] == nullptr)
+      fail(ErrorCode::bad_argument, std::string(op) + ": the " + name + " nvfp4 scale pool is not allocated");
+    const PoolGeometry sg = g.scale_geometry();
+    validate_strides(sg, pools.scale_strides[static_cast<int>(kind)], kind, sg.pool_elements(kind));
+  }
+}
+
+// Block copies move nvfp4 rows as whole bytes: every nibble pair (2i, 2i+1)
+// of a row must be one byte, so that no two work items write one byte, i.e.
+// dim_inner == 1, x even, and every other stride of a dimension with more
+// than one index even. Contiguous nvfp4 pools (D a multiple of 16) always are.
+inline void validate_nvfp4_byte_rows(const KvPools& pools, PoolKind kind, const char* op) {
+  const PoolGeometry& g = pools.geometry;
+  if (g.dtype != CacheDtype::nvfp4) return;
+  const PoolStrides& s = pools.strides_of(kind);
+  for (int kv = 0; kv < g.kv_factor; ++kv) {
+    const InnerStrides& in = s.inner[kv];
+    const struct {
+      int64_t stride, extent;
+      const char* name;
+    } dims[] = {{s.block, g.blocks(kind), "block"},
+                {s.layer, g.layers, "layer"},
+                {s.kv, g.kv_factor, "kv"},
+                {in.head, g.kv_heads, "head"},
+                {in.token, g.tokens_per_block, "token"},
+                {in.dim_outer, g.head_dim / in.x, "dim/x"}};
+    std::string bad;
+    if (in.dim_inner != 1)
+      bad = "dim%x stride = " + std::to_string(in.dim_inner) + " (must be 1)";
+    else if (in.x % 2 != 0)
+      bad = "x = " + std::to_string(in.x) + " (must be even)";
+    for (const auto& d : dims)
+      if (bad.empty() && d.extent > 1 && d.stride % 2 != 0)
+        bad = std::string(d.name) + " stride = " + std::to_string(d.stride) + " (must be even)";
+    if (!bad.empty())
+      fail(ErrorCode::bad_strides, std::string(op) + ": nvfp4 " +
+                                       (kind == PoolKind::primary ? "primary" : "secondary") + " pool, kv " +
+                                       std::to_string(kv) + ": " + bad +
+                                       ": rule: block copies need each nibble pair (2i, 2i+1) of a row in one byte");
+  }
+}
+
+// A block a copy reads or writes: a live primary BlockRef in range.
+inline void validate_copy_ref(int32_t raw, const PoolGeometry& g, const std::string& where, bool is_write) {
+  const BlockRef r{raw};
+  if (r.is_bad() && !is_write)
+    fail(ErrorCode::bad_argument, where + " = -1 (BAD_PAGE): rule: a copy source must be a live block");
+  validate_block_ref(r, g, where, is_write);
+}
+
+// Rank-3 fp32 [n, H, D] output with non-negative strides that map distinct
+// coordinates to distinct elements (sorted-stride sufficient condition). An
+// empty TensorView is accepted for n == 0.
+inline void validate_gather_out(const TensorView& out, int64_t n, int32_t H, int32_t D) {
+  if (n == 0 && out.rank == 0 && out.data == nullptr) return;  // nothing to write: no tensor needed
+  if (out.dtype != CacheDtype::fp32 || out.rank != 3 || out.shape[0] != n || out.shape[1] != H || out.shape[2] != D)
+    fail(ErrorCode::shape_mismatch, "gather_paged: out must be fp32 [num_tokens = " + std::to_string(n) +
+                                        ", H = " + std::to_string(H) + ", D = " + std::to_string(D) + "], got " +
+                                        std::string(dtype_name(out.dtype)) + " rank " + std::to_string(out.rank) +
+                                        " [" + std::to_string(out.shape[0]) + ", " + std::to_string(out.shape[1]) +
+                                        ", " + std::to_string(out.shape[2]) + "]");
+  if (n == 0) return;
+  if (out.data == nullptr) fail(ErrorCode::bad_argument, "gather_paged: out.data is null");
+  int64_t stride[3], extent[3];
+  for (int i = 0; i < 3; ++i) {
+    if (out.stride[i] < 0)
+      fail(ErrorCode::shape_mismatch, "gather_paged: out.stride[" + std::to_string(i) +
+                                          "] = " + std::to_string(out.stride[i]) + ": rule: strides are non-negative");
+    stride[i] = out.stride[i];
+    extent[i] = out.shape[i];
+  }
+  for (int i = 1; i < 3; ++i)  // insertion sort by stride
+    for (int j = i; j > 0 && stride[j] < stride[j - 1]; --j) {
+      std::swap(stride[j], stride[j - 1]);
+      std::swap(extent[j], extent[j - 1]);
+    }
+  int64_t span = 0;
+  for (int i = 0; i < 3; ++i) {
+    if (extent[i] <= 1) continue;
+    if (stride[i] <= span)
+      fail(ErrorCode::shape_mismatch, "gather_paged: out strides overlap (stride " + std::to_string(stride[i]) +
+                                          " <= span " + std::to_string(span) +
+                                          "): rule: one output element per coordinate");
+    span += stride[i] * (extent[i] - 1);
+  }
+}
+
+inline bool byte_ranges_overlap(const void* a, int64_t a_bytes, const void* b, int64_t b_bytes) {
+  if (a == nullptr || b == nullptr || a_bytes <= 0 || b_bytes <= 0) return false;
+  const auto a0 = reinterpret_cast<uintptr_t>(a), b0 = reinterpret_cast<uintptr_t>(b);
+  return a0 < b0 + static_cast<uintptr_t>(b_bytes) && b0 < a0 + static_cast<uintptr_t>(a_bytes);
+}
+
+// Everything about a gather except its output tensor (shared with gather_view).
+inline void validate_gather_source(const KvPools& pools, const GatherPagedOp& op) {
+  const PoolGeometry& g = pools.geometry;
+  validate_geometry(g);
+  if (op.layer < 0 || op.layer >= g.layers)
+    fail(ErrorCode::bad_argument, "gather_paged: layer = " + std::to_string(op.layer) +
+                                      ": rule: layer in [0, layers = " + std::to_string(g.layers) + ")");
+  if (op.kv < 0 || op.kv >= g.kv_factor)
+    fail(ErrorCode::bad_argument, "gather_paged: kv = " + std::to_string(op.kv) +
+                                      ": rule: kv in [0, kv_factor = " + std::to_string(g.kv_factor) + ")");
+  if (op.num_tokens < 0)
+    fail(ErrorCode::bad_argument,
+         "gather_paged: num_tokens = " + std::to_string(op.num_tokens) + ": rule: num_tokens >= 0");
+  if (g.dtype == CacheDtype::nvfp4 && !(std::isfinite(op.global_scale) && op.global_scale > 0.0f))
+    fail(ErrorCode::bad_global_scale, "gather_paged: global_scale = " + std::to_string(op.global_scale) +
+                                          ": rule: the nvfp4 global scale is finite and > 0");
+  if ((g.dtype == CacheDtype::fp8_e4m3 || g.dtype == CacheDtype::fp8_e5m2 || g.dtype == CacheDtype::int8) &&
+      !std::isfinite(op.scale))
+    fail(ErrorCode::bad_argument,
+         "gather_paged: scale = " + std::to_string(op.scale) + ": rule: the dequantization scale is finite");
+  const int64_t P = g.tokens_per_block;
+  const int64_t pages = (op.num_tokens + P - 1) / P;
+  if (pages > static_cast<int64_t>(op.block_ids.size()))
+    fail(ErrorCode::position_beyond_sequence, "gather_paged: num_tokens = " + std::to_string(op.num_tokens) +
+                                                  " needs " + std::to_string(pages) +
+                                                  " pages of P = " + std::to_string(P) + " but block_ids has " +
+                                                  std::to_string(static_cast<int64_t>(op.block_ids.size())) +
+                                                  " entries: rule: the gathered tokens lie inside the table");
+  for (int64_t i = 0; i < pages; ++i)
+    validate_block_ref(BlockRef{op.block_ids[i]}, g, "gather_paged: block_ids[" + std::to_string(i) + "]",
+                       /*is_write=*/false);
+  if (op.num_tokens > 0) validate_pool_memory(pools, PoolKind::primary, "gather_paged");
+}
+
+}  // namespace read_copy_detail
+
+inline void validate_gather_paged(const KvPools& pools, const GatherPagedOp& op) {
+  read_copy_detail::validate_gather_source(pools, op);
+  const PoolGeometry& g = pools.geometry;
+  read_copy_detail::validate_gather_out(op.out, op.num_tokens, g.kv_heads, g.head_dim);
+  if (op.num_tokens == 0) return;
+  // The work items read the pool while writing out: the two must not share bytes.
+  int64_t max_offset = 0;
+  for (int i = 0; i < 3; ++i) max_offset += op.out.stride[i] * (op.out.shape[i] - 1);
+  const int64_t out_bytes = (max_offset + 1) * 4;
+  if (read_copy_detail::byte_ranges_overlap(op.out.data, out_bytes, pools.data[0], g.pool_bytes(PoolKind::primary)) ||
+      read_copy_detail::byte_ranges_overlap(op.out.data, out_bytes, pools.scales[0],
+                                            scale_pool_bytes(g, PoolKind::primary)))
+    fail(ErrorCode::bad_argument, "gather_paged: out overlaps the primary pool: rule: the output is separate memory");
+}
+
+inline void validate_partial_copy(const KvPools& pools, const PartialCopyOp& op) {
+  const PoolGeometry& g = pools.geometry;
+  validate_geometry(g);
+  read_copy_detail::validate_copy_ref(op.src_block, g, "partial_copy: src_block", /*is_write=*/false);
+  read_copy_detail::validate_copy_ref(op.dst_block, g, "partial_copy: dst_block", /*is_write=*/true);
+  if (op.src_block == op.dst_block)
+    fail(ErrorCode::bad_argument, "partial_copy: src_block = dst_block = " + std::to_string(op.src_block) +
+                                      ": rule: source and destination are distinct blocks");
+  if (op.num_tokens > g.tokens_per_block)
+    fail(ErrorCode::bad_argument, "partial_copy: num_tokens = " + std::to_string(op.num_tokens) +
+                                      ": rule: num_tokens <= P = " + std::to_string(g.tokens_per_block) +
+                                      " (<= 0 copies the whole block)");
+  read_copy_detail::validate_pool_memory(pools, PoolKind::primary, "partial_copy");
+  read_copy_detail::validate_nvfp4_byte_rows(pools, PoolKind::primary, "partial_copy");
+}
+
+inline void validate_copy_blocks(const KvPools& pools, const CopyBlocksOp& op) {
+  const PoolGeometry& g = pools.geometry;
+  validate_geometry(g);
+  if (op.pairs.empty()) return;
+  std::unordered_set<int32_t> sources;
+  for (size_t i = 0; i < op.pairs.size(); ++i) {
+    const std::string at = "copy_blocks: pairs[" + std::to_string(i) + "]";
+    read_copy_detail::validate_copy_ref(op.pairs[i].first, g, at + ".src", /*is_write=*/false);
+    read_copy_detail::validate_copy_ref(op.pairs[i].second, g, at + ".dst", /*is_write=*/true);
+    sources.insert(op.pairs[i].first);
+  }
+  std::unordered_set<int32_t> destinations;
+  for (size_t i = 0; i < op.pairs.size(); ++i) {
+    const int32_t dst = op.pairs[i].second;
+    const std::string at = "copy_blocks: pairs[" + std::to_string(i) + "].dst = " + std::to_string(dst);
+    if (!destinations.insert(dst).second)
+      fail(ErrorCode::bad_argument, at + " is the destination of an earlier pair: rule: each block is written once");
+    if (sources.count(dst))
+      fail(ErrorCode::bad_argument,
+           at + " is also a source: rule: pairs are independent (no block is both read and written)");
+  }
+  read_copy_detail::validate_pool_memory(pools, PoolKind::primary, "copy_blocks");
+  read_copy_detail::validate_nvfp4_byte_rows(pools, PoolKind::primary, "copy_blocks");
+}
+
+inline void validate_move_blocks(const KvPools& pools, const MoveBlocksOp& op) {
+  const PoolGeometry& g = pools.geometry;
+  validate_geometry(g);
+  if (op.primary.size() != op.secondary.size())
+    fail(ErrorCode::shape_mismatch, "move_blocks: primary has " + std::to_string(op.primary.size()) +
+                                        " blocks but secondary has " + std::to_string(op.secondary.size()) +
+                                        ": rule: block i of one list pairs with block i of the other");
+  if (op.primary.empty()) return;
+  const PoolKind kinds[2] = {PoolKind::primary, PoolKind::secondary};
+  const std::span<const int32_t> lists[2] = {op.primary, op.secondary};
+  for (int k = 0; k < 2; ++k) {
+    const char* name = k == 0 ? "primary" : "secondary";
+    const int64_t blocks = g.blocks(kinds[k]);
+    std::unordered_set<int32_t> seen;
+    for (size_t i = 0; i < lists[k].size(); ++i) {
+      const int32_t b = lists[k][i];
+      const std::string at = std::string("move_blocks: ") + name + "[" + std::to_string(i) + "] = " + std::to_string(b);
+      if (b < 0 || b >= blocks)
+        fail(ErrorCode::block_out_of_range,
+             at + ": rule: a plain block index in [0, " + name + "_blocks = " + std::to_string(blocks) + ")");
+      if (!seen.insert(b).second)
+        fail(ErrorCode::bad_argument, at + " appears twice: rule: a move pairs blocks one to one");
+    }
+  }
+  for (PoolKind k : kinds) {
+    read_copy_detail::validate_pool_memory(pools, k, "move_blocks");
+    read_copy_detail::validate_nvfp4_byte_rows(pools, k, "move_blocks");
+  }
+}
+
+// ================================================================ zero-copy gather
+
+// vanilla.py: "A single block returns the contiguous view directly (no copy)".
+// Returns a strided [n, H, D] fp32 view into the primary pool (backend memory;
+// read-only by convention) holding exactly what gather_paged would write, when
+// such a view exists:
+//   * the cache dtype is fp32 (any other dtype needs a decode, i.e. a copy);
+//   * 1 <= num_tokens <= P, so every token lies in block_ids[0], which is live;
+//   * the kv's dim coordinate is one stride (x == D, or dim_outer == x *
+//     dim_inner): NHD, HND and split-x V ([head][dim][token]); split-x K
+//     ([head][dim/x][token][x]) only when P == 1.
+// Otherwise std::nullopt: the caller runs gather_paged. Validates the request
+// like gather_paged (everything but `out`, which it ignores) and throws the
+// same errors. The view aliases the pool: it sees later writes to the block.
+inline std::optional<TensorView> gather_view(const KvPools& pools, const GatherPagedOp& op) {
+  read_copy_detail::validate_gather_source(pools, op);
+  const PoolGeometry& g = pools.geometry;
+  if (g.dtype != CacheDtype::fp32 || op.num_tokens < 1 || op.num_tokens > g.tokens_per_block) return std::nullopt;
+  const BlockRef ref{op.block_ids[0]};
+  if (ref.is_bad()) return std::nullopt;  // zeros are not in the pool
+  const PoolStrides& s = pools.strides_of(PoolKind::primary);
+  const InnerStrides& in = s.inner[op.kv];
+  if (!(in.x == g.head_dim || in.dim_outer == static_cast<int64_t>(in.x) * in.dim_inner)) return std::nullopt;
+  TensorView v;
+  v.data = static_cast<float*>(pools.data[0]) + element_offset(s, ref.block(), op.layer, op.kv, 0, 0, 0);
+  v.dtype = CacheDtype::fp32;
+  v.rank = 3;
+  v.shape[0] = op.num_tokens;
+  v.shape[1] = g.kv_heads;
+  v.shape[2] = g.head_dim;
+  v.stride[0] = in.token;
+  v.stride[1] = in.head;
+  v.stride[2] = in.dim_inner;
+  return v;
+}
 
 }  // namespace kvsim

@@ -1,0 +1,75 @@
+// CPU oracle of the read and block-copy ops (SPEC §5.6, §5.9): loops only.
+// Every value and offset comes from core's work-item functions in
+// core/ops/read_copy_ops.hpp; each work item owns its output bytes, so the
+// result is the same for any thread count.
+#include <tbb/blocked_range.h>
+#include <tbb/parallel_for.h>
+
+#include "backends/cpu/cpu_backend.hpp"
+
+namespace kvsim {
+
+void CpuBackend::run_gather_paged(const KvPools& pools, const GatherPagedOp& op) {
+  if (op.num_tokens == 0) return;
+  const GatherPagedArgs args = make_gather_paged_args(pools, op);
+  const int32_t heads = pools.geometry.kv_heads;
+  const int64_t items = op.num_tokens * heads;  // one item per (token, head)
+  arena_.execute([&] {
+    tbb::parallel_for(tbb::blocked_range<int64_t>(0, items), [&](const tbb::blocked_range<int64_t>& r) {
+      for (int64_t i = r.begin(); i != r.end(); ++i)
+        gather_paged_token_head(args, i / heads, static_cast<int32_t>(i % heads));
+    });
+  });
+}
+
+namespace {
+
+// Runs every row of every (src, dst) block pair; pair_at(p) yields the pair's
+// block indices. Pairs are independent (validated), so rows of all pairs run
+// concurrently.
+template <class PairAt>
+void copy_block_rows(tbb::task_arena& arena, const BlockCopyArgs& args, int64_t pairs, PairAt pair_at) {
+  const int64_t rows = args.rows_per_block();
+  arena.execute([&] {
+    tbb::parallel_for(tbb::blocked_range<int64_t>(0, pairs * rows), [&](const tbb::blocked_range<int64_t>& r) {
+      for (int64_t i = r.begin(); i != r.end(); ++i) {
+        const std::pair<int64_t, int64_t> p = pair_at(i / rows);
+        copy_block_row(args, p.first, p.second, i % rows);
+      }
+    });
+  });
+}
+
+}  // namespace
+
+void CpuBackend::run_partial_copy(const KvPools& pools, const PartialCopyOp& op) {
+  const PoolGeometry& g = pools.geometry;
+  // n <= 0 is the whole-block sentinel; nvfp4 always copies whole blocks.
+  const int32_t tokens = (op.num_tokens <= 0 || g.dtype == CacheDtype::nvfp4) ? g.tokens_per_block : op.num_tokens;
+  const BlockCopyArgs args = make_block_copy_args(pools, PoolKind::primary, PoolKind::primary, tokens);
+  const std::pair<int64_t, int64_t> pair{BlockRef{op.src_block}.block(), BlockRef{op.dst_block}.block()};
+  copy_block_rows(arena_, args, 1, [&](int64_t) { return pair; });
+}
+
+void CpuBackend::run_copy_blocks(const KvPools& pools, const CopyBlocksOp& op) {
+  if (op.pairs.empty()) return;
+  const BlockCopyArgs args =
+      make_block_copy_args(pools, PoolKind::primary, PoolKind::primary, pools.geometry.tokens_per_block);
+  copy_block_rows(arena_, args, static_cast<int64_t>(op.pairs.size()), [&](int64_t p) {
+    return std::pair<int64_t, int64_t>{BlockRef{op.pairs[p].first}.block(), BlockRef{op.pairs[p].second}.block()};
+  });
+}
+
+void CpuBackend::run_move_blocks(const KvPools& pools, const MoveBlocksOp& op, bool to_secondary) {
+  if (op.primary.empty()) return;
+  const PoolKind src = to_secondary ? PoolKind::primary : PoolKind::secondary;
+  const PoolKind dst = to_secondary ? PoolKind::secondary : PoolKind::primary;
+  const std::span<const int32_t> src_ids = to_secondary ? op.primary : op.secondary;
+  const std::span<const int32_t> dst_ids = to_secondary ? op.secondary : op.primary;
+  const BlockCopyArgs args = make_block_copy_args(pools, src, dst, pools.geometry.tokens_per_block);
+  copy_block_rows(arena_, args, static_cast<int64_t>(src_ids.size()), [&](int64_t p) {
+    return std::pair<int64_t, int64_t>{src_ids[p], dst_ids[p]};
+  });
+}
+
+}  // namespace kvsim

@@ -1,0 +1,146 @@
+#include "geometry_options.hpp"
+
+#include <optional>
+
+namespace kvsim::cli {
+namespace {
+
+// A CLI11 validator that accepts exactly what a core parse_* function accepts,
+// so the flag spellings never drift from core.
+template <typename Parse>
+CLI::Validator core_name_validator(Parse parse, std::string choices) {
+  return CLI::Validator(
+      [parse, choices](std::string& value) -> std::string {
+        if (parse(value)) return {};
+        return "'" + value + "' is not one of " + choices;
+      },
+      choices);
+}
+
+}  // namespace
+
+void add_geometry_options(CLI::App& cmd, GeometryOptions& opts) {
+  const std::string group = "Geometry";
+  cmd.add_option("--layout", opts.layout, "Element order inside a block")
+      ->check(core_name_validator([](const std::string& s) { return parse_layout(s).has_value(); }, "nhd|hnd|split-x"))
+      ->capture_default_str()
+      ->group(group);
+  cmd.add_option("--placement", opts.placement, "Layer placement: in_block (TensorRT-LLM) or per_layer (FlashInfer/vLLM)")
+      ->check(core_name_validator([](const std::string& s) { return parse_placement(s).has_value(); },
+                                  "in_block|per_layer"))
+      ->capture_default_str()
+      ->group(group);
+  cmd.add_option("--layers", opts.layers, "Layers L")->capture_default_str()->group(group);
+  cmd.add_option("--kv-factor", opts.kv_factor, "2 = separate K and V, 1 = one latent tensor (MLA)")
+      ->capture_default_str()
+      ->group(group);
+  cmd.add_option("--kv-heads", opts.kv_heads, "KV heads H")->capture_default_str()->group(group);
+  cmd.add_option("--head-dim", opts.head_dim, "Head dimension D")->capture_default_str()->group(group);
+  cmd.add_option("--page-size", opts.page_size, "Tokens per block P (1..1024)")->capture_default_str()->group(group);
+  cmd.add_option("--dtype", opts.dtype, "Cache dtype")
+      ->check(core_name_validator([](const std::string& s) { return parse_dtype(s).has_value(); },
+                                  "fp32|fp16|bf16|fp8_e4m3|fp8_e5m2|int8|nvfp4"))
+      ->capture_default_str()
+      ->group(group);
+  cmd.add_option("--blocks", opts.blocks, "Primary pool blocks")->capture_default_str()->group(group);
+  cmd.add_option("--secondary-blocks", opts.secondary_blocks, "Secondary (offload) pool blocks")
+      ->capture_default_str()
+      ->group(group);
+}
+
+PoolGeometry make_geometry(const GeometryOptions& opts) {
+  PoolGeometry g;
+  // The validators above already accepted these names; value() cannot fail.
+  g.layout = parse_layout(opts.layout).value();
+  g.placement = parse_placement(opts.placement).value();
+  g.dtype = parse_dtype(opts.dtype).value();
+  g.layers = opts.layers;
+  g.kv_factor = opts.kv_factor;
+  g.kv_heads = opts.kv_heads;
+  g.head_dim = opts.head_dim;
+  g.tokens_per_block = opts.page_size;
+  g.primary_blocks = opts.blocks;
+  g.secondary_blocks = opts.secondary_blocks;
+  validate_geometry(g);
+  return g;
+}
+
+Json geometry_json(const PoolGeometry& g) {
+  Json j;
+  j["layers"] = g.layers;
+  j["kv_factor"] = g.kv_factor;
+  j["kv_heads"] = g.kv_heads;
+  j["tokens_per_block"] = g.tokens_per_block;
+  j["head_dim"] = g.head_dim;
+  j["dtype"] = std::string(dtype_name(g.dtype));
+  j["layout"] = std::string(layout_name(g.layout));
+  j["placement"] = std::string(placement_name(g.placement));
+  j["primary_blocks"] = g.primary_blocks;
+  j["secondary_blocks"] = g.secondary_blocks;
+  return j;
+}
+
+Json inner_strides_json(const InnerStrides& s) {
+  Json j;
+  j["head"] = s.head;
+  j["token"] = s.token;
+  j["dim_outer"] = s.dim_outer;
+  j["dim_inner"] = s.dim_inner;
+  j["x"] = s.x;
+  return j;
+}
+
+Json strides_json(const PoolStrides& s, int32_t kv_factor) {
+  Json j;
+  j["block"] = s.block;
+  j["layer"] = s.layer;
+  j["kv"] = s.kv;
+  Json inner;
+  inner["k"] = inner_strides_json(s.inner[0]);
+  inner["v"] = kv_factor == 2 ? inner_strides_json(s.inner[1]) : Json(nullptr);
+  j["inner"] = inner;
+  return j;
+}
+
+std::vector<Axis> outer_axes(const PoolGeometry& g, const PoolStrides& s, PoolKind kind) {
+  const Axis block{"block", g.blocks(kind), s.block};
+  const Axis layer{"layer", g.layers, s.layer};
+  const Axis kv{"kv", g.kv_factor, s.kv};
+  if (g.placement == LayerPlacement::in_block) return {block, layer, kv};
+  return {layer, block, kv};
+}
+
+std::vector<Axis> inner_axes(const PoolGeometry& g, const PoolStrides& s, int32_t kv) {
+  const InnerStrides& in = s.inner[kv];
+  const Axis head{"head", g.kv_heads, in.head};
+  const Axis token{"token", g.tokens_per_block, in.token};
+  // Outside split-x K, x == head_dim: dim / x is always 0 and dim % x is dim.
+  const Axis dim{"dim", g.head_dim, in.dim_inner};
+  switch (g.layout) {
+    case BlockLayout::nhd: return {token, head, dim};
+    case BlockLayout::hnd: return {head, token, dim};
+    case BlockLayout::split_x:
+      if (kv == 0) return {head, Axis{"dim/x", g.head_dim / in.x, in.dim_outer}, token, Axis{"x", in.x, in.dim_inner}};
+      return {head, dim, token};
+  }
+  return {};
+}
+
+std::string axes_text(const std::vector<Axis>& axes) {
+  std::string text;
+  for (const Axis& a : axes) text += "[" + a.name + " " + std::to_string(a.extent) + "]";
+  return text;
+}
+
+Json axes_json(const std::vector<Axis>& axes) {
+  Json list = Json::array();
+  for (const Axis& a : axes) list.push_back(Json{{"name", a.name}, {"extent", a.extent}, {"stride", a.stride}});
+  return list;
+}
+
+const char* kv_label(int32_t kv, int32_t kv_factor) {
+  if (kv_factor == 1) return "latent";
+  return kv == 0 ? "K" : "V";
+}
+
+}  // namespace kvsim::cli

@@ -1,0 +1,67 @@
+// Geometry flags shared by `kvsim layout` and `kvsim explain`, and the JSON
+// forms of core's geometry structs that both print. The CLI only parses
+// names and numbers here; every range rule is core's validate_geometry.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include "kvsim/core.hpp"
+
+namespace kvsim::cli {
+
+// Output JSON keeps insertion order so the printed object reads in the same
+// order as the text report; the schema is documented in docs/index-arithmetic.md.
+using Json = nlohmann::ordered_json;
+
+struct GeometryOptions {
+  std::string layout = "nhd";
+  std::string placement = "in_block";
+  std::string dtype = "bf16";
+  int32_t layers = 1;
+  int32_t kv_factor = 2;
+  int32_t kv_heads = 8;
+  int32_t head_dim = 128;
+  int32_t page_size = 16;
+  int64_t blocks = 64;
+  int64_t secondary_blocks = 0;
+};
+
+// Adds --layout --placement --layers --kv-factor --kv-heads --head-dim
+// --page-size --dtype --blocks --secondary-blocks to `cmd`, bound to `opts`.
+void add_geometry_options(CLI::App& cmd, GeometryOptions& opts);
+
+// The PoolGeometry the flags describe, checked by core's validate_geometry
+// (throws kvsim::ValidationError, e.g. bad_geometry, unsupported_page_size).
+PoolGeometry make_geometry(const GeometryOptions& opts);
+
+Json geometry_json(const PoolGeometry& g);
+Json inner_strides_json(const InnerStrides& s);
+// PoolStrides with "inner": {"k": ..., "v": ...}; "v" is null when kv_factor == 1.
+Json strides_json(const PoolStrides& s, int32_t kv_factor);
+
+// One axis of a pool tensor as printed by layout/explain. The order of the
+// axes is the layout's definition (core/geometry.hpp header); every stride is
+// read from core's PoolStrides, never recomputed here.
+struct Axis {
+  std::string name;
+  int64_t extent = 0;
+  int64_t stride = 0;
+};
+// [block][layer][kv] (in_block) or [layer][block][kv] (per_layer).
+std::vector<Axis> outer_axes(const PoolGeometry& g, const PoolStrides& s, PoolKind kind);
+// The block-inner axes of K (kv 0) or V (kv 1): NHD [token][head][dim],
+// HND [head][token][dim], split-x K [head][dim/x][token][x], split-x V [head][dim][token].
+std::vector<Axis> inner_axes(const PoolGeometry& g, const PoolStrides& s, int32_t kv);
+// "[block 64][layer 1][kv 2]"
+std::string axes_text(const std::vector<Axis>& axes);
+Json axes_json(const std::vector<Axis>& axes);
+
+// "K" and "V", or "latent" for the single tensor of kv_factor 1 (MLA).
+const char* kv_label(int32_t kv, int32_t kv_factor);
+
+}  // namespace kvsim::cli
