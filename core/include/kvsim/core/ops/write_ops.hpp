@@ -3,9 +3,32 @@
 // Each op: a descriptor, a host validate_*() that throws a named
 // ValidationError before any byte moves, and KVSIM_HD work-item functions
 // that both backends call unchanged.
+//
+// Work items and writers. append_paged and reshape_and_cache run one work
+// item per (token, KV head): it writes the head's D elements of K and of V
+// (and, for nvfp4, their D/16 scale bytes). append_mla runs one work item per
+// token (its whole latent row). indexer_k_scatter runs one work item per
+// token (its D data bytes and 4 scale bytes). Validation proves that no two
+// work items touch one byte: distinct tokens land in distinct (block, entry)
+// slots, nvfp4 rows occupy whole bytes, indexer bytes are pairwise distinct.
+// Hence results do not depend on the thread count or on scheduling.
+//
+// Work-item functions take only trivially copyable arguments (KvPools and
+// the *Args structs below hold raw pointers and sizes). make_*_args() builds
+// them from a descriptor with the descriptor's host pointers; a device
+// backend copies the index arrays (batch_indices, positions, indptr,
+// indices, last_page_len, slot mappings) to device memory and replaces those
+// pointers before launching. Every pool offset comes from element_offset() /
+// scale_offset().
 #pragma once
 
+#include <algorithm>
+#include <cstdio>
 #include <span>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
 
 #include "../cache_io.hpp"
 #include "../page_table.hpp"
@@ -17,9 +40,17 @@ namespace kvsim {
 // b = batch_indices[i] at position positions[i] goes to
 //   (page_slot, entry) = divmod(indptr[b] * P + positions[i], P),  block = indices[page_slot].
 // Inputs [nnz, H, D] with arbitrary strides (K/V sliced from a fused QKV);
-// input dtype == cache dtype (bytes copied), except nvfp4 caches, which take
-// fp32/fp16/bf16 and quantize per 16 elements with the layer's K/V global
-// decode scales (SPEC §4).
+// input dtype == cache dtype (bytes copied, NaN payloads kept; this includes
+// fp8/int8 caches, whose inputs must already be codes), except nvfp4 caches,
+// which take fp32/fp16/bf16 and quantize per 16 elements with the layer's K/V
+// global decode scales (SPEC §4); the scale byte of elements [16j, 16j+16)
+// goes to the scale pool at scale_offset(..., dim = 16j).
+// Any layout the geometry allows (NHD, HND, split-x); kv_factor must be 2.
+// Rejected before any byte moves: a position outside [0, length(b)) of the
+// CSR table, a written page that is BAD_PAGE, any secondary or out-of-range
+// reference in the table, two sequences writing one block, two tokens
+// writing one (block, entry) slot, a non-finite or non-positive nvfp4
+// global scale, shape/dtype mismatches, a layer out of range.
 struct AppendPagedOp {
   int32_t layer = 0;
   TensorView k, v;                          // [nnz, H, D]
@@ -34,19 +65,48 @@ struct AppendPagedOp {
 
 // SPEC §5.2 — vLLM reshape_and_cache(_flash). Token t goes to
 // slot_mapping[t] = block * P + offset (negative: skipped), any layout
-// including split-x. Cache dtype == input dtype: bytes copied; fp8 caches
-// store e4m3/e5m2_satfinite(x / k_scale) (vLLM's scaled_convert divides).
+// including split-x; kv_factor must be 2. Accepted dtype pairs:
+//   cache dtype == input dtype (fp32, fp16, bf16, fp8_e4m3, fp8_e5m2, int8):
+//     bytes copied, NaN payloads kept;
+//   fp8_e4m3 / fp8_e5m2 cache, fp32/fp16/bf16 input:
+//     code = f32_to_e4m3/e5m2(x / k_scale, satfinite) — x is the exact fp32
+//     value of the input, `/` IEEE division (vLLM's scaled_convert divides);
+//     k_scale / v_scale must then be finite and > 0.
+// Everything else is rejected (nvfp4 caches are written by append_paged /
+// qkv_preprocess_write; int8 caches take int8 codes). Two tokens with one
+// non-negative slot are rejected (one writer per byte).
 struct ReshapeAndCacheOp {
   int32_t layer = 0;
-  TensorView key, value;                 // [num_tokens, H, D], fp32/fp16/bf16
+  TensorView key, value;                 // [num_tokens, H, D]
   std::span<const int64_t> slot_mapping; // [num_tokens]
   float k_scale = 1.0f;
   float v_scale = 1.0f;
 };
 
 // SPEC §5.4 — FlashInfer append_paged_mla_kv_cache into a latent pool
-// (kv_factor 1, kv_heads 1): row = [ckv (d_ckv) | kpe (d_kpe)]. Page table and
-// coordinates as append_paged.
+// (kv_factor 1, kv_heads 1): row = [ckv (d_ckv) | kpe (d_kpe)]. Page table,
+// coordinates and rejections as append_paged.
+//
+// Row layout, by pool dtype:
+//  * fp32 / fp16 / bf16 / fp8_e4m3 / fp8_e5m2 / int8 pool:
+//      head_dim == d_ckv + d_kpe; ckv and kpe inputs have the pool's dtype and
+//      are copied as bytes: ckv to dims [0, d_ckv), kpe to [d_ckv, head_dim).
+//  * nvfp4 pool (the supported mix: nvfp4 ckv with fp8 e4m3 kpe):
+//      head_dim is counted in 4-bit units and head_dim == d_ckv + 2 * d_kpe.
+//      Nibbles [0, d_ckv): ckv, fp32/fp16/bf16 input quantized per 16
+//        elements (SPEC §4) with ckv_global_scale; the scale byte of group j
+//        goes to the scale pool at scale_offset(..., dim = 16 j), i.e. scale
+//        entries [0, d_ckv / 16) of the row.
+//      Nibbles [d_ckv, head_dim): kpe as fp8 e4m3 bytes, byte j stored as the
+//        nibble pair (d_ckv + 2j: low nibble = code & 0xF, d_ckv + 2j + 1:
+//        high nibble = code >> 4). Since d_ckv is a multiple of 16 and rows
+//        start on whole bytes, that is exactly byte j of the kpe part. kpe
+//        input is either fp8_e4m3 codes (copied) or fp32/fp16/bf16, encoded
+//        as e4m3_satfinite(x / kpe_scale) (decode: code * kpe_scale).
+//      The row's remaining scale entries [d_ckv / 16, head_dim / 16) cover
+//        kpe nibbles; they are never written (a reader must not use them).
+//      Requirements: d_ckv % 16 == 0 (else unsupported_head_dim); the
+//      geometry's head_dim % 16 == 0 then makes d_kpe a multiple of 8.
 struct AppendMlaOp {
   int32_t layer = 0;
   TensorView ckv;  // [nnz, d_ckv]
@@ -54,25 +114,648 @@ struct AppendMlaOp {
   std::span<const int32_t> batch_indices, positions;
   std::span<const int32_t> indptr, indices, last_page_len;
   float ckv_global_scale = 1.0f;  // nvfp4 ckv
-  float kpe_scale = 1.0f;         // fp8 kpe in the nvfp4 mix
+  float kpe_scale = 1.0f;         // fp8 kpe in the nvfp4 mix, when kpe is fp32/fp16/bf16
 };
 
 // SPEC §5.5 — DeepSeek indexer K cache scatter (TensorRT-LLM
 // indexerKCacheScatter): fp8 bytes [T, D] and 4-byte scales [T] go into a
 // 4-D strided byte cache [blocks, block_size, 1, bytes_per_token] addressed
-// by flat element indices; negative slot skips the token.
+// by flat element indices; a negative slot in either mapping skips the
+// whole token (as the kernel's early return does).
+// Data byte j of token t is written at indexer_flat_to_offset(cache,
+// slot_mapping_fp8[t] + j); scale byte j at indexer_flat_to_offset(cache,
+// slot_mapping_scale[t] + j). Each byte is addressed on its own: the real
+// kernel's 4-byte vector stores give the same bytes whenever they are legal
+// (stride 3 == 1 and no vector crossing a d3 row), and this definition stays
+// meaningful where they are not. Validation: every written flat index lies
+// inside the cache's d0*d1*d2*d3 elements, the cache strides are >= 0 and all
+// written bytes (data and scales of all tokens) are pairwise distinct.
 struct IndexerKScatterOp {
-  TensorView k_fp8;    // [T, D] bytes
+  TensorView k_fp8;    // [T, D] bytes (any 8-bit dtype)
   TensorView k_scale;  // [T, 4] bytes
   std::span<const int64_t> slot_mapping_fp8;    // flat element index of the token's first data byte
   std::span<const int64_t> slot_mapping_scale;  // flat element index of the token's scale bytes
-  TensorView cache;    // rank 4, bytes, explicit strides
+  TensorView cache;    // rank 4, 8-bit dtype, explicit strides
 };
 
-// Host validation: throws a named ValidationError before any byte moves.
-void validate_append_paged(const KvPools& pools, const AppendPagedOp& op);
-void validate_reshape_and_cache(const KvPools& pools, const ReshapeAndCacheOp& op);
-void validate_append_mla(const KvPools& pools, const AppendMlaOp& op);
-void validate_indexer_k_scatter(const IndexerKScatterOp& op);
+inline constexpr int32_t kIndexerScaleBytes = 4;
+
+// ================================================================ device-side work items
+
+// How one run of input elements becomes pool bytes (decided on the host).
+enum class RowEncoding : uint8_t {
+  copy_bytes,        // input dtype == pool dtype (>= 8 bits): raw bytes, NaN payloads kept
+  nvfp4,             // fp32/fp16/bf16 -> e2m1 nibbles + e4m3 block scales (SPEC §4); scale = global decode scale
+  fp8_divide,        // fp32/fp16/bf16 -> pool fp8 code of (x / scale), satfinite
+  fp8_pairs_copy,    // nvfp4 pool: fp8 input bytes stored as nibble pairs (MLA kpe)
+  fp8_pairs_divide,  // nvfp4 pool: e4m3_satfinite(x / scale) stored as nibble pairs (MLA kpe)
+};
+
+// The pool coordinates of one row (all dims of one head of one token).
+struct PoolRow {
+  int64_t block = 0;
+  int32_t layer = 0;
+  int32_t kv = 0;
+  int32_t head = 0;
+  int32_t entry = 0;
+};
+
+// A run of input elements along a tensor's last dimension: element d lives
+// at data[base + d * stride] (in elements of dtype).
+struct InputRow {
+  const void* data = nullptr;
+  CacheDtype dtype = CacheDtype::fp32;
+  int64_t base = 0;
+  int64_t stride = 1;
+
+  KVSIM_HD constexpr int64_t at(int64_t d) const { return base + d * stride; }
+};
+
+// Row (i0, i1) of a rank-3 tensor, or row i0 of a rank-2 tensor (i1 ignored).
+KVSIM_HD constexpr InputRow input_row(const TensorView& t, int64_t i0, int64_t i1) {
+  InputRow r;
+  r.data = t.data;
+  r.dtype = t.dtype;
+  r.base = i0 * t.stride[0] + (t.rank == 3 ? i1 * t.stride[1] : 0);
+  r.stride = t.stride[t.rank - 1];
+  return r;
+}
+
+KVSIM_HD constexpr int64_t pool_row_offset(const PoolStrides& s, const PoolRow& r, int32_t dim) {
+  return element_offset(s, r.block, r.layer, r.kv, r.head, r.entry, dim);
+}
+
+// fp8 code of x / scale (IEEE division, then round-to-nearest-even, satfinite).
+KVSIM_HD inline uint8_t fp8_encode_divided(float x, float scale, CacheDtype fp8) {
+  const float y = x / scale;
+  return fp8 == CacheDtype::fp8_e5m2 ? codec::f32_to_e5m2(y, codec::Saturation::finite)
+                                     : codec::f32_to_e4m3(y, codec::Saturation::finite);
+}
+
+// Writes `count` elements of the input row to dims [dim0, dim0 + count) of
+// the primary pool's row `r`. nvfp4: count and dim0 are multiples of 16.
+// fp8_pairs_*: count input bytes go to 2 * count nibbles from dim0 (even).
+KVSIM_HD inline void write_pool_row(const KvPools& pools, const PoolRow& r, int32_t dim0, int32_t count,
+                                    const InputRow& in, RowEncoding encoding, float scale) {
+  const PoolStrides& s = pools.strides_of(PoolKind::primary);
+  uint8_t* pool = pools.bytes(PoolKind::primary);
+  const CacheDtype pool_dtype = pools.geometry.dtype;
+  switch (encoding) {
+    case RowEncoding::copy_bytes: {
+      const int nbytes = bytes_per_element(pool_dtype);
+      for (int32_t d = 0; d < count; ++d) copy_element(pool, pool_row_offset(s, r, dim0 + d), in.data, in.at(d), nbytes);
+      break;
+    }
+    case RowEncoding::nvfp4: {
+      uint8_t* scale_pool = pools.scale_bytes(PoolKind::primary);
+      const PoolStrides& ss = pools.scale_strides[static_cast<int>(PoolKind::primary)];
+      for (int32_t g0 = 0; g0 < count; g0 += codec::kNvfp4BlockElems) {
+        float x[codec::kNvfp4BlockElems];
+        for (int e = 0; e < codec::kNvfp4BlockElems; ++e) x[e] = load_float(in.data, in.dtype, in.at(g0 + e));
+        uint8_t packed[codec::kNvfp4BlockElems / 2];
+        const uint8_t scale_code = codec::nvfp4_quantize16(x, scale, packed);
+        for (int e = 0; e < codec::kNvfp4BlockElems; ++e)
+          store_nibble(pool, pool_row_offset(s, r, dim0 + g0 + e), codec::nibble_at(packed, e));
+        scale_pool[scale_offset(ss, r.block, r.layer, r.kv, r.head, r.entry, dim0 + g0)] = scale_code;
+      }
+      break;
+    }
+    case RowEncoding::fp8_divide:
+      for (int32_t d = 0; d < count; ++d)
+        store_byte(pool, pool_row_offset(s, r, dim0 + d),
+                   fp8_encode_divided(load_float(in.data, in.dtype, in.at(d)), scale, pool_dtype));
+      break;
+    case RowEncoding::fp8_pairs_copy:
+    case RowEncoding::fp8_pairs_divide:
+      for (int32_t j = 0; j < count; ++j) {
+        const uint8_t code = encoding == RowEncoding::fp8_pairs_copy
+                                 ? static_cast<const uint8_t*>(in.data)[in.at(j)]
+                                 : fp8_encode_divided(load_float(in.data, in.dtype, in.at(j)), scale,
+                                                      CacheDtype::fp8_e4m3);
+        store_nibble(pool, pool_row_offset(s, r, dim0 + 2 * j), static_cast<uint8_t>(code & 0xFu));
+        store_nibble(pool, pool_row_offset(s, r, dim0 + 2 * j + 1), static_cast<uint8_t>(code >> 4));
+      }
+      break;
+  }
+}
+
+// ---------------------------------------------------------------- append_paged
+struct AppendPagedArgs {
+  int32_t layer = 0;
+  TensorView k, v;
+  const int32_t* batch_indices = nullptr;
+  const int32_t* positions = nullptr;
+  int64_t nnz = 0;
+  CsrPageTable table;
+  RowEncoding encoding = RowEncoding::copy_bytes;
+  float k_global_scale = 1.0f;
+  float v_global_scale = 1.0f;
+};
+
+inline AppendPagedArgs make_append_paged_args(const KvPools& pools, const AppendPagedOp& op) {
+  AppendPagedArgs a;
+  a.layer = op.layer;
+  a.k = op.k;
+  a.v = op.v;
+  a.batch_indices = op.batch_indices.data();
+  a.positions = op.positions.data();
+  a.nnz = static_cast<int64_t>(op.batch_indices.size());
+  a.table = make_csr_view(op.indptr, op.indices, op.last_page_len, pools.geometry);
+  a.encoding = pools.geometry.dtype == CacheDtype::nvfp4 ? RowEncoding::nvfp4 : RowEncoding::copy_bytes;
+  a.k_global_scale = op.k_global_scale;
+  a.v_global_scale = op.v_global_scale;
+  return a;
+}
+
+// FlashInfer's block: divmod(indptr[b] * P + position, P) -> indices[page].
+KVSIM_HD inline PoolRow append_target(const CsrPageTable& table, int32_t layer, int32_t b, int64_t position) {
+  int64_t page_slot = 0;
+  int32_t entry = 0;
+  table.locate(b, position, page_slot, entry);
+  PoolRow r;
+  r.block = table.block_at(page_slot).block();
+  r.layer = layer;
+  r.entry = entry;
+  return r;
+}
+
+// Work item (token i, KV head): K and V rows of that head.
+KVSIM_HD inline void append_paged_token_head(const KvPools& pools, const AppendPagedArgs& a, int64_t i, int32_t head) {
+  PoolRow r = append_target(a.table, a.layer, a.batch_indices[i], a.positions[i]);
+  r.head = head;
+  const int32_t D = pools.geometry.head_dim;
+  r.kv = 0;
+  write_pool_row(pools, r, 0, D, input_row(a.k, i, head), a.encoding, a.k_global_scale);
+  r.kv = 1;
+  write_pool_row(pools, r, 0, D, input_row(a.v, i, head), a.encoding, a.v_global_scale);
+}
+
+// ---------------------------------------------------------------- reshape_and_cache
+struct ReshapeAndCacheArgs {
+  int32_t layer = 0;
+  TensorView key, value;
+  const int64_t* slot_mapping = nullptr;
+  int64_t num_tokens = 0;
+  RowEncoding key_encoding = RowEncoding::copy_bytes;
+  RowEncoding value_encoding = RowEncoding::copy_bytes;
+  float k_scale = 1.0f;
+  float v_scale = 1.0f;
+};
+
+inline RowEncoding reshape_encoding(CacheDtype cache, CacheDtype input) {
+  return cache == input ? RowEncoding::copy_bytes : RowEncoding::fp8_divide;
+}
+
+inline ReshapeAndCacheArgs make_reshape_and_cache_args(const KvPools& pools, const ReshapeAndCacheOp& op) {
+  ReshapeAndCacheArgs a;
+  a.layer = op.layer;
+  a.key = op.key;
+  a.value = op.value;
+  a.slot_mapping = op.slot_mapping.data();
+  a.num_tokens = static_cast<int64_t>(op.slot_mapping.size());
+  a.key_encoding = reshape_encoding(pools.geometry.dtype, op.key.dtype);
+  a.value_encoding = reshape_encoding(pools.geometry.dtype, op.value.dtype);
+  a.k_scale = op.k_scale;
+  a.v_scale = op.v_scale;
+  return a;
+}
+
+// Work item (token t, KV head); a negative slot writes nothing.
+KVSIM_HD inline void reshape_and_cache_token_head(const KvPools& pools, const ReshapeAndCacheArgs& a, int64_t t,
+                                                  int32_t head) {
+  const int64_t slot = a.slot_mapping[t];
+  if (slot < 0) return;
+  const SlotLocation loc = locate_slot(slot, pools.geometry.page_divider());
+  PoolRow r;
+  r.block = loc.block;
+  r.layer = a.layer;
+  r.head = head;
+  r.entry = loc.entry;
+  const int32_t D = pools.geometry.head_dim;
+  r.kv = 0;
+  write_pool_row(pools, r, 0, D, input_row(a.key, t, head), a.key_encoding, a.k_scale);
+  r.kv = 1;
+  write_pool_row(pools, r, 0, D, input_row(a.value, t, head), a.value_encoding, a.v_scale);
+}
+
+// ---------------------------------------------------------------- append_mla
+struct AppendMlaArgs {
+  int32_t layer = 0;
+  TensorView ckv, kpe;
+  int32_t d_ckv = 0;
+  int32_t d_kpe = 0;
+  int32_t kpe_dim0 = 0;  // first pool dim of kpe: d_ckv (nibbles for nvfp4 too)
+  const int32_t* batch_indices = nullptr;
+  const int32_t* positions = nullptr;
+  int64_t nnz = 0;
+  CsrPageTable table;
+  RowEncoding ckv_encoding = RowEncoding::copy_bytes;
+  RowEncoding kpe_encoding = RowEncoding::copy_bytes;
+  float ckv_global_scale = 1.0f;
+  float kpe_scale = 1.0f;
+};
+
+inline AppendMlaArgs make_append_mla_args(const KvPools& pools, const AppendMlaOp& op) {
+  AppendMlaArgs a;
+  a.layer = op.layer;
+  a.ckv = op.ckv;
+  a.kpe = op.kpe;
+  a.d_ckv = static_cast<int32_t>(op.ckv.shape[1]);
+  a.d_kpe = static_cast<int32_t>(op.kpe.shape[1]);
+  a.kpe_dim0 = a.d_ckv;
+  a.batch_indices = op.batch_indices.data();
+  a.positions = op.positions.data();
+  a.nnz = static_cast<int64_t>(op.batch_indices.size());
+  a.table = make_csr_view(op.indptr, op.indices, op.last_page_len, pools.geometry);
+  if (pools.geometry.dtype == CacheDtype::nvfp4) {
+    a.ckv_encoding = RowEncoding::nvfp4;
+    a.kpe_encoding = op.kpe.dtype == CacheDtype::fp8_e4m3 ? RowEncoding::fp8_pairs_copy : RowEncoding::fp8_pairs_divide;
+  }
+  a.ckv_global_scale = op.ckv_global_scale;
+  a.kpe_scale = op.kpe_scale;
+  return a;
+}
+
+// Work item: token i's whole latent row (kv 0, head 0).
+KVSIM_HD inline void append_mla_token(const KvPools& pools, const AppendMlaArgs& a, int64_t i) {
+  const PoolRow r = append_target(a.table, a.layer, a.batch_indices[i], a.positions[i]);
+  write_pool_row(pools, r, 0, a.d_ckv, input_row(a.ckv, i, 0), a.ckv_encoding, a.ckv_global_scale);
+  write_pool_row(pools, r, a.kpe_dim0, a.d_kpe, input_row(a.kpe, i, 0), a.kpe_encoding, a.kpe_scale);
+}
+
+// ---------------------------------------------------------------- indexer_k_scatter
+// TensorRT-LLM flatIndexToMemoryOffset: row-major decomposition of a flat
+// element index over shape [d0, d1, d2, d3], then the caller's strides.
+KVSIM_HD constexpr int64_t indexer_flat_to_offset(const TensorView& cache, int64_t flat) {
+  const int64_t i3 = flat % cache.shape[3];
+  flat /= cache.shape[3];
+  const int64_t i2 = flat % cache.shape[2];
+  flat /= cache.shape[2];
+  const int64_t i1 = flat % cache.shape[1];
+  flat /= cache.shape[1];
+  const int64_t i0 = flat;
+  return i0 * cache.stride[0] + i1 * cache.stride[1] + i2 * cache.stride[2] + i3 * cache.stride[3];
+}
+
+struct IndexerKScatterArgs {
+  TensorView k_fp8, k_scale, cache;
+  const int64_t* slot_mapping_fp8 = nullptr;
+  const int64_t* slot_mapping_scale = nullptr;
+  int64_t num_tokens = 0;
+  int64_t head_dim = 0;  // data bytes per token
+};
+
+inline IndexerKScatterArgs make_indexer_k_scatter_args(const IndexerKScatterOp& op) {
+  IndexerKScatterArgs a;
+  a.k_fp8 = op.k_fp8;
+  a.k_scale = op.k_scale;
+  a.cache = op.cache;
+  a.slot_mapping_fp8 = op.slot_mapping_fp8.data();
+  a.slot_mapping_scale = op.slot_mapping_scale.data();
+  a.num_tokens = static_cast<int64_t>(op.slot_mapping_fp8.size());
+  a.head_dim = op.k_fp8.rank == 2 ? op.k_fp8.shape[1] : 0;
+  return a;
+}
+
+// Work item: token t's data bytes and scale bytes; skipped if either slot < 0.
+KVSIM_HD inline void indexer_k_scatter_token(const IndexerKScatterArgs& a, int64_t t) {
+  const int64_t data_base = a.slot_mapping_fp8[t];
+  const int64_t scale_base = a.slot_mapping_scale[t];
+  if (data_base < 0 || scale_base < 0) return;
+  uint8_t* cache = static_cast<uint8_t*>(a.cache.data);
+  const uint8_t* data = static_cast<const uint8_t*>(a.k_fp8.data);
+  const uint8_t* scale = static_cast<const uint8_t*>(a.k_scale.data);
+  for (int64_t j = 0; j < a.head_dim; ++j)
+    cache[indexer_flat_to_offset(a.cache, data_base + j)] = data[a.k_fp8.offset(t, j)];
+  for (int64_t j = 0; j < kIndexerScaleBytes; ++j)
+    cache[indexer_flat_to_offset(a.cache, scale_base + j)] = scale[a.k_scale.offset(t, j)];
+}
+
+// ================================================================ host validation
+// Throws a named ValidationError before any byte moves.
+
+namespace write_ops_detail {
+
+inline std::string shape_string(const TensorView& t) {
+  std::string s = "[";
+  for (int i = 0; i < t.rank; ++i) s += (i ? ", " : "") + std::to_string(t.shape[i]);
+  return s + "]";
+}
+
+inline std::string dims_string(std::initializer_list<int64_t> dims) {
+  std::string s = "[";
+  int i = 0;
+  for (int64_t d : dims) s += (i++ ? ", " : "") + std::to_string(d);
+  return s + "]";
+}
+
+// Rank, shape and (when it has elements) a data pointer.
+inline void check_tensor(const TensorView& t, const char* name, std::initializer_list<int64_t> expected,
+                         const char* meaning) {
+  bool ok = t.rank == static_cast<int32_t>(expected.size());
+  if (ok) {
+    int i = 0;
+    for (int64_t d : expected) ok = ok && t.shape[i++] == d;
+  }
+  if (!ok)
+    fail(ErrorCode::shape_mismatch, std::string(name) + " has shape " + shape_string(t) + " (rank " +
+                                        std::to_string(t.rank) + "): rule: the op needs " + dims_string(expected) +
+                                        " = " + meaning);
+  if (t.numel() > 0 && t.data == nullptr)
+    fail(ErrorCode::shape_mismatch, std::string(name) + " has " + std::to_string(t.numel()) + " elements but no data");
+}
+
+inline void check_dtype(const TensorView& t, const char* name, bool ok, const std::string& rule) {
+  if (!ok)
+    fail(ErrorCode::shape_mismatch,
+         std::string(name) + " has dtype " + std::string(dtype_name(t.dtype)) + ": rule: " + rule);
+}
+
+inline bool finite_positive(float x) {
+  const uint32_t bits = float_bits(x);
+  return (bits & 0x7F800000u) != 0x7F800000u && x > 0.0f;
+}
+
+inline std::string float_string(float x) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.9g (0x%08X)", static_cast<double>(x), float_bits(x));
+  return buf;
+}
+
+inline void check_layer(const PoolGeometry& g, int32_t layer) {
+  if (layer < 0 || layer >= g.layers)
+    fail(ErrorCode::bad_argument, "layer = " + std::to_string(layer) + ": rule: layer is in [0, layers = " +
+                                      std::to_string(g.layers) + ")");
+}
+
+inline void check_kv_factor(const PoolGeometry& g, int32_t required, const char* op) {
+  if (g.kv_factor != required)
+    fail(ErrorCode::bad_geometry, std::string(op) + " needs kv_factor = " + std::to_string(required) +
+                                      " but the pool has kv_factor = " + std::to_string(g.kv_factor) + " (" +
+                                      geometry_summary(g) + ")");
+}
+
+inline void check_primary_pool(const KvPools& pools) {
+  if (!pools.bytes(PoolKind::primary))
+    fail(ErrorCode::bad_argument, "the primary data pool has no memory");
+  if (pools.geometry.has_scale_pool() && !pools.scale_bytes(PoolKind::primary))
+    fail(ErrorCode::bad_argument, "the nvfp4 primary scale pool has no memory");
+}
+
+// nvfp4 rows are written nibble by nibble; a work item must own whole bytes,
+// so every stride but the innermost must be even and the innermost 1.
+inline void check_nvfp4_byte_ownership(const KvPools& pools) {
+  const PoolGeometry& g = pools.geometry;
+  if (g.dtype != CacheDtype::nvfp4) return;
+  const PoolStrides& s = pools.strides_of(PoolKind::primary);
+  for (int kv = 0; kv < g.kv_factor; ++kv) {
+    const InnerStrides& in = s.inner[kv];
+    // (stride, extent): a stride only matters where its coordinate can be > 0.
+    const int64_t strides[][2] = {{s.block, 2},         {s.layer, g.layers},        {s.kv, g.kv_factor},
+                                  {in.head, g.kv_heads}, {in.token, g.tokens_per_block},
+                                  {in.dim_outer, in.x > 0 ? g.head_dim / in.x : 1}};
+    bool ok = in.dim_inner == 1 && in.x % 2 == 0;
+    for (const auto& se : strides) ok = ok && (se[1] < 2 || se[0] % 2 == 0);
+    if (!ok)
+      fail(ErrorCode::bad_strides, "kv " + std::to_string(kv) +
+                                       ": nvfp4 pool strides must be even (innermost stride 1, x even) so two "
+                                       "nibbles of one byte always belong to one row: one writer per byte");
+  }
+}
+
+inline void check_global_scale(float g, const char* name) {
+  if (!finite_positive(g))
+    fail(ErrorCode::bad_global_scale, std::string(name) + " = " + float_string(g) +
+                                          ": rule: an nvfp4 global decode scale is finite and > 0");
+}
+
+inline void check_fp8_scale(float s, const char* name) {
+  if (!finite_positive(s))
+    fail(ErrorCode::bad_argument,
+         std::string(name) + " = " + float_string(s) + ": rule: an fp8 per-tensor scale is finite and > 0");
+}
+
+// FlashInfer append coordinates against a CSR table that already includes the
+// appended tokens: every token's position lies in its sequence, its page is a
+// live primary block, no block is written by two sequences and no (block,
+// entry) slot by two tokens.
+inline void validate_append_targets(const PoolGeometry& g, std::span<const int32_t> batch_indices,
+                                    std::span<const int32_t> positions, std::span<const int32_t> indptr,
+                                    std::span<const int32_t> indices, std::span<const int32_t> last_page_len,
+                                    int64_t nnz) {
+  if (static_cast<int64_t>(batch_indices.size()) != nnz || static_cast<int64_t>(positions.size()) != nnz)
+    fail(ErrorCode::shape_mismatch, "batch_indices has " + std::to_string(batch_indices.size()) +
+                                        " entries and positions " + std::to_string(positions.size()) +
+                                        ": rule: both have nnz = " + std::to_string(nnz) + " entries");
+  validate_csr(indptr, indices, last_page_len, g, /*for_write=*/false);
+  const CsrPageTable table = make_csr_view(indptr, indices, last_page_len, g);
+  std::vector<std::pair<int32_t, int64_t>> writes;
+  writes.reserve(static_cast<size_t>(nnz));
+  for (int64_t i = 0; i < nnz; ++i) {
+    const int32_t b = batch_indices[i];
+    const std::string token = "token " + std::to_string(i);
+    if (b < 0 || b >= table.batch)
+      fail(ErrorCode::bad_argument, token + ": batch_indices[" + std::to_string(i) + "] = " + std::to_string(b) +
+                                        ": rule: a sequence index in [0, batch = " + std::to_string(table.batch) + ")");
+    const int64_t length = table.length(b);
+    if (positions[i] < 0 || positions[i] >= length)
+      fail(ErrorCode::position_beyond_sequence,
+           token + " (sequence " + std::to_string(b) + "): positions[" + std::to_string(i) + "] = " +
+               std::to_string(positions[i]) + " but the sequence's length from the CSR table is " +
+               std::to_string(length) + ": rule: 0 <= position < length (the table already includes appended tokens)");
+    int64_t page_slot = 0;
+    int32_t entry = 0;
+    table.locate(b, positions[i], page_slot, entry);
+    const BlockRef ref = table.block_at(page_slot);
+    validate_block_ref(ref, g,
+                       token + " (sequence " + std::to_string(b) + ", position " + std::to_string(positions[i]) +
+                           ") writes through indices[" + std::to_string(page_slot) + "]",
+                       /*is_write=*/true);
+    writes.emplace_back(b, ref.block());
+  }
+  validate_exclusive_writers(writes);
+  std::unordered_map<int64_t, int64_t> slot_owner;
+  slot_owner.reserve(static_cast<size_t>(nnz));
+  for (int64_t i = 0; i < nnz; ++i) {
+    int64_t page_slot = 0;
+    int32_t entry = 0;
+    table.locate(batch_indices[i], positions[i], page_slot, entry);
+    const int64_t block = table.block_at(page_slot).block();
+    auto [it, inserted] = slot_owner.emplace(block * g.tokens_per_block + entry, i);
+    if (!inserted)
+      fail(ErrorCode::bad_argument,
+           "token " + std::to_string(it->second) + " and token " + std::to_string(i) + " (sequence " +
+               std::to_string(batch_indices[i]) + ", position " + std::to_string(positions[i]) +
+               ") both write block " + std::to_string(block) + " entry " + std::to_string(entry) +
+               ": rule: each cache slot has one writer per op");
+  }
+}
+
+}  // namespace write_ops_detail
+
+inline void validate_append_paged(const KvPools& pools, const AppendPagedOp& op) {
+  namespace d = write_ops_detail;
+  const PoolGeometry& g = pools.geometry;
+  d::check_kv_factor(g, 2, "append_paged");
+  d::check_layer(g, op.layer);
+  d::check_primary_pool(pools);
+  const int64_t nnz = static_cast<int64_t>(op.batch_indices.size());
+  d::check_tensor(op.k, "k", {nnz, g.kv_heads, g.head_dim}, "[nnz, kv_heads, head_dim]");
+  d::check_tensor(op.v, "v", {nnz, g.kv_heads, g.head_dim}, "[nnz, kv_heads, head_dim]");
+  if (g.dtype == CacheDtype::nvfp4) {
+    const std::string rule = "an nvfp4 cache takes fp32/fp16/bf16 input and quantizes it";
+    d::check_dtype(op.k, "k", is_float_input(op.k.dtype), rule);
+    d::check_dtype(op.v, "v", is_float_input(op.v.dtype), rule);
+    d::check_global_scale(op.k_global_scale, "k_global_scale");
+    d::check_global_scale(op.v_global_scale, "v_global_scale");
+    d::check_nvfp4_byte_ownership(pools);
+  } else {
+    const std::string rule = "input dtype equals the cache dtype " + std::string(dtype_name(g.dtype)) +
+                             " (bytes are copied; only nvfp4 caches quantize)";
+    d::check_dtype(op.k, "k", op.k.dtype == g.dtype, rule);
+    d::check_dtype(op.v, "v", op.v.dtype == g.dtype, rule);
+  }
+  d::validate_append_targets(g, op.batch_indices, op.positions, op.indptr, op.indices, op.last_page_len, nnz);
+}
+
+inline void validate_reshape_and_cache(const KvPools& pools, const ReshapeAndCacheOp& op) {
+  namespace d = write_ops_detail;
+  const PoolGeometry& g = pools.geometry;
+  d::check_kv_factor(g, 2, "reshape_and_cache");
+  d::check_layer(g, op.layer);
+  d::check_primary_pool(pools);
+  if (g.dtype == CacheDtype::nvfp4)
+    fail(ErrorCode::bad_argument,
+         "reshape_and_cache does not write nvfp4 caches: rule: use append_paged or qkv_preprocess_write (" +
+             geometry_summary(g) + ")");
+  const int64_t T = static_cast<int64_t>(op.slot_mapping.size());
+  d::check_tensor(op.key, "key", {T, g.kv_heads, g.head_dim}, "[num_tokens, kv_heads, head_dim]");
+  d::check_tensor(op.value, "value", {T, g.kv_heads, g.head_dim}, "[num_tokens, kv_heads, head_dim]");
+  const bool fp8_cache = g.dtype == CacheDtype::fp8_e4m3 || g.dtype == CacheDtype::fp8_e5m2;
+  const std::string rule = "input dtype equals the cache dtype " + std::string(dtype_name(g.dtype)) +
+                           (fp8_cache ? " or is fp32/fp16/bf16 (quantized as x / scale)" : "");
+  const TensorView* tensors[] = {&op.key, &op.value};
+  const char* names[] = {"key", "value"};
+  const float scales[] = {op.k_scale, op.v_scale};
+  const char* scale_names[] = {"k_scale", "v_scale"};
+  for (int kv = 0; kv < 2; ++kv) {
+    const TensorView& t = *tensors[kv];
+    const bool quantize = fp8_cache && is_float_input(t.dtype);
+    d::check_dtype(t, names[kv], t.dtype == g.dtype || quantize, rule);
+    if (quantize) d::check_fp8_scale(scales[kv], scale_names[kv]);
+  }
+  validate_slot_mapping(op.slot_mapping, g);
+  std::unordered_map<int64_t, int64_t> owner;
+  owner.reserve(op.slot_mapping.size());
+  for (int64_t t = 0; t < T; ++t) {
+    const int64_t slot = op.slot_mapping[t];
+    if (slot < 0) continue;
+    auto [it, inserted] = owner.emplace(slot, t);
+    if (!inserted)
+      fail(ErrorCode::bad_argument, "token " + std::to_string(it->second) + " and token " + std::to_string(t) +
+                                        " both have slot " + std::to_string(slot) +
+                                        ": rule: each cache slot has one writer per op");
+  }
+}
+
+inline void validate_append_mla(const KvPools& pools, const AppendMlaOp& op) {
+  namespace d = write_ops_detail;
+  const PoolGeometry& g = pools.geometry;
+  d::check_kv_factor(g, 1, "append_mla");
+  if (g.kv_heads != 1)
+    fail(ErrorCode::bad_geometry, "append_mla needs kv_heads = 1 (one latent row per token) but the pool has " +
+                                      std::to_string(g.kv_heads) + " (" + geometry_summary(g) + ")");
+  d::check_layer(g, op.layer);
+  d::check_primary_pool(pools);
+  const int64_t nnz = static_cast<int64_t>(op.batch_indices.size());
+  if (op.ckv.rank != 2 || op.kpe.rank != 2 || op.ckv.shape[1] < 1 || op.kpe.shape[1] < 1)
+    fail(ErrorCode::shape_mismatch, "ckv " + d::shape_string(op.ckv) + " and kpe " + d::shape_string(op.kpe) +
+                                        ": rule: ckv is [nnz, d_ckv] and kpe [nnz, d_kpe], both dims >= 1");
+  const int64_t d_ckv = op.ckv.shape[1], d_kpe = op.kpe.shape[1];
+  d::check_tensor(op.ckv, "ckv", {nnz, d_ckv}, "[nnz, d_ckv]");
+  d::check_tensor(op.kpe, "kpe", {nnz, d_kpe}, "[nnz, d_kpe]");
+  if (g.dtype == CacheDtype::nvfp4) {
+    if (d_ckv % 16 != 0)
+      fail(ErrorCode::unsupported_head_dim, "d_ckv = " + std::to_string(d_ckv) +
+                                                ": rule: nvfp4 ckv is quantized in groups of 16, d_ckv % 16 == 0");
+    if (d_ckv + 2 * d_kpe != g.head_dim)
+      fail(ErrorCode::shape_mismatch, "d_ckv = " + std::to_string(d_ckv) + ", d_kpe = " + std::to_string(d_kpe) +
+                                          ", head_dim = " + std::to_string(g.head_dim) +
+                                          ": rule: an nvfp4 latent row holds d_ckv nibbles then d_kpe fp8 bytes, "
+                                          "head_dim = d_ckv + 2 * d_kpe (in 4-bit units)");
+    d::check_dtype(op.ckv, "ckv", is_float_input(op.ckv.dtype), "nvfp4 ckv takes fp32/fp16/bf16 and quantizes it");
+    d::check_dtype(op.kpe, "kpe", op.kpe.dtype == CacheDtype::fp8_e4m3 || is_float_input(op.kpe.dtype),
+                   "kpe in an nvfp4 latent pool is fp8_e4m3 codes or fp32/fp16/bf16 (encoded as x / kpe_scale)");
+    d::check_global_scale(op.ckv_global_scale, "ckv_global_scale");
+    if (is_float_input(op.kpe.dtype)) d::check_fp8_scale(op.kpe_scale, "kpe_scale");
+    d::check_nvfp4_byte_ownership(pools);
+  } else {
+    if (d_ckv + d_kpe != g.head_dim)
+      fail(ErrorCode::shape_mismatch, "d_ckv = " + std::to_string(d_ckv) + ", d_kpe = " + std::to_string(d_kpe) +
+                                          ", head_dim = " + std::to_string(g.head_dim) +
+                                          ": rule: head_dim = d_ckv + d_kpe");
+    const std::string rule = "input dtype equals the cache dtype " + std::string(dtype_name(g.dtype)) +
+                             " (bytes are copied; only nvfp4 latent pools quantize)";
+    d::check_dtype(op.ckv, "ckv", op.ckv.dtype == g.dtype, rule);
+    d::check_dtype(op.kpe, "kpe", op.kpe.dtype == g.dtype, rule);
+  }
+  d::validate_append_targets(g, op.batch_indices, op.positions, op.indptr, op.indices, op.last_page_len, nnz);
+}
+
+inline void validate_indexer_k_scatter(const IndexerKScatterOp& op) {
+  namespace d = write_ops_detail;
+  const TensorView& c = op.cache;
+  if (c.rank != 4)
+    fail(ErrorCode::shape_mismatch, "cache has rank " + std::to_string(c.rank) +
+                                        ": rule: the indexer K cache is [blocks, block_size, 1, bytes_per_token]");
+  for (int i = 0; i < 4; ++i) {
+    if (c.shape[i] < 1)
+      fail(ErrorCode::shape_mismatch, "cache shape " + d::shape_string(c) + ": rule: every dimension is >= 1");
+    if (c.stride[i] < 0)
+      fail(ErrorCode::bad_strides, "cache stride[" + std::to_string(i) + "] = " + std::to_string(c.stride[i]) +
+                                       ": rule: strides are >= 0");
+  }
+  if (!c.data) fail(ErrorCode::bad_argument, "cache has no memory");
+  d::check_dtype(c, "cache", bits_per_element(c.dtype) == 8, "the indexer cache is a byte tensor (8-bit dtype)");
+  const int64_t T = static_cast<int64_t>(op.slot_mapping_fp8.size());
+  if (static_cast<int64_t>(op.slot_mapping_scale.size()) != T)
+    fail(ErrorCode::shape_mismatch, "slot_mapping_fp8 has " + std::to_string(T) + " entries, slot_mapping_scale " +
+                                        std::to_string(op.slot_mapping_scale.size()) + ": rule: one of each per token");
+  if (op.k_fp8.rank != 2)
+    fail(ErrorCode::shape_mismatch, "k_fp8 has shape " + d::shape_string(op.k_fp8) + ": rule: [num_tokens, head_dim]");
+  const int64_t D = op.k_fp8.shape[1];
+  if (D < 1) fail(ErrorCode::shape_mismatch, "k_fp8 has head_dim " + std::to_string(D) + ": rule: head_dim >= 1");
+  d::check_tensor(op.k_fp8, "k_fp8", {T, D}, "[num_tokens, head_dim]");
+  d::check_tensor(op.k_scale, "k_scale", {T, kIndexerScaleBytes}, "[num_tokens, 4 scale bytes]");
+  d::check_dtype(op.k_fp8, "k_fp8", bits_per_element(op.k_fp8.dtype) == 8, "fp8 data is bytes (8-bit dtype)");
+  d::check_dtype(op.k_scale, "k_scale", bits_per_element(op.k_scale.dtype) == 8, "scales are bytes (8-bit dtype)");
+
+  const int64_t numel = c.numel();
+  std::vector<std::pair<int64_t, int64_t>> written;  // (memory offset, token)
+  for (int64_t t = 0; t < T; ++t) {
+    const int64_t data_base = op.slot_mapping_fp8[t], scale_base = op.slot_mapping_scale[t];
+    if (data_base < 0 || scale_base < 0) continue;  // skipped token
+    if (data_base > numel - D)
+      fail(ErrorCode::slot_beyond_pool, "token " + std::to_string(t) + ": slot_mapping_fp8[" + std::to_string(t) +
+                                            "] = " + std::to_string(data_base) + " + head_dim " + std::to_string(D) +
+                                            " exceeds the cache's " + std::to_string(numel) +
+                                            " elements: rule: every written byte lies inside the cache");
+    if (scale_base > numel - kIndexerScaleBytes)
+      fail(ErrorCode::slot_beyond_pool, "token " + std::to_string(t) + ": slot_mapping_scale[" + std::to_string(t) +
+                                            "] = " + std::to_string(scale_base) + " + 4 exceeds the cache's " +
+                                            std::to_string(numel) +
+                                            " elements: rule: every written byte lies inside the cache");
+    for (int64_t j = 0; j < D; ++j) written.emplace_back(indexer_flat_to_offset(c, data_base + j), t);
+    for (int64_t j = 0; j < kIndexerScaleBytes; ++j)
+      written.emplace_back(indexer_flat_to_offset(c, scale_base + j), t);
+  }
+  std::sort(written.begin(), written.end());
+  for (size_t i = 1; i < written.size(); ++i)
+    if (written[i].first == written[i - 1].first)
+      fail(ErrorCode::bad_argument, "cache byte at offset " + std::to_string(written[i].first) +
+                                        " is written twice (tokens " + std::to_string(written[i - 1].second) +
+                                        " and " + std::to_string(written[i].second) +
+                                        "): rule: every written byte has one writer");
+}
 
 }  // namespace kvsim
