@@ -184,6 +184,7 @@ void run_bench(const BenchOptions& o) {
   out["workload"] = {{"sequences", o.sequences}, {"tokens_per_sequence", o.tokens}, {"kv_heads", 8},
                      {"head_dim", 128}, {"page_size", 16}, {"dtype", "bf16"}, {"layout", "hnd"}, {"gqa", 4}};
   out["results"] = nlohmann::json::array();
+  make_backend(o.backend);  // fails here, before any output, when the backend is not available
   if (!o.json)
     std::cout << "op                  threads   ms/call    Mtok/s      GB/s  %copy  copy GB/s\n";
   for (int t : threads) {

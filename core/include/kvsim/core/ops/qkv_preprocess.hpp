@@ -1,7 +1,75 @@
 // qkv_preprocess_write — TensorRT-LLM applyBiasRopeUpdateKVCache (SPEC §5.3).
+//
+// What one step does, per sequence b (tokens packed at cumsum(seq_lens)[b],
+// TensorRT-LLM's remove_padding):
+//
+//   past      = cache_len[b] - seq_len[b]          (tokens already in the pool)
+//   position  = past + t                           (token t of this chunk)
+//   rotary    = position + position_offsets[b]     (optional offset)
+//
+//   fused qkv row:  [ Q head 0 .. Hq-1 | K head 0 .. H-1 | V head 0 .. H-1 ], D each
+//
+//   x[d] = float(qkv[row, col]) (+ float(bias[col]))    one fp32 add, one rounding
+//   Q, K: x[0 .. rotary_dim) rotated by core rope_rotate() with cos_sin row
+//         `rotary` (dims >= rotary_dim pass through); V is never rotated
+//   Q  -> q_out[row, q_head, d], rounded once to q_out's dtype (store_float)
+//   K/V -> slot = window.cache_token(position), page = slot / P (PageDivider),
+//          block = block_table[b][page] (a BlockRef), entry = slot % P,
+//          element offset = element_offset(strides, block, layer, kv, head, entry, d)
+//
+// Cache conversions (TensorRT-LLM convention, encode scales multiply):
+//   fp32/fp16/bf16 cache: dtype must equal the input dtype; value rounded to it
+//   fp8 e4m3 / e5m2:      f32_to_e4m3/e5m2(x * scale_orig_quant[1 (K) | 2 (V)], satfinite)
+//                         (e5m2 follows the e4m3 rule; TensorRT-LLM itself only has e4m3)
+//   int8:                 f32_to_int8(x * scale_orig_quant[1 | 2])
+//   nvfp4:                16-element groups, nvfp4_quantize16 with the decode scale
+//                         g = nvfp4_global_scale[1] (K) | [2] (V); scale byte to the
+//                         scale pool at scale_offset()
+// scale_orig_quant[0] and nvfp4_global_scale[0] (Q) are unused: Q leaves in a
+// float dtype.
+//
+// Sliding window (SPEC §5.10): like TensorRT-LLM, only the tokens that are
+// still in the ring after this step reach the cache: sinks (position < S)
+// and position >= cache_len - cyclic_len. Those map to distinct slots, so
+// every cache byte has exactly one writer even when a chunk wraps the ring.
+// Q is produced for every token.
+//
+// GQA: the work item (row, kv head h) produces Q for the q heads
+// [h*G, (h+1)*G), G = Hq / H, and K and V of kv head h: one writer per KV head.
+//
+// V-tail zeroing (zeroPagedVCacheTail): paged attention reads whole pages of
+// V and 0 * NaN = NaN, so in a context step (context_phase) with zero_v_tail
+// the V rows of this layer that no token occupies but a whole-page reader
+// meets are zeroed, for every kv head and dim:
+//   (a) the tail: rows after the sequence's highest occupied cache slot
+//       (window.cache_length(cache_len) - 1), up to the end of its block.
+//       Without a window, or before the ring wraps, that slot is the one of
+//       token cache_len - 1: TensorRT-LLM's rule. After the ring wraps, the
+//       slots after the newest token hold older tokens still inside the
+//       window and are kept; the rows zeroed are the ones past the ring's end.
+//   (b) the bubble: with a window whose sinks leave a bubble and once the
+//       sequence is past its sinks (cache_len > S), slots [S, S + bubble) of
+//       the last sink block, which no token ever occupies.
+// Both sets depend only on cache_len, so prefilling in chunks leaves the
+// same bytes as one chunk (a chunk that ends inside the sinks zeroes its
+// block's tail, which later chunks overwrite or (b) zeroes again).
+// "Zero" is the all-zero-bits code, which is +0.0 in every cache dtype (fp8
+// 0x00, int8 0, e2m1 nibble 0) plus, for nvfp4, scale byte 0x00 (decodes to
+// 0 * 0 * g = 0). The writer is the work item of the chunk's last token
+// (t = seq_len - 1) for each kv head, after its own K/V; a sequence with
+// seq_len = 0 writes nothing and zeroes nothing. Quantized caches are zeroed
+// too (TensorRT-LLM zeroes only when the cache dtype equals the input dtype;
+// kvsim zeroes every dtype so a whole-page reader never meets a stale code).
 #pragma once
 
+#include <algorithm>
+#include <cmath>
+#include <limits>
 #include <span>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
 
 #include "../cache_io.hpp"
 #include "../page_table.hpp"
@@ -11,39 +79,430 @@
 
 namespace kvsim {
 
-// Fused QKV [num_tokens, (Hq + 2H) * D] (fp32/fp16/bf16), tokens of sequence
-// b packed at cumsum(seq_lens)[b] (remove_padding). past = cache_len -
-// seq_len; token t of the chunk is at position past + t, rotated at
-// position + position_offsets[b]. Q (bias, RoPE) -> q_out, never the pool;
-// K (bias, RoPE) and V (bias) -> the pool through window.cache_token() and
-// the dense block table, quantized with TensorRT-LLM's conventions:
-// fp8/int8 store code(x * scale_orig_quant[1 or 2]); nvfp4 uses the second
-// level decode scales nvfp4_global_scale[1] (K) and [2] (V).
-// In a context step the V rows of the last block beyond cache_len are zeroed
-// by the unique writer (zeroPagedVCacheTail); zero_v_tail = false turns that
-// off to demonstrate the NaN it prevents.
 struct QkvPreprocessOp {
   int32_t layer = 0;
   int32_t num_q_heads = 1;
-  TensorView qkv;     // [num_tokens, (Hq + 2H) * D]
+  TensorView qkv;     // [num_tokens, (Hq + 2H) * D], fp32/fp16/bf16, any strides
   TensorView bias;    // optional [(Hq + 2H) * D], same dtype as qkv
-  TensorView q_out;   // [num_tokens, Hq, D], same dtype as qkv
-  RopeStyle rope_style = RopeStyle::none;
-  int32_t rotary_dim = 0;
-  TensorView cos_sin;  // [max_position, rotary_dim] fp32, from build_rope_table
+  TensorView q_out;   // [num_tokens, Hq, D], fp32/fp16/bf16 (usually qkv's dtype); must not overlap qkv or the pools
+  RopeStyle rope_style = RopeStyle::none;  // none requires rotary_dim = 0
+  int32_t rotary_dim = 0;                  // even, 2..D when rope_style != none
+  TensorView cos_sin;  // [max_position, rotary_dim] fp32 (rows contiguous), from build_rope_table
   std::span<const int32_t> seq_lens;          // new tokens per sequence
   std::span<const int32_t> cache_lens;        // tokens per sequence after this step
-  std::span<const int32_t> position_offsets;  // optional, per sequence
+  std::span<const int32_t> position_offsets;  // optional, per sequence; shifts the rotary position only
   std::span<const int32_t> block_table;       // dense [batch, max_blocks_per_seq], -1 padded
   int32_t max_blocks_per_seq = 0;
-  WindowMapping window;
+  WindowMapping window;  // disabled (window = 0) or made by WindowMapping::make with P of the pool
   bool context_phase = true;
   bool zero_v_tail = true;
-  float scale_orig_quant[3] = {1.0f, 1.0f, 1.0f};    // [Q, K, V] fp8/int8 encode scales
-  float nvfp4_global_scale[3] = {1.0f, 1.0f, 1.0f};  // [Q, K, V] nvfp4 decode scales g
+  float scale_orig_quant[3] = {1.0f, 1.0f, 1.0f};    // [Q, K, V] fp8/int8 encode scales (finite, > 0)
+  float nvfp4_global_scale[3] = {1.0f, 1.0f, 1.0f};  // [Q, K, V] nvfp4 decode scales g (finite, > 0)
 };
 
+// Largest head_dim the op accepts: a work item holds one head in registers
+// (a local float[kQkvMaxHeadDim]).
+inline constexpr int32_t kQkvMaxHeadDim = 512;
+
+// ---------------------------------------------------------------- work items
+// Everything a work item needs, as raw pointers and scalars (trivially
+// copyable, so a kernel takes it by value). Built on the host by
+// make_qkv_preprocess_args(); a device backend swaps in device pointers.
+struct QkvPreprocessArgs {
+  int32_t layer = 0;
+  int32_t num_q_heads = 1;
+  int32_t kv_heads = 1;
+  int32_t head_dim = 0;
+  TensorView qkv, bias, q_out;
+  RopeStyle rope_style = RopeStyle::none;
+  int32_t rotary_dim = 0;
+  const float* cos_sin = nullptr;  // row r starts at cos_sin + r * cos_sin_row_stride
+  int64_t cos_sin_row_stride = 0;
+  const int32_t* seq_lens = nullptr;
+  const int32_t* cache_lens = nullptr;
+  const int32_t* position_offsets = nullptr;  // nullptr: no offsets
+  DenseBlockTable table;
+  WindowMapping window;
+  PageDivider page;
+  bool zero_v_tail = false;  // context_phase && zero_v_tail
+  float k_encode_scale = 1.0f, v_encode_scale = 1.0f;  // fp8 / int8
+  float k_global_scale = 1.0f, v_global_scale = 1.0f;  // nvfp4
+};
+
+inline QkvPreprocessArgs make_qkv_preprocess_args(const KvPools& pools, const QkvPreprocessOp& op) {
+  const PoolGeometry& g = pools.geometry;
+  QkvPreprocessArgs a;
+  a.layer = op.layer;
+  a.num_q_heads = op.num_q_heads;
+  a.kv_heads = g.kv_heads;
+  a.head_dim = g.head_dim;
+  a.qkv = op.qkv;
+  a.bias = op.bias;
+  a.q_out = op.q_out;
+  a.rope_style = op.rope_style;
+  a.rotary_dim = op.rope_style == RopeStyle::none ? 0 : op.rotary_dim;
+  a.cos_sin = static_cast<const float*>(op.cos_sin.data);
+  a.cos_sin_row_stride = op.cos_sin.stride[0];
+  a.seq_lens = op.seq_lens.data();
+  a.cache_lens = op.cache_lens.data();
+  a.position_offsets = op.position_offsets.empty() ? nullptr : op.position_offsets.data();
+  a.table = DenseBlockTable{op.block_table.data(), static_cast<int32_t>(op.seq_lens.size()), op.max_blocks_per_seq};
+  a.window = op.window;
+  a.page = g.page_divider();
+  a.zero_v_tail = op.context_phase && op.zero_v_tail;
+  a.k_encode_scale = op.scale_orig_quant[1];
+  a.v_encode_scale = op.scale_orig_quant[2];
+  a.k_global_scale = op.nvfp4_global_scale[1];
+  a.v_global_scale = op.nvfp4_global_scale[2];
+  return a;
+}
+
+// Whether the token at `position` of a sequence that holds cache_len tokens
+// after this step is written to the cache (TensorRT-LLM's valid_kv_cache_pos:
+// sinks, and the last cyclic_len tokens; without a window, every token).
+KVSIM_HD constexpr bool qkv_token_reaches_cache(const WindowMapping& w, int64_t cache_len, int64_t position) {
+  if (!w.enabled() || w.is_sink(position)) return true;
+  return position >= cache_len - w.cyclic_len;
+}
+
+// The V rows a context step zeroes (header comment), as two runs of cache
+// slots [begin, end), each inside one block; an empty run has begin == end.
+struct QkvVTail {
+  int64_t tail_begin, tail_end;      // (a) after the highest occupied slot
+  int64_t bubble_begin, bubble_end;  // (b) the window's bubble
+};
+KVSIM_HD constexpr QkvVTail qkv_v_tail(const WindowMapping& w, PageDivider page, int64_t cache_len) {
+  QkvVTail z{0, 0, 0, 0};
+  if (cache_len < 1) return z;
+  const int64_t last_slot = w.cache_length(cache_len) - 1;
+  z.tail_begin = last_slot + 1;
+  z.tail_end = (page.div(last_slot) + 1) * page.page_size;
+  if (w.enabled() && w.bubble > 0 && cache_len > w.sinks) {
+    z.bubble_begin = w.sinks;
+    z.bubble_end = static_cast<int64_t>(w.sinks) + w.bubble;
+  }
+  return z;
+}
+
+// x[d] = float(qkv[row, head * D + d]) (+ float(bias[head * D + d])), d < D.
+KVSIM_HD inline void qkv_load_head(const QkvPreprocessArgs& a, int64_t row, int32_t fused_head, float* x) {
+  const int64_t col0 = static_cast<int64_t>(fused_head) * a.head_dim;
+  for (int32_t d = 0; d < a.head_dim; ++d) {
+    float v = load_float(a.qkv.data, a.qkv.dtype, a.qkv.offset(row, col0 + d));
+    if (!a.bias.empty()) v = v + load_float(a.bias.data, a.bias.dtype, a.bias.offset(col0 + d));
+    x[d] = v;
+  }
+}
+
+// One head's row of this layer's K (kv = 0) or V (kv = 1) into the primary
+// pool at (block, entry), converted per the cache dtype (header comment).
+KVSIM_HD inline void qkv_store_cache_row(const KvPools& pools, int32_t layer, int64_t block, int32_t entry, int32_t kv,
+                                         int32_t head, const float* x, float encode_scale, float global_scale) {
+  const PoolGeometry& g = pools.geometry;
+  const PoolStrides& s = pools.strides[static_cast<int>(PoolKind::primary)];
+  uint8_t* pool = pools.bytes(PoolKind::primary);
+  const int32_t D = g.head_dim;
+  switch (g.dtype) {
+    case CacheDtype::fp32:
+    case CacheDtype::fp16:
+    case CacheDtype::bf16:
+      for (int32_t d = 0; d < D; ++d) store_float(pool, g.dtype, element_offset(s, block, layer, kv, head, entry, d), x[d]);
+      break;
+    case CacheDtype::fp8_e4m3:
+      for (int32_t d = 0; d < D; ++d)
+        store_byte(pool, element_offset(s, block, layer, kv, head, entry, d),
+                   codec::f32_to_e4m3(x[d] * encode_scale, codec::Saturation::finite));
+      break;
+    case CacheDtype::fp8_e5m2:
+      for (int32_t d = 0; d < D; ++d)
+        store_byte(pool, element_offset(s, block, layer, kv, head, entry, d),
+                   codec::f32_to_e5m2(x[d] * encode_scale, codec::Saturation::finite));
+      break;
+    case CacheDtype::int8:
+      for (int32_t d = 0; d < D; ++d)
+        store_byte(pool, element_offset(s, block, layer, kv, head, entry, d),
+                   static_cast<uint8_t>(codec::f32_to_int8(x[d] * encode_scale)));
+      break;
+    case CacheDtype::nvfp4: {
+      uint8_t* scales = pools.scale_bytes(PoolKind::primary);
+      const PoolStrides& ss = pools.scale_strides[static_cast<int>(PoolKind::primary)];
+      for (int32_t d0 = 0; d0 < D; d0 += codec::kNvfp4BlockElems) {
+        uint8_t packed[codec::kNvfp4BlockElems / 2];
+        const uint8_t scale_code = codec::nvfp4_quantize16(x + d0, global_scale, packed);
+        for (int32_t i = 0; i < codec::kNvfp4BlockElems; ++i)
+          store_nibble(pool, element_offset(s, block, layer, kv, head, entry, d0 + i), codec::nibble_at(packed, i));
+        scales[scale_offset(ss, block, layer, kv, head, entry, d0)] = scale_code;
+      }
+      break;
+    }
+  }
+}
+
+// The all-zero-bits code (+0.0) in one head's row of the primary pool, and
+// zero scale bytes for nvfp4.
+KVSIM_HD inline void qkv_zero_cache_row(const KvPools& pools, int32_t layer, int64_t block, int32_t entry, int32_t kv,
+                                        int32_t head) {
+  const PoolGeometry& g = pools.geometry;
+  const PoolStrides& s = pools.strides[static_cast<int>(PoolKind::primary)];
+  uint8_t* pool = pools.bytes(PoolKind::primary);
+  const int32_t D = g.head_dim;
+  if (g.dtype == CacheDtype::nvfp4) {
+    uint8_t* scales = pools.scale_bytes(PoolKind::primary);
+    const PoolStrides& ss = pools.scale_strides[static_cast<int>(PoolKind::primary)];
+    for (int32_t d = 0; d < D; ++d) store_nibble(pool, element_offset(s, block, layer, kv, head, entry, d), 0);
+    for (int32_t d0 = 0; d0 < D; d0 += codec::kNvfp4BlockElems) scales[scale_offset(ss, block, layer, kv, head, entry, d0)] = 0;
+    return;
+  }
+  const int bytes = bytes_per_element(g.dtype);
+  for (int32_t d = 0; d < D; ++d) {
+    uint8_t* e = pool + element_offset(s, block, layer, kv, head, entry, d) * bytes;
+    for (int i = 0; i < bytes; ++i) e[i] = 0;
+  }
+}
+
+// The work item: token t of sequence b (fused qkv row `row`) and kv head
+// `kv_head`. Writes Q of the kv head's query group, K and V of the kv head
+// (when the token reaches the cache), and, for the chunk's last token in a
+// context step, the zeroed V tail of the kv head.
+KVSIM_HD inline void qkv_preprocess_token_head(const KvPools& pools, const QkvPreprocessArgs& a, int32_t b, int32_t t,
+                                               int64_t row, int32_t kv_head) {
+  const int64_t cache_len = a.cache_lens[b];
+  const int64_t position = cache_len - a.seq_lens[b] + t;
+  const int64_t rotary_position = position + (a.position_offsets ? a.position_offsets[b] : 0);
+  const bool rotate = a.rope_style != RopeStyle::none;
+  const float* cos_sin_row = rotate ? a.cos_sin + rotary_position * a.cos_sin_row_stride : nullptr;
+  float x[kQkvMaxHeadDim];
+
+  const int32_t group = a.num_q_heads / a.kv_heads;
+  for (int32_t q = kv_head * group; q < (kv_head + 1) * group; ++q) {
+    qkv_load_head(a, row, q, x);
+    if (rotate) rope_rotate(x, cos_sin_row, a.rotary_dim, a.rope_style);
+    for (int32_t d = 0; d < a.head_dim; ++d) store_float(a.q_out.data, a.q_out.dtype, a.q_out.offset(row, q, d), x[d]);
+  }
+
+  if (qkv_token_reaches_cache(a.window, cache_len, position)) {
+    const int64_t slot = a.window.cache_token(position);
+    const int64_t block = a.table.block_at(b, a.page.div(slot)).block();
+    const int32_t entry = a.page.mod(slot);
+    qkv_load_head(a, row, a.num_q_heads + kv_head, x);
+    if (rotate) rope_rotate(x, cos_sin_row, a.rotary_dim, a.rope_style);
+    qkv_store_cache_row(pools, a.layer, block, entry, 0, kv_head, x, a.k_encode_scale, a.k_global_scale);
+    qkv_load_head(a, row, a.num_q_heads + a.kv_heads + kv_head, x);
+    qkv_store_cache_row(pools, a.layer, block, entry, 1, kv_head, x, a.v_encode_scale, a.v_global_scale);
+  }
+
+  if (a.zero_v_tail && t == a.seq_lens[b] - 1) {
+    const QkvVTail z = qkv_v_tail(a.window, a.page, cache_len);
+    for (int64_t slot = z.tail_begin; slot < z.tail_end; ++slot)
+      qkv_zero_cache_row(pools, a.layer, a.table.block_at(b, a.page.div(slot)).block(), a.page.mod(slot), 1, kv_head);
+    for (int64_t slot = z.bubble_begin; slot < z.bubble_end; ++slot)
+      qkv_zero_cache_row(pools, a.layer, a.table.block_at(b, a.page.div(slot)).block(), a.page.mod(slot), 1, kv_head);
+  }
+}
+
+// ---------------------------------------------------------------- validation
+namespace detail {
+inline std::string qkv_seq(size_t b) { return "sequence " + std::to_string(b); }
+
+inline void qkv_check_float_view(const TensorView& v, const char* name, int32_t rank,
+                                 std::initializer_list<int64_t> shape) {
+  if (!is_float_input(v.dtype))
+    fail(ErrorCode::shape_mismatch, std::string(name) + " dtype " + std::string(dtype_name(v.dtype)) +
+                                        ": rule: qkv_preprocess inputs and outputs are fp32, fp16 or bf16");
+  if (v.rank != rank)
+    fail(ErrorCode::shape_mismatch, std::string(name) + " has rank " + std::to_string(v.rank) + ": rule: rank " +
+                                        std::to_string(rank));
+  int i = 0;
+  for (int64_t s : shape) {
+    if (v.shape[i] != s)
+      fail(ErrorCode::shape_mismatch, std::string(name) + ".shape[" + std::to_string(i) + "] = " +
+                                          std::to_string(v.shape[i]) + ": rule: must be " + std::to_string(s));
+    ++i;
+  }
+}
+}  // namespace detail
+
 // Host validation: throws a named ValidationError before any byte moves.
-void validate_qkv_preprocess(const KvPools& pools, const QkvPreprocessOp& op);
+inline void validate_qkv_preprocess(const KvPools& pools, const QkvPreprocessOp& op) {
+  const PoolGeometry& g = pools.geometry;
+  validate_geometry(g);
+  if (g.kv_factor != 2)
+    fail(ErrorCode::bad_geometry, "kv_factor = " + std::to_string(g.kv_factor) +
+                                      ": rule: qkv_preprocess_write needs separate K and V (kv_factor 2)");
+  if (op.layer < 0 || op.layer >= g.layers)
+    fail(ErrorCode::bad_argument, "layer = " + std::to_string(op.layer) + ": rule: layer in [0, " +
+                                      std::to_string(g.layers) + ")");
+  if (g.head_dim > kQkvMaxHeadDim)
+    fail(ErrorCode::unsupported_head_dim, "head_dim = " + std::to_string(g.head_dim) +
+                                              ": rule: qkv_preprocess_write supports head_dim <= " +
+                                              std::to_string(kQkvMaxHeadDim));
+  if (pools.bytes(PoolKind::primary) == nullptr)
+    fail(ErrorCode::bad_argument, "primary pool is not allocated");
+  if (g.has_scale_pool() && pools.scale_bytes(PoolKind::primary) == nullptr)
+    fail(ErrorCode::bad_argument, "nvfp4 primary scale pool is not allocated");
+  if (g.dtype == CacheDtype::nvfp4) {
+    // Two nibbles share a byte: a row must start on a byte so no byte is
+    // shared by two work items.
+    const PoolStrides& s = pools.strides[static_cast<int>(PoolKind::primary)];
+    for (int kv = 0; kv < 2; ++kv) {
+      const InnerStrides& in = s.inner[kv];
+      if (s.block % 2 || s.layer % 2 || s.kv % 2 || in.head % 2 || in.token % 2 || in.dim_inner != 1)
+        fail(ErrorCode::bad_strides, "nvfp4 pool strides: rule: block/layer/kv/head/token strides even and dim stride 1, "
+                                     "so two work items never share a byte");
+    }
+  }
+
+  // ---- dtypes and heads
+  const int32_t H = g.kv_heads, D = g.head_dim, Hq = op.num_q_heads;
+  if (!is_float_input(op.qkv.dtype))
+    fail(ErrorCode::shape_mismatch, "qkv dtype " + std::string(dtype_name(op.qkv.dtype)) +
+                                        ": rule: fused QKV is fp32, fp16 or bf16");
+  if (is_float_input(g.dtype) && g.dtype != op.qkv.dtype)
+    fail(ErrorCode::shape_mismatch, "cache dtype " + std::string(dtype_name(g.dtype)) + " with qkv dtype " +
+                                        std::string(dtype_name(op.qkv.dtype)) +
+                                        ": rule: a fp32/fp16/bf16 cache takes the input dtype");
+  if (Hq < 1 || Hq % H != 0)
+    fail(ErrorCode::shape_mismatch, "num_q_heads = " + std::to_string(Hq) + " with kv_heads = " + std::to_string(H) +
+                                        ": rule: num_q_heads is a positive multiple of kv_heads (GQA)");
+
+  // ---- per-sequence arrays
+  const size_t batch = op.seq_lens.size();
+  if (op.cache_lens.size() != batch)
+    fail(ErrorCode::shape_mismatch, "cache_lens has " + std::to_string(op.cache_lens.size()) + " entries for " +
+                                        std::to_string(batch) + " sequences");
+  if (!op.position_offsets.empty() && op.position_offsets.size() != batch)
+    fail(ErrorCode::shape_mismatch, "position_offsets has " + std::to_string(op.position_offsets.size()) +
+                                        " entries for " + std::to_string(batch) + " sequences (or none)");
+  if (op.max_blocks_per_seq < 0)
+    fail(ErrorCode::shape_mismatch, "max_blocks_per_seq = " + std::to_string(op.max_blocks_per_seq) + " must be >= 0");
+  if (op.block_table.size() != batch * static_cast<size_t>(op.max_blocks_per_seq))
+    fail(ErrorCode::shape_mismatch, "block_table has " + std::to_string(op.block_table.size()) + " entries: rule: batch " +
+                                        std::to_string(batch) + " x max_blocks_per_seq " +
+                                        std::to_string(op.max_blocks_per_seq));
+  int64_t num_tokens = 0;
+  for (size_t b = 0; b < batch; ++b) {
+    if (op.seq_lens[b] < 0)
+      fail(ErrorCode::bad_argument, detail::qkv_seq(b) + ": seq_lens[" + std::to_string(b) + "] = " +
+                                        std::to_string(op.seq_lens[b]) + ": rule: seq_len >= 0");
+    if (op.cache_lens[b] < op.seq_lens[b])
+      fail(ErrorCode::position_beyond_sequence,
+           detail::qkv_seq(b) + ": seq_lens[" + std::to_string(b) + "] = " + std::to_string(op.seq_lens[b]) +
+               " > cache_lens[" + std::to_string(b) + "] = " + std::to_string(op.cache_lens[b]) +
+               ": rule: past = cache_len - seq_len >= 0");
+    num_tokens += op.seq_lens[b];
+  }
+
+  // ---- tensors
+  const int64_t width = static_cast<int64_t>(Hq + 2 * H) * D;
+  detail::qkv_check_float_view(op.qkv, "qkv", 2, {num_tokens, width});
+  detail::qkv_check_float_view(op.q_out, "q_out", 3, {num_tokens, Hq, D});
+  if (num_tokens > 0 && (op.qkv.empty() || op.q_out.empty()))
+    fail(ErrorCode::shape_mismatch, "qkv and q_out must have data for " + std::to_string(num_tokens) + " tokens");
+  if (!op.bias.empty()) {
+    detail::qkv_check_float_view(op.bias, "bias", 1, {width});
+    if (op.bias.dtype != op.qkv.dtype)
+      fail(ErrorCode::shape_mismatch, "bias dtype " + std::string(dtype_name(op.bias.dtype)) +
+                                          ": rule: bias has qkv's dtype " + std::string(dtype_name(op.qkv.dtype)));
+  }
+
+  // ---- RoPE
+  if (op.rope_style == RopeStyle::none) {
+    if (op.rotary_dim != 0)
+      fail(ErrorCode::bad_argument, "rotary_dim = " + std::to_string(op.rotary_dim) + " without a RoPE style: rule: 0");
+  } else {
+    if (op.rotary_dim < 2 || op.rotary_dim % 2 != 0 || op.rotary_dim > D)
+      fail(ErrorCode::bad_argument, "rotary_dim = " + std::to_string(op.rotary_dim) +
+                                        ": rule: even, >= 2 and <= head_dim = " + std::to_string(D));
+    if (op.cos_sin.dtype != CacheDtype::fp32 || op.cos_sin.rank != 2 || op.cos_sin.shape[1] != op.rotary_dim ||
+        op.cos_sin.stride[1] != 1 || op.cos_sin.empty())
+      fail(ErrorCode::shape_mismatch, "cos_sin: rule: fp32 [max_position, rotary_dim = " +
+                                          std::to_string(op.rotary_dim) + "] with contiguous rows");
+    for (size_t b = 0; b < batch; ++b) {
+      if (op.seq_lens[b] == 0) continue;
+      const int64_t offset = op.position_offsets.empty() ? 0 : op.position_offsets[b];
+      const int64_t first = static_cast<int64_t>(op.cache_lens[b]) - op.seq_lens[b] + offset;
+      const int64_t last = static_cast<int64_t>(op.cache_lens[b]) - 1 + offset;
+      if (first < 0)
+        fail(ErrorCode::bad_argument, detail::qkv_seq(b) + ": rotary position " + std::to_string(first) +
+                                          " (position_offsets[" + std::to_string(b) + "] = " + std::to_string(offset) +
+                                          "): rule: rotary positions are >= 0");
+      if (last >= op.cos_sin.shape[0])
+        fail(ErrorCode::shape_mismatch, detail::qkv_seq(b) + ": rotary position " + std::to_string(last) +
+                                            " needs cos_sin row " + std::to_string(last) + " but the table has " +
+                                            std::to_string(op.cos_sin.shape[0]) + " rows");
+    }
+  }
+
+  // ---- window
+  validate_window(op.window);
+  if (op.window.enabled()) {
+    if (op.window.tokens_per_block != g.tokens_per_block)
+      fail(ErrorCode::bad_window, "window tokens_per_block = " + std::to_string(op.window.tokens_per_block) +
+                                      ": rule: the pool's P = " + std::to_string(g.tokens_per_block));
+    const WindowMapping made =
+        WindowMapping::make(op.window.window, op.window.sinks, op.window.tokens_per_block, op.window.one_more_block);
+    if (made.bubble != op.window.bubble || made.cyclic_len != op.window.cyclic_len)
+      fail(ErrorCode::bad_window, "window bubble = " + std::to_string(op.window.bubble) + ", cyclic_len = " +
+                                      std::to_string(op.window.cyclic_len) + ": rule: WindowMapping::make gives " +
+                                      std::to_string(made.bubble) + ", " + std::to_string(made.cyclic_len));
+  }
+
+  // ---- scales
+  if (g.dtype == CacheDtype::fp8_e4m3 || g.dtype == CacheDtype::fp8_e5m2 || g.dtype == CacheDtype::int8)
+    for (int i = 1; i <= 2; ++i)
+      if (!std::isfinite(op.scale_orig_quant[i]) || !(op.scale_orig_quant[i] > 0.0f))
+        fail(ErrorCode::bad_argument, std::string("scale_orig_quant[") + std::to_string(i) + (i == 1 ? "] (K)" : "] (V)") +
+                                          " = " + std::to_string(op.scale_orig_quant[i]) + ": rule: finite and > 0");
+  if (g.dtype == CacheDtype::nvfp4)
+    for (int i = 1; i <= 2; ++i)
+      if (!std::isfinite(op.nvfp4_global_scale[i]) || !(op.nvfp4_global_scale[i] > 0.0f))
+        fail(ErrorCode::bad_global_scale, std::string("nvfp4_global_scale[") + std::to_string(i) +
+                                              (i == 1 ? "] (K)" : "] (V)") + " = " +
+                                              std::to_string(op.nvfp4_global_scale[i]) + ": rule: finite and > 0");
+
+  // ---- every block the op writes: live, primary, in range, one writer
+  const PageDivider page = g.page_divider();
+  const bool zero_tail = op.context_phase && op.zero_v_tail;
+  std::vector<std::pair<int32_t, int64_t>> writes;  // (sequence, block)
+  // (logical page, first position writing it; kVTailOnly when only V-tail zeroing writes it)
+  constexpr int64_t kVTailOnly = std::numeric_limits<int64_t>::max();
+  std::vector<std::pair<int64_t, int64_t>> pages;
+  for (size_t b = 0; b < batch; ++b) {
+    const int64_t cache_len = op.cache_lens[b];
+    const int64_t past = cache_len - op.seq_lens[b];
+    pages.clear();
+    for (int64_t pos = past; pos < cache_len; ++pos)
+      if (qkv_token_reaches_cache(op.window, cache_len, pos)) pages.emplace_back(page.div(op.window.cache_token(pos)), pos);
+    if (zero_tail && op.seq_lens[b] > 0) {
+      const QkvVTail z = qkv_v_tail(op.window, page, cache_len);
+      if (z.tail_begin < z.tail_end) pages.emplace_back(page.div(z.tail_begin), kVTailOnly);
+      if (z.bubble_begin < z.bubble_end) pages.emplace_back(page.div(z.bubble_begin), kVTailOnly);
+    }
+    std::sort(pages.begin(), pages.end());
+    std::unordered_map<int64_t, int64_t> page_of_block;
+    for (size_t i = 0; i < pages.size(); ++i) {
+      if (i > 0 && pages[i].first == pages[i - 1].first) continue;
+      const auto [logical, pos] = pages[i];
+      const std::string who = pos != kVTailOnly ? "token position " + std::to_string(pos) : std::string("the V-tail zeroing");
+      if (logical >= op.max_blocks_per_seq)
+        fail(ErrorCode::shape_mismatch, detail::qkv_seq(b) + ": " + who + " needs logical page " +
+                                            std::to_string(logical) + " but block_table has max_blocks_per_seq = " +
+                                            std::to_string(op.max_blocks_per_seq) + " columns");
+      const BlockRef ref{op.block_table[b * op.max_blocks_per_seq + logical]};
+      validate_block_ref(ref, g,
+                         detail::qkv_seq(b) + " (" + who + "), block_table[" + std::to_string(b) + "][" +
+                             std::to_string(logical) + "]",
+                         /*is_write=*/true);
+      auto [it, inserted] = page_of_block.emplace(ref.block(), logical);
+      if (!inserted)
+        fail(ErrorCode::shared_block_write, detail::qkv_seq(b) + ": block_table[" + std::to_string(b) + "][" +
+                                                std::to_string(it->second) + "] and [" + std::to_string(logical) +
+                                                "] are both block " + std::to_string(ref.block()) +
+                                                ": rule: a sequence's written pages are distinct blocks");
+      writes.emplace_back(static_cast<int32_t>(b), ref.block());
+    }
+  }
+  validate_exclusive_writers(writes);
+}
 
 }  // namespace kvsim
