@@ -101,9 +101,15 @@ Fixture make_fixture(BlockLayout layout, LayerPlacement placement, int P, CacheD
 
 // Writes every token of every sequence (both layers) into a host image of
 // the pool, through the window mapping, as bf16/fp32/fp8 codes.
+// nvfp4 rows are quantized 16 dims at a time; the scale bytes go to `scales`
+// at the scale pool's offsets (the data layout with head_dim / 16).
+constexpr float kGlobalScale = 0.01f;
+std::vector<uint8_t> g_scale_image;
+
 std::vector<uint8_t> build_pool_image(const Fixture& f, uint32_t seed, uint8_t poison) {
   const PoolGeometry& g = f.g;
   std::vector<uint8_t> img(g.pool_bytes(PoolKind::primary), poison);
+  if (g.dtype == CacheDtype::nvfp4) g_scale_image.assign(g.scale_geometry().pool_bytes(PoolKind::primary), poison);
   const int bytes = bits_per_element(g.dtype) / 8;
   for (size_t b = 0; b < f.seq_lens.size(); ++b)
     for (int64_t t = 0; t < f.seq_lens[b]; ++t) {
@@ -115,14 +121,37 @@ std::vector<uint8_t> build_pool_image(const Fixture& f, uint32_t seed, uint8_t p
           for (int h = 0; h < g.kv_heads; ++h)
             for (int d = 0; d < g.head_dim; ++d) {
               const float v = logical_value(seed + static_cast<uint32_t>(b), l, kv, h, t, d);
+              if (g.dtype == CacheDtype::nvfp4) {
+                if (d % 16 != 0) continue;
+                float group[16];
+                uint8_t packed[8];
+                for (int i = 0; i < 16; ++i) group[i] = logical_value(seed + static_cast<uint32_t>(b), l, kv, h, t, d + i);
+                PoolGeometry sg = g;
+                sg.head_dim = g.head_dim / 16;
+                sg.dtype = CacheDtype::fp8_e4m3;
+                g_scale_image[test_offset(sg, block, l, kv, h, entry, d / 16)] = codec::nvfp4_quantize16(group, kGlobalScale, packed);
+                for (int i = 0; i < 16; ++i) {
+                  const int64_t nib = test_offset(g, block, l, kv, h, entry, d + i);
+                  const uint8_t code = (packed[i / 2] >> (4 * (i % 2))) & 0xF;
+                  img[nib / 2] = static_cast<uint8_t>((nib % 2) ? ((img[nib / 2] & 0x0F) | (code << 4)) : ((img[nib / 2] & 0xF0) | code));
+                }
+                continue;
+              }
               uint8_t* dst = img.data() + test_offset(g, block, l, kv, h, entry, d) * bytes;
               if (g.dtype == CacheDtype::bf16) {
                 const uint16_t c = codec::f32_to_bf16(v);
                 std::memcpy(dst, &c, 2);
               } else if (g.dtype == CacheDtype::fp32) {
                 std::memcpy(dst, &v, 4);
+              } else if (g.dtype == CacheDtype::fp16) {
+                const uint16_t c = codec::f32_to_f16(v);
+                std::memcpy(dst, &c, 2);
               } else if (g.dtype == CacheDtype::fp8_e4m3) {
                 *dst = codec::f32_to_e4m3(v * 8.0f);  // stored with k/v scale 1/8
+              } else if (g.dtype == CacheDtype::fp8_e5m2) {
+                *dst = codec::f32_to_e5m2(v * 8.0f);
+              } else if (g.dtype == CacheDtype::int8) {
+                *dst = static_cast<uint8_t>(codec::f32_to_int8(v * 100.0f));  // scale 1/100
               }
             }
     }
@@ -134,7 +163,18 @@ double stored_value(const Fixture& f, uint32_t seed, size_t b, int layer, int kv
   const float v = logical_value(seed + static_cast<uint32_t>(b), layer, kv, head, t, d);
   switch (f.g.dtype) {
     case CacheDtype::bf16: return codec::bf16_to_f32(codec::f32_to_bf16(v));
+    case CacheDtype::fp16: return codec::f16_to_f32(codec::f32_to_f16(v));
     case CacheDtype::fp8_e4m3: return codec::e4m3_to_f32(codec::f32_to_e4m3(v * 8.0f));
+    case CacheDtype::fp8_e5m2: return codec::e5m2_to_f32(codec::f32_to_e5m2(v * 8.0f));
+    case CacheDtype::int8: return codec::f32_to_int8(v * 100.0f);
+    case CacheDtype::nvfp4: {
+      float group[16];
+      uint8_t packed[8];
+      const int d0 = d / 16 * 16;
+      for (int i = 0; i < 16; ++i) group[i] = logical_value(seed + static_cast<uint32_t>(b), layer, kv, head, t, d0 + i);
+      const uint8_t sf = codec::nvfp4_quantize16(group, kGlobalScale, packed);
+      return codec::nvfp4_decode(codec::nibble_at(packed, d - d0), sf, kGlobalScale);
+    }
     default: return v;
   }
 }
@@ -150,6 +190,7 @@ std::vector<float> run_attention(Backend& be, const Fixture& f, const std::vecto
   const PoolGeometry& g = f.g;
   KvPools pools = be.allocate_pools(g);
   be.to_backend(pools.data[0], image.data(), image.size());
+  if (g.dtype == CacheDtype::nvfp4) be.to_backend(pools.scales[0], g_scale_image.data(), g_scale_image.size());
   const int batch = static_cast<int>(f.seq_lens.size());
   const int64_t rows = decode ? batch : static_cast<int64_t>(batch) * tail_queries;
   std::vector<float> q(rows * f.hq * g.head_dim), out(rows * f.hq * g.head_dim, -7.0f);
@@ -235,14 +276,18 @@ TEST_CASE("decode attention matches Eigen double attention on the gathered K/V (
   // products (D <= 256 terms), exp (1 ulp) and the sums; 1e-5 is two orders
   // of magnitude above what was measured (max seen ~5e-7) and far below any
   // indexing error (which moves outputs by O(1)).
-  for (CacheDtype dtype : {CacheDtype::bf16, CacheDtype::fp32, CacheDtype::fp8_e4m3})
+  for (CacheDtype dtype : {CacheDtype::bf16, CacheDtype::fp16, CacheDtype::fp32, CacheDtype::fp8_e4m3,
+                           CacheDtype::fp8_e5m2, CacheDtype::int8, CacheDtype::nvfp4})
     for (auto [D, group] : {std::pair{64, 1}, {80, 4}, {96, 8}, {128, 4}, {256, 1}}) {
+      if (dtype == CacheDtype::nvfp4 && D % 16 != 0) continue;
       const Fixture f = make_fixture(BlockLayout::hnd, LayerPlacement::in_block, 16, dtype, 2, group, D, {1, 37, 600});
       const uint32_t seed = 11;
       const auto img = build_pool_image(f, seed, 0);
       AttentionScales sc;
       sc.sm_scale = 1.0f / std::sqrt(static_cast<float>(D));
-      if (dtype == CacheDtype::fp8_e4m3) sc.k_scale = sc.v_scale = 0.125f;
+      if (dtype == CacheDtype::fp8_e4m3 || dtype == CacheDtype::fp8_e5m2) sc.k_scale = sc.v_scale = 0.125f;
+      if (dtype == CacheDtype::int8) sc.k_scale = sc.v_scale = 0.01f;
+      if (dtype == CacheDtype::nvfp4) sc.k_global_scale = sc.v_global_scale = kGlobalScale;
       const int layer = 1;
       const auto out = run_attention(*be, f, img, layer, sc, /*decode=*/true);
       double worst = 0.0;
