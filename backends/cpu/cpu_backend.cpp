@@ -4,10 +4,22 @@
 #include <cstring>
 #include <new>
 
+#include <tbb/info.h>
+
 namespace kvsim {
 
+namespace {
+std::optional<tbb::global_control> oversubscription_for(int threads) {
+  if (threads > tbb::info::default_concurrency())
+    return std::optional<tbb::global_control>(std::in_place, tbb::global_control::max_allowed_parallelism,
+                                              static_cast<size_t>(threads));
+  return std::nullopt;
+}
+}  // namespace
+
 CpuBackend::CpuBackend(int threads)
-    : arena_(threads > 0 ? threads : tbb::task_arena::automatic) {}
+    : allow_oversubscription_(oversubscription_for(threads)),
+      arena_(threads > 0 ? threads : tbb::task_arena::automatic) {}
 
 void* CpuBackend::allocate(size_t bytes) {
   // 64-byte alignment: whole cache lines per block, as device allocations are.

@@ -5,7 +5,10 @@
 // results are identical for any thread count and from run to run.
 #pragma once
 
+#include <tbb/global_control.h>
 #include <tbb/task_arena.h>
+
+#include <optional>
 
 #include "backends/backend.hpp"
 
@@ -37,6 +40,10 @@ class CpuBackend final : public Backend {
   void run_move_blocks(const KvPools&, const MoveBlocksOp&, bool to_secondary) override;
 
  private:
+  // oneTBB caps workers at the core count; a request for more threads than
+  // cores (e.g. 3 on a 2-core CI machine) raises the cap so the requested
+  // concurrency is real and the thread-count determinism tests mean something.
+  std::optional<tbb::global_control> allow_oversubscription_;
   tbb::task_arena arena_;
 };
 
