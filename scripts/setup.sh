@@ -7,7 +7,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-packages=(g++ cmake ninja-build libeigen3-dev libtbb-dev doctest-dev libcli11-dev
+packages=(g++ cmake ninja-build jq libeigen3-dev libtbb-dev doctest-dev libcli11-dev
           libtomlplusplus-dev nlohmann-json3-dev)
 missing=()
 for p in "${packages[@]}"; do
