@@ -83,17 +83,25 @@ std::string run_shell(const std::string& command) {
 }  // namespace
 
 TEST_CASE("every kvsim transcript in docs/*.md reproduces exactly") {
-  int checked = 0;
+  // jq is installed by scripts/setup.sh; elsewhere (the GPU machine) the
+  // transcripts that pipe into it are skipped, and said so.
+  const bool have_jq = !run_shell("command -v jq").empty();
+  int checked = 0, skipped = 0;
   for (const auto& entry : std::filesystem::directory_iterator(std::filesystem::path(KVSIM_SOURCE_DIR) / "docs")) {
     if (entry.path().extension() != ".md") continue;
     for (const Transcript& t : read_transcripts(entry.path())) {
       if (t.command.find("kvsim") == std::string::npos) continue;
+      if (!have_jq && t.command.find("jq ") != std::string::npos) {
+        ++skipped;
+        continue;
+      }
       const std::string got = rstrip_lines(run_shell(t.command));
       INFO(t.file << ":" << t.line << ": $ " << t.command);
       CHECK(got == rstrip_lines(t.expected));
       ++checked;
     }
   }
-  MESSAGE(checked << " transcripts checked");
-  CHECK(checked >= 30);  // docs/index-arithmetic.md alone holds more than 30
+  MESSAGE(checked << " transcripts checked" << (skipped ? ", " + std::to_string(skipped) + " skipped (no jq)" : ""));
+  CHECK(checked + skipped >= 30);  // docs/index-arithmetic.md alone holds more than 30
+  CHECK(checked >= 25);
 }
