@@ -181,12 +181,35 @@ KVSIM_HD constexpr PoolStrides contiguous_strides(const PoolGeometry& g, PoolKin
 // THE offset function: element offset of (block, layer, kv, head, token, dim)
 // in a pool tensor with strides s. For nvfp4 the unit is a nibble: byte =
 // offset >> 1, element 2i in the low nibble.
+// Index of the lowest set bit (x > 0).
+KVSIM_HD constexpr int32_t lowest_bit(int32_t x) {
+#if defined(__CUDA_ARCH__)
+  return __ffs(x) - 1;
+#else
+  return __builtin_ctz(static_cast<unsigned>(x));
+#endif
+}
+
+// (dim / x, dim % x) for dim >= 0: shift and mask when x is a power of two
+// (every split-x x and most head dims), the same numbers without a division.
+KVSIM_HD constexpr void split_dim(int32_t dim, int32_t x, int32_t& outer, int32_t& inner) {
+  if ((x & (x - 1)) == 0) {
+    outer = dim >> lowest_bit(x);
+    inner = dim & (x - 1);
+  } else {
+    outer = dim / x;
+    inner = dim % x;
+  }
+}
+
 KVSIM_HD constexpr int64_t element_offset(const PoolStrides& s, int64_t block, int32_t layer, int32_t kv,
                                           int32_t head, int32_t token, int32_t dim) {
   const InnerStrides& in = s.inner[kv];
+  int32_t outer = 0, inner = 0;
+  split_dim(dim, in.x, outer, inner);
   return block * s.block + static_cast<int64_t>(layer) * s.layer + static_cast<int64_t>(kv) * s.kv +
          static_cast<int64_t>(head) * in.head + static_cast<int64_t>(token) * in.token +
-         static_cast<int64_t>(dim / in.x) * in.dim_outer + static_cast<int64_t>(dim % in.x) * in.dim_inner;
+         static_cast<int64_t>(outer) * in.dim_outer + static_cast<int64_t>(inner) * in.dim_inner;
 }
 
 // Byte holding an element (the element's first byte for multi-byte types).
