@@ -578,7 +578,8 @@ TEST_CASE("BlockRef: primary, secondary (top bit) and BAD_PAGE") {
   CHECK_FALSE(bad.is_secondary());  // BAD_PAGE has the top bit set but is not a secondary reference
   CHECK(BlockRef{kBadPage}.is_bad());
   CHECK_FALSE(BlockRef::primary(0).is_bad());
-  CHECK(describe_ref(s) == "secondary:5");
+  CHECK(describe_ref(s) == "secondary:5 (raw -2147483643)");  // 0x80000005 as int32
+  CHECK(describe_ref(BlockRef{-2}) == "secondary:2147483646 (raw -2)");  // a stray negative id stays recognisable
   CHECK(describe_ref(p) == "5");
   CHECK(describe_ref(bad) == "BAD_PAGE(-1)");
 }

@@ -17,7 +17,13 @@
 //      bit, SPEC §4 fixes 0x7F). -0 and negative underflow keep the sign (0x80).
 //  * e2m1 (nvfp4 element): +-{0, .5, 1, 1.5, 2, 3, 4, 6}, sign in bit 3, round to
 //    nearest even, saturating at 6; +-Inf -> +-6; NaN -> 0x7 (+6), the PTX
-//    cvt.rn.satfinite rule of mapping NaN to the positive maximum.
+//    cvt.rn.satfinite rule of mapping NaN to the positive maximum. -0 and
+//    negative values that round to zero keep the sign: 0x8.
+//  * Decoders (f16/bf16/e4m3/e5m2/e2m1 -> fp32) are exact and keep a NaN's
+//    sign and payload bits as they are (a signalling fp16 NaN stays
+//    signalling: 0x7C01 -> 0x7F802000; e4m3 S.1111.111 -> sign | 0x7FC00000).
+//    Hardware conversions may quiet NaNs (x86 F16C does), so a backend must
+//    decode with these functions, never with a conversion instruction.
 //  * int8: round to nearest even, saturate to [-128, 127]; NaN -> 0.
 #pragma once
 

@@ -36,7 +36,10 @@ struct BlockRef {
 
 inline std::string describe_ref(BlockRef r) {
   if (r.is_bad()) return "BAD_PAGE(-1)";
-  return std::string(r.is_secondary() ? "secondary:" : "") + std::to_string(r.block());
+  if (!r.is_secondary()) return std::to_string(r.block());
+  // A negative raw value other than -1 reads as a secondary reference (top
+  // bit); show the raw number too, so a stray -2 is recognisable.
+  return "secondary:" + std::to_string(r.block()) + " (raw " + std::to_string(r.raw) + ")";
 }
 
 // ---------------------------------------------------------------- CSR view
