@@ -6,7 +6,11 @@
 //   append_paged / reshape_and_cache : K+V input read + K+V cache written
 //   gather_paged                     : cache read + fp32 output written
 //   decode_attention                 : every K and V row of every attended key read
-//   copy_blocks                      : block bytes read + written
+//   copy_blocks / partial_copy /
+//   offload / onboard                : bytes copied, read + written
+//   qkv_preprocess_write             : fused QKV read + Q written + K/V written
+//   prefill_attention                : every sequence's K and V read once per chunk
+//   append_mla / indexer_k_scatter   : input read + cache written
 // copy bandwidth: a parallel memcpy of 256 MiB on the same backend thread count
 // (bytes read + written), the ceiling the ratios are quoted against.
 #include <algorithm>
@@ -88,6 +92,7 @@ std::vector<Row> bench_backend(Backend& be, int threads, const BenchOptions& o) 
   g.layout = BlockLayout::hnd;
   const int pages_per_seq = (o.tokens + g.tokens_per_block - 1) / g.tokens_per_block;
   g.primary_blocks = static_cast<int64_t>(o.sequences) * pages_per_seq + 16;
+  g.secondary_blocks = g.primary_blocks / 2;
   KvPools pools = be.allocate_pools(g);
   const int64_t nnz = static_cast<int64_t>(o.sequences) * o.tokens;
   const int64_t row = static_cast<int64_t>(g.kv_heads) * g.head_dim;
@@ -168,7 +173,126 @@ std::vector<Row> bench_backend(Backend& be, int threads, const BenchOptions& o) 
   cb.pairs = pairs;
   rows.push_back({"copy_blocks", threads, time_op([&] { be.copy_blocks(pools, cb); be.synchronize(); }, o.min_seconds),
                   2.0 * pairs.size() * g.block_bytes(), static_cast<double>(pairs.size())});
+  // partial_copy: half of each of 64 blocks, one op per block (what a reuse hit costs).
+  const int copies = std::min<int>(64, static_cast<int>(pairs.size()));
+  rows.push_back({"partial_copy", threads,
+                  time_op(
+                      [&] {
+                        for (int i = 0; i < copies; ++i)
+                          be.partial_copy(pools, PartialCopyOp{pairs[i].first, pairs[i].second, g.tokens_per_block / 2});
+                        be.synchronize();
+                      },
+                      o.min_seconds),
+                  2.0 * copies * g.block_bytes() / 2, static_cast<double>(copies) * g.tokens_per_block / 2});
+
+  // offload then onboard the first half of the secondary pool's worth of blocks.
+  std::vector<int32_t> prim, sec;
+  for (int64_t i = 0; i < g.secondary_blocks; ++i) {
+    prim.push_back(static_cast<int32_t>(i));
+    sec.push_back(static_cast<int32_t>(i));
+  }
+  MoveBlocksOp mv;
+  mv.primary = prim;
+  mv.secondary = sec;
+  rows.push_back({"offload", threads, time_op([&] { be.offload(pools, mv); be.synchronize(); }, o.min_seconds),
+                  2.0 * prim.size() * g.block_bytes(), static_cast<double>(prim.size())});
+  rows.push_back({"onboard", threads, time_op([&] { be.onboard(pools, mv); be.synchronize(); }, o.min_seconds),
+                  2.0 * prim.size() * g.block_bytes(), static_cast<double>(prim.size())});
+
+  // qkv_preprocess_write: a context step over every token (Hq = 4H, NeoX RoPE
+  // over the whole head, bf16): reads the fused QKV row, writes Q and K/V.
+  const RopeTable rope = build_rope_table(g.head_dim, o.tokens);
+  BackendBuffer cos_sin(be, rope.cos_sin.size() * 4);
+  cos_sin.upload(rope.cos_sin.data(), rope.cos_sin.size() * 4);
+  const int64_t fused = static_cast<int64_t>(hq + 2 * g.kv_heads) * g.head_dim;
+  std::vector<uint16_t> qkv_host(nnz * fused);
+  for (size_t i = 0; i < qkv_host.size(); ++i) qkv_host[i] = codec::f32_to_bf16(static_cast<float>(i % 241) / 241.0f - 0.5f);
+  BackendBuffer qkv(be, qkv_host.size() * 2), qout(be, static_cast<size_t>(nnz) * hq * g.head_dim * 2);
+  qkv.upload(qkv_host.data(), qkv_host.size() * 2);
+  QkvPreprocessOp qp;
+  qp.num_q_heads = hq;
+  qp.qkv = contiguous_view(qkv.get(), CacheDtype::bf16, {nnz, fused});
+  qp.q_out = contiguous_view(qout.get(), CacheDtype::bf16, {nnz, hq, g.head_dim});
+  qp.rope_style = RopeStyle::neox;
+  qp.rotary_dim = g.head_dim;
+  qp.cos_sin = contiguous_view(cos_sin.get(), CacheDtype::fp32, {o.tokens, g.head_dim});
+  qp.seq_lens = lens;
+  qp.cache_lens = lens;
+  qp.block_table = dense;
+  qp.max_blocks_per_seq = pages_per_seq;
+  rows.push_back({"qkv_preprocess_write", threads,
+                  time_op([&] { be.qkv_preprocess_write(pools, qp); be.synchronize(); }, o.min_seconds),
+                  static_cast<double>(nnz) * (fused + hq * g.head_dim + 2 * row) * 2, static_cast<double>(nnz)});
+
+  // prefill_attention: the last `chunk` tokens of every sequence as one chunk
+  // (causal over past + chunk). Bytes: every sequence's K and V read once.
+  const int chunk = std::min(16, o.tokens);
+  std::vector<int32_t> q_indptr{0};
+  for (int b = 0; b < o.sequences; ++b) q_indptr.push_back(q_indptr.back() + chunk);
+  const int64_t qrows = static_cast<int64_t>(o.sequences) * chunk;
+  std::vector<float> pq_host(static_cast<size_t>(qrows) * hq * g.head_dim, 0.01f);
+  BackendBuffer pq(be, pq_host.size() * 4), po(be, pq_host.size() * 4);
+  pq.upload(pq_host.data(), pq_host.size() * 4);
+  PrefillAttentionOp pa;
+  pa.q = contiguous_view(pq.get(), CacheDtype::fp32, {qrows, hq, g.head_dim});
+  pa.out = contiguous_view(po.get(), CacheDtype::fp32, {qrows, hq, g.head_dim});
+  pa.q_indptr = q_indptr;
+  pa.seq_lens = lens;
+  pa.block_table = dense;
+  pa.max_blocks_per_seq = pages_per_seq;
+  pa.scales.sm_scale = 0.088f;
+  rows.push_back({"prefill_attention", threads,
+                  time_op([&] { be.prefill_attention(pools, pa); be.synchronize(); }, o.min_seconds), kv_bytes,
+                  static_cast<double>(qrows)});
   be.release_pools(pools);
+
+  // append_mla into a latent pool (F = 1, H = 1, D = 512 + 64, bf16).
+  PoolGeometry lg = g;
+  lg.kv_factor = 1;
+  lg.kv_heads = 1;
+  lg.head_dim = 512 + 64;
+  lg.layout = BlockLayout::nhd;
+  lg.secondary_blocks = 0;
+  KvPools latent = be.allocate_pools(lg);
+  std::vector<uint16_t> lat_host(nnz * lg.head_dim);
+  for (size_t i = 0; i < lat_host.size(); ++i) lat_host[i] = codec::f32_to_bf16(static_cast<float>(i % 239) / 239.0f);
+  BackendBuffer lat(be, lat_host.size() * 2);
+  lat.upload(lat_host.data(), lat_host.size() * 2);
+  AppendMlaOp ml;
+  ml.ckv = contiguous_view(lat.get(), CacheDtype::bf16, {nnz, 512});
+  ml.ckv.stride[0] = lg.head_dim;  // ckv and kpe sliced from one [nnz, 576] projection
+  ml.kpe = contiguous_view(static_cast<uint16_t*>(lat.get()) + 512, CacheDtype::bf16, {nnz, 64});
+  ml.kpe.stride[0] = lg.head_dim;
+  ml.batch_indices = batch;
+  ml.positions = pos;
+  ml.indptr = indptr;
+  ml.indices = indices;
+  ml.last_page_len = last;
+  rows.push_back({"append_mla", threads, time_op([&] { be.append_mla(latent, ml); be.synchronize(); }, o.min_seconds),
+                  2.0 * nnz * lg.head_dim * 2, static_cast<double>(nnz)});
+  be.release_pools(latent);
+
+  // indexer_k_scatter: 128 fp8 bytes + 4 scale bytes per token into
+  // [blocks, 64, 1, 132] (DeepSeek's per-token [data | scale] rows).
+  const int64_t idx_block = 64, per_token = 132;
+  const int64_t idx_blocks = (nnz + idx_block - 1) / idx_block;
+  BackendBuffer kcache(be, static_cast<size_t>(idx_blocks * idx_block * per_token));
+  BackendBuffer kfp8(be, static_cast<size_t>(nnz) * 128), kscale(be, static_cast<size_t>(nnz) * 4);
+  be.fill(kfp8.get(), 0x3C, static_cast<size_t>(nnz) * 128);
+  be.fill(kscale.get(), 0x01, static_cast<size_t>(nnz) * 4);
+  std::vector<int64_t> slot_fp8(nnz), slot_scale(nnz);
+  for (int64_t t = 0; t < nnz; ++t) {
+    slot_fp8[t] = t * per_token;
+    slot_scale[t] = t * per_token + 128;
+  }
+  IndexerKScatterOp ix;
+  ix.k_fp8 = contiguous_view(kfp8.get(), CacheDtype::fp8_e4m3, {nnz, 128});
+  ix.k_scale = contiguous_view(kscale.get(), CacheDtype::fp8_e4m3, {nnz, 4});
+  ix.slot_mapping_fp8 = slot_fp8;
+  ix.slot_mapping_scale = slot_scale;
+  ix.cache = contiguous_view(kcache.get(), CacheDtype::fp8_e4m3, {idx_blocks, idx_block, 1, per_token});
+  rows.push_back({"indexer_k_scatter", threads, time_op([&] { be.indexer_k_scatter(ix); be.synchronize(); }, o.min_seconds),
+                  2.0 * nnz * per_token, static_cast<double>(nnz)});
   return rows;
 }
 
@@ -186,7 +310,7 @@ void run_bench(const BenchOptions& o) {
   out["results"] = nlohmann::json::array();
   make_backend(o.backend);  // fails here, before any output, when the backend is not available
   if (!o.json)
-    std::cout << "op                  threads   ms/call    Mtok/s      GB/s  %copy  copy GB/s\n";
+    std::cout << "op                    threads   ms/call  Mtok/s*      GB/s  %copy  copy GB/s\n";
   for (int t : threads) {
     const double copy = copy_bandwidth(t, o.min_seconds);
     auto be = make_backend(o.backend, BackendOptions{t});
@@ -197,13 +321,17 @@ void run_bench(const BenchOptions& o) {
                                 {"copy_gb_per_s", copy}, {"fraction_of_copy", gbs / copy}});
       if (!o.json) {
         char line[160];
-        std::snprintf(line, sizeof line, "%-19s %7d %9.3f %9.2f %9.2f %5.0f%% %9.2f\n", r.op.c_str(), t,
+        std::snprintf(line, sizeof line, "%-21s %7d %9.3f %9.3g %9.3g %5.0f%% %9.2f\n", r.op.c_str(), t,
                       r.seconds * 1e3, r.tokens / r.seconds / 1e6, gbs, 100.0 * gbs / copy, copy);
         std::cout << line << std::flush;
       }
     }
   }
-  if (o.json) std::cout << out.dump(2) << '\n';
+  if (o.json)
+    std::cout << out.dump(2) << '\n';
+  else
+    std::cout << "* tokens: appended/scattered tokens for writes, query tokens for attention, tokens copied for\n"
+                 "  gather/partial_copy, blocks for copy_blocks/offload/onboard\n";
 }
 
 }  // namespace
