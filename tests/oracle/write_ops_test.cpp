@@ -1346,6 +1346,7 @@ TEST_CASE("indexer_k_scatter rejects invalid inputs before any byte moves") {
   SUBCASE("two tokens' data overlap") {
     slot_fp8[1] = 8;
     rejected(ErrorCode::bad_argument, "written twice");
+    rejected(ErrorCode::bad_argument, "(tokens 0 and 1)");  // names both writers
   }
   SUBCASE("a token's scale overlaps another's data") {
     slot_scale[1] = 12;
