@@ -5,7 +5,11 @@
 // them by value (FlashInfer's paged_kv_t idea: one struct for host and device).
 #pragma once
 
+#include <cstdio>
+#include <string>
+
 #include "codecs.hpp"
+#include "errors.hpp"
 #include "geometry.hpp"
 
 namespace kvsim {
@@ -84,6 +88,16 @@ struct KvPools {
     return static_cast<uint8_t*>(scales[static_cast<int>(k)]);
   }
 };
+
+// An nvfp4 global decode scale g must be finite and > 0 (SPEC §4); every op
+// that takes one checks it here. `name` says which (e.g. "decode_attention:
+// k_global_scale").
+inline void validate_global_scale(float g, const std::string& name) {
+  if (g > 0.0f && g <= 3.4028234663852886e38f) return;
+  char value[64];
+  std::snprintf(value, sizeof value, "%.9g (0x%08X)", static_cast<double>(g), float_bits(g));
+  fail(ErrorCode::bad_global_scale, name + " = " + value + ": rule: an nvfp4 global decode scale is finite and > 0");
+}
 
 inline int64_t scale_pool_bytes(const PoolGeometry& g, PoolKind k) {
   return g.has_scale_pool() ? g.scale_geometry().pool_bytes(k) : 0;

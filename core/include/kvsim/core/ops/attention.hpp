@@ -258,10 +258,10 @@ inline void validate_attention_common(const KvPools& pools, int32_t layer, const
   for (float v : {sc.sm_scale, sc.k_scale, sc.v_scale})
     if (!(v == v) || v == canon::pos_inf() || v == canon::neg_inf())
       fail(ErrorCode::bad_argument, o + "softmax/K/V scales must be finite");
-  if (g.dtype == CacheDtype::nvfp4)
-    for (float v : {sc.k_global_scale, sc.v_global_scale})
-      if (!(v > 0.0f) || v == canon::pos_inf())
-        fail(ErrorCode::bad_global_scale, o + "nvfp4 global scale " + std::to_string(v) + " must be finite and > 0");
+  if (g.dtype == CacheDtype::nvfp4) {
+    validate_global_scale(sc.k_global_scale, o + "k_global_scale");
+    validate_global_scale(sc.v_global_scale, o + "v_global_scale");
+  }
   validate_window(w);
   if (w.enabled() && w.tokens_per_block != g.tokens_per_block)
     fail(ErrorCode::bad_window, o + "window mapping built for P = " + std::to_string(w.tokens_per_block) +

@@ -453,12 +453,10 @@ inline void validate_qkv_preprocess(const KvPools& pools, const QkvPreprocessOp&
       if (!std::isfinite(op.scale_orig_quant[i]) || !(op.scale_orig_quant[i] > 0.0f))
         fail(ErrorCode::bad_argument, std::string("scale_orig_quant[") + std::to_string(i) + (i == 1 ? "] (K)" : "] (V)") +
                                           " = " + std::to_string(op.scale_orig_quant[i]) + ": rule: finite and > 0");
-  if (g.dtype == CacheDtype::nvfp4)
-    for (int i = 1; i <= 2; ++i)
-      if (!std::isfinite(op.nvfp4_global_scale[i]) || !(op.nvfp4_global_scale[i] > 0.0f))
-        fail(ErrorCode::bad_global_scale, std::string("nvfp4_global_scale[") + std::to_string(i) +
-                                              (i == 1 ? "] (K)" : "] (V)") + " = " +
-                                              std::to_string(op.nvfp4_global_scale[i]) + ": rule: finite and > 0");
+  if (g.dtype == CacheDtype::nvfp4) {
+    validate_global_scale(op.nvfp4_global_scale[1], "nvfp4_global_scale[1] (K)");
+    validate_global_scale(op.nvfp4_global_scale[2], "nvfp4_global_scale[2] (V)");
+  }
 
   // ---- every block the op writes: live, primary, in range, one writer
   const PageDivider page = g.page_divider();

@@ -359,9 +359,7 @@ inline void validate_gather_source(const KvPools& pools, const GatherPagedOp& op
   if (op.num_tokens < 0)
     fail(ErrorCode::bad_argument,
          "gather_paged: num_tokens = " + std::to_string(op.num_tokens) + ": rule: num_tokens >= 0");
-  if (g.dtype == CacheDtype::nvfp4 && !(std::isfinite(op.global_scale) && op.global_scale > 0.0f))
-    fail(ErrorCode::bad_global_scale, "gather_paged: global_scale = " + std::to_string(op.global_scale) +
-                                          ": rule: the nvfp4 global scale is finite and > 0");
+  if (g.dtype == CacheDtype::nvfp4) validate_global_scale(op.global_scale, "gather_paged: global_scale");
   if ((g.dtype == CacheDtype::fp8_e4m3 || g.dtype == CacheDtype::fp8_e5m2 || g.dtype == CacheDtype::int8) &&
       !std::isfinite(op.scale))
     fail(ErrorCode::bad_argument,

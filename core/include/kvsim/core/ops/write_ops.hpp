@@ -523,12 +523,6 @@ inline void check_nvfp4_byte_ownership(const KvPools& pools) {
   }
 }
 
-inline void check_global_scale(float g, const char* name) {
-  if (!finite_positive(g))
-    fail(ErrorCode::bad_global_scale, std::string(name) + " = " + float_string(g) +
-                                          ": rule: an nvfp4 global decode scale is finite and > 0");
-}
-
 inline void check_fp8_scale(float s, const char* name) {
   if (!finite_positive(s))
     fail(ErrorCode::bad_argument,
@@ -606,8 +600,8 @@ inline void validate_append_paged(const KvPools& pools, const AppendPagedOp& op)
     const std::string rule = "an nvfp4 cache takes fp32/fp16/bf16 input and quantizes it";
     d::check_dtype(op.k, "k", is_float_input(op.k.dtype), rule);
     d::check_dtype(op.v, "v", is_float_input(op.v.dtype), rule);
-    d::check_global_scale(op.k_global_scale, "k_global_scale");
-    d::check_global_scale(op.v_global_scale, "v_global_scale");
+    validate_global_scale(op.k_global_scale, "append_paged: k_global_scale");
+    validate_global_scale(op.v_global_scale, "append_paged: v_global_scale");
     d::check_nvfp4_byte_ownership(pools);
   } else {
     const std::string rule = "input dtype equals the cache dtype " + std::string(dtype_name(g.dtype)) +
@@ -686,7 +680,7 @@ inline void validate_append_mla(const KvPools& pools, const AppendMlaOp& op) {
     d::check_dtype(op.ckv, "ckv", is_float_input(op.ckv.dtype), "nvfp4 ckv takes fp32/fp16/bf16 and quantizes it");
     d::check_dtype(op.kpe, "kpe", op.kpe.dtype == CacheDtype::fp8_e4m3 || is_float_input(op.kpe.dtype),
                    "kpe in an nvfp4 latent pool is fp8_e4m3 codes or fp32/fp16/bf16 (encoded as x / kpe_scale)");
-    d::check_global_scale(op.ckv_global_scale, "ckv_global_scale");
+    validate_global_scale(op.ckv_global_scale, "append_mla: ckv_global_scale");
     if (is_float_input(op.kpe.dtype)) d::check_fp8_scale(op.kpe_scale, "kpe_scale");
     d::check_nvfp4_byte_ownership(pools);
   } else {
