@@ -99,6 +99,13 @@ inline void validate_global_scale(float g, const std::string& name) {
   fail(ErrorCode::bad_global_scale, name + " = " + value + ": rule: an nvfp4 global decode scale is finite and > 0");
 }
 
+// The layer an op addresses must exist in the pool. `op` prefixes the message.
+inline void validate_layer(const PoolGeometry& g, int32_t layer, const std::string& op) {
+  if (layer < 0 || layer >= g.layers)
+    fail(ErrorCode::bad_argument, op + "layer = " + std::to_string(layer) + ": rule: layer is in [0, layers = " +
+                                      std::to_string(g.layers) + ")");
+}
+
 inline int64_t scale_pool_bytes(const PoolGeometry& g, PoolKind k) {
   return g.has_scale_pool() ? g.scale_geometry().pool_bytes(k) : 0;
 }

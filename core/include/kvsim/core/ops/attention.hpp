@@ -242,8 +242,7 @@ inline void validate_attention_common(const KvPools& pools, int32_t layer, const
   const PoolGeometry& g = pools.geometry;
   const std::string o = std::string(op) + ": ";
   if (g.kv_factor != 2) fail(ErrorCode::bad_argument, o + "needs separate K and V (kv_factor 2)");
-  if (layer < 0 || layer >= g.layers)
-    fail(ErrorCode::bad_argument, o + "layer = " + std::to_string(layer) + " outside [0, " + std::to_string(g.layers) + ")");
+  validate_layer(g, layer, o);
   if (g.head_dim > canon::kMaxHeadDim)
     fail(ErrorCode::unsupported_head_dim, o + "head_dim = " + std::to_string(g.head_dim) + " > " + std::to_string(canon::kMaxHeadDim));
   for (const TensorView* t : {&q, &out}) {

@@ -329,9 +329,7 @@ inline void validate_qkv_preprocess(const KvPools& pools, const QkvPreprocessOp&
   if (g.kv_factor != 2)
     fail(ErrorCode::bad_geometry, "kv_factor = " + std::to_string(g.kv_factor) +
                                       ": rule: qkv_preprocess_write needs separate K and V (kv_factor 2)");
-  if (op.layer < 0 || op.layer >= g.layers)
-    fail(ErrorCode::bad_argument, "layer = " + std::to_string(op.layer) + ": rule: layer in [0, " +
-                                      std::to_string(g.layers) + ")");
+  validate_layer(g, op.layer, "qkv_preprocess_write: ");
   if (g.head_dim > kQkvMaxHeadDim)
     fail(ErrorCode::unsupported_head_dim, "head_dim = " + std::to_string(g.head_dim) +
                                               ": rule: qkv_preprocess_write supports head_dim <= " +

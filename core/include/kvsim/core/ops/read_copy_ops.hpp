@@ -350,9 +350,7 @@ inline bool byte_ranges_overlap(const void* a, int64_t a_bytes, const void* b, i
 inline void validate_gather_source(const KvPools& pools, const GatherPagedOp& op) {
   const PoolGeometry& g = pools.geometry;
   validate_geometry(g);
-  if (op.layer < 0 || op.layer >= g.layers)
-    fail(ErrorCode::bad_argument, "gather_paged: layer = " + std::to_string(op.layer) +
-                                      ": rule: layer in [0, layers = " + std::to_string(g.layers) + ")");
+  validate_layer(g, op.layer, "gather_paged: ");
   if (op.kv < 0 || op.kv >= g.kv_factor)
     fail(ErrorCode::bad_argument, "gather_paged: kv = " + std::to_string(op.kv) +
                                       ": rule: kv in [0, kv_factor = " + std::to_string(g.kv_factor) + ")");

@@ -482,12 +482,6 @@ inline std::string float_string(float x) {
   return buf;
 }
 
-inline void check_layer(const PoolGeometry& g, int32_t layer) {
-  if (layer < 0 || layer >= g.layers)
-    fail(ErrorCode::bad_argument, "layer = " + std::to_string(layer) + ": rule: layer is in [0, layers = " +
-                                      std::to_string(g.layers) + ")");
-}
-
 inline void check_kv_factor(const PoolGeometry& g, int32_t required, const char* op) {
   if (g.kv_factor != required)
     fail(ErrorCode::bad_geometry, std::string(op) + " needs kv_factor = " + std::to_string(required) +
@@ -591,7 +585,7 @@ inline void validate_append_paged(const KvPools& pools, const AppendPagedOp& op)
   namespace d = write_ops_detail;
   const PoolGeometry& g = pools.geometry;
   d::check_kv_factor(g, 2, "append_paged");
-  d::check_layer(g, op.layer);
+  validate_layer(g, op.layer, "append_paged: ");
   d::check_primary_pool(pools);
   const int64_t nnz = static_cast<int64_t>(op.batch_indices.size());
   d::check_tensor(op.k, "k", {nnz, g.kv_heads, g.head_dim}, "[nnz, kv_heads, head_dim]");
@@ -616,7 +610,7 @@ inline void validate_reshape_and_cache(const KvPools& pools, const ReshapeAndCac
   namespace d = write_ops_detail;
   const PoolGeometry& g = pools.geometry;
   d::check_kv_factor(g, 2, "reshape_and_cache");
-  d::check_layer(g, op.layer);
+  validate_layer(g, op.layer, "reshape_and_cache: ");
   d::check_primary_pool(pools);
   if (g.dtype == CacheDtype::nvfp4)
     fail(ErrorCode::bad_argument,
@@ -659,7 +653,7 @@ inline void validate_append_mla(const KvPools& pools, const AppendMlaOp& op) {
   if (g.kv_heads != 1)
     fail(ErrorCode::bad_geometry, "append_mla needs kv_heads = 1 (one latent row per token) but the pool has " +
                                       std::to_string(g.kv_heads) + " (" + geometry_summary(g) + ")");
-  d::check_layer(g, op.layer);
+  validate_layer(g, op.layer, "append_mla: ");
   d::check_primary_pool(pools);
   const int64_t nnz = static_cast<int64_t>(op.batch_indices.size());
   if (op.ckv.rank != 2 || op.kpe.rank != 2 || op.ckv.shape[1] < 1 || op.kpe.shape[1] < 1)
