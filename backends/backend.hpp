@@ -113,6 +113,15 @@ class BackendUnavailable : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// A backend's runtime failed while running a validated op (a CUDA launch or
+// copy error, device memory exhausted). The message names the backend and the
+// op: "cuda: decode_attention: cudaErrorIllegalAddress: ...". Not a
+// validation error: the inputs were accepted; the pools may be in any state.
+class BackendError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
 std::vector<std::string> backend_names();  // compiled-in backends
 std::unique_ptr<Backend> make_backend(std::string_view name, const BackendOptions& options = {});
 

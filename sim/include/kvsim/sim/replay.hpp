@@ -1,0 +1,85 @@
+// Replaying a scenario on a backend (SPEC §6-§7): the block manager builds
+// every page table, the scheduler forms steps, the synthetic model makes the
+// inputs, and every step becomes backend ops for every layer. Invariants are
+// checked during and after the replay. The runner drives backends only
+// through kvsim::Backend (backends/backend.hpp), so every backend replays the
+// same scenarios unchanged.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "backends/backend.hpp"
+#include "scenario.hpp"
+
+namespace kvsim::sim {
+
+enum class InvariantStatus : uint8_t {
+  pass,        // checked, held
+  fail,        // checked, violated (and no fault explains it)
+  caught,      // violated by a switched-on fault, as expected
+  not_applicable,
+};
+std::string_view invariant_status_name(InvariantStatus s);
+
+struct InvariantReport {
+  Invariant invariant;
+  InvariantStatus status = InvariantStatus::not_applicable;
+  std::string detail;  // the first violation (what, where, both values), or the bound that held
+};
+
+struct ReplayCounters {
+  int64_t steps = 0;
+  int64_t prefill_tokens = 0;
+  int64_t decode_tokens = 0;
+  int64_t reuse_hit_tokens = 0;
+  int64_t partial_reuse_tokens = 0;
+  int64_t evicted_blocks = 0;
+  int64_t offloaded_blocks = 0;
+  int64_t onboarded_blocks = 0;
+  int64_t preemptions = 0;
+  int64_t ops = 0;
+  int64_t token_layers = 0;  // tokens written x layers (replay throughput unit)
+};
+
+struct ScenarioReport {
+  std::string name;
+  ReplayCounters counters;
+  std::vector<InvariantReport> invariants;
+  std::vector<std::string> expectation_failures;  // "expected evicted_blocks = 3, got 2"
+  uint64_t content_hash = 0;  // FNV-1a over final pools and every attention output (golden replays)
+  bool ok = false;            // every invariant pass/caught/n.a., every expectation met
+};
+
+// Where the replay is, told to observers before each op runs.
+struct OpContext {
+  int64_t step = 0;
+  int32_t layer = 0;
+  std::string op;  // "qkv_preprocess_write", "decode_attention", ...
+  // For mapping a pool byte back to (sequence, token): each batch entry's
+  // request id and its dense block table row (cache slots -> blocks).
+  std::vector<std::string> sequence_ids;
+};
+
+struct ReplayOptions {
+  // Called before every backend op (kvsim diff labels differences with it).
+  std::function<void(const OpContext&)> before_op;
+  // Called after every step (progress display).
+  std::function<void(int64_t step, const ReplayCounters&)> after_step;
+  // --dump DIR: write pools, scale pools, queries and attention outputs as
+  // .npy plus manifest.json. Empty = no dump.
+  std::string dump_dir;
+  // Run the comparison invariants (they replay the scenario again with one
+  // setting changed). Off for the inner replays themselves.
+  bool comparison_invariants = true;
+};
+
+// Replays `scenario` on `backend`. Throws ValidationError (a bad scenario
+// that slipped past validation, or a fault the backend rejected) or
+// BackendError; otherwise returns the report (ok = false on a failed check).
+ScenarioReport replay(const Scenario& scenario, Backend& backend, const ReplayOptions& options = {});
+
+}  // namespace kvsim::sim

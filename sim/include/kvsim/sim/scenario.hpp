@@ -1,0 +1,181 @@
+// The scenario data model (SPEC §6): everything a scripted replay needs, as
+// plain values. scenario_file.hpp turns a TOML file into one of these (and
+// rejects a malformed one with file:line:column); replay.hpp runs it on a
+// Backend. Nothing here knows TOML, the CLI or a particular backend.
+//
+// Every field has the default a scenario file gets when it omits the key;
+// docs/scenarios.md is the format reference and lists the same defaults.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <kvsim/core.hpp>
+#include <kvsim/core/rope.hpp>
+
+namespace kvsim::sim {
+
+// Where a value came from in the scenario file, for error messages
+// ("file:line:column: key: ..."). line/column are 1-based; 0 = unknown.
+struct SourceLocation {
+  std::string file;
+  int line = 0;
+  int column = 0;
+};
+
+// Synthetic model (SPEC §6): Q/K/V of the token at position p are a
+// deterministic function of (seed, layer, head, dim, p, hash of tokens 0..p).
+struct ModelSpec {
+  int32_t layers = 2;
+  int32_t q_heads = 8;       // Hq; must be a multiple of kv_heads (GQA group = Hq / H)
+  int32_t kv_heads = 2;      // H
+  int32_t head_dim = 64;     // D (for MLA: d_ckv + d_kpe, see mla below)
+  uint64_t seed = 1;
+  float value_scale = 1.0f;  // typical |x| of K/V/Q elements
+  float outlier_rate = 0.0f; // share of elements multiplied by outlier_scale (saturation, block scales)
+  float outlier_scale = 64.0f;
+  CacheDtype input_dtype = CacheDtype::bf16;  // dtype of the fused QKV / K / V inputs (fp32, fp16, bf16)
+  RopeStyle rope = RopeStyle::neox;           // none, neox, gptj (qkv_preprocess write path)
+  int32_t rotary_dim = 0;                     // 0 = head_dim
+  double rope_theta = 10000.0;
+};
+
+// MLA (kv_factor 1): a latent row [ckv | kpe] per token.
+struct MlaSpec {
+  bool enabled = false;
+  int32_t d_ckv = 512;
+  int32_t d_kpe = 64;
+};
+
+// How K/V reach the pool each step; one of SPEC §5's write ops.
+enum class WritePath : uint8_t {
+  qkv_preprocess,     // TensorRT-LLM applyBiasRopeUpdateKVCache (default)
+  append_paged,       // FlashInfer append_paged_kv_cache
+  reshape_and_cache,  // vLLM reshape_and_cache(_flash)
+  append_mla,         // FlashInfer append_paged_mla_kv_cache (requires mla.enabled)
+};
+
+struct CacheSpec {
+  CacheDtype dtype = CacheDtype::bf16;
+  BlockLayout layout = BlockLayout::nhd;
+  LayerPlacement placement = LayerPlacement::in_block;
+  int32_t page_size = 16;          // tokens_per_block P
+  int64_t primary_blocks = 64;
+  int64_t secondary_blocks = 0;
+  // FlashInfer's arrangement: K and V as strided views into one shared
+  // [pages, 2, P, H, D] allocation per layer (requires per_layer + nhd).
+  bool shared_kv_allocation = false;
+  WritePath write_path = WritePath::qkv_preprocess;
+  float k_scale = 1.0f;            // fp8/int8 per-tensor scales (decode convention: x ≈ code * scale)
+  float v_scale = 1.0f;
+  float k_global_scale = 1.0f;     // nvfp4 second-level decode scales
+  float v_global_scale = 1.0f;
+  bool zero_v_tail = true;         // qkv_preprocess: zero V rows beyond cache_len in the last block
+  bool poison_nan = false;         // fill every pool with NaN bytes before the run (no-NaN invariant)
+};
+
+enum class WindowMode : uint8_t {
+  none,
+  cyclic,   // TensorRT-LLM: a ring of blocks, sinks, bubble, optional one more block
+  release,  // vLLM: blocks that leave the window return to the free list
+};
+
+struct WindowSpec {
+  WindowMode mode = WindowMode::none;
+  int32_t window = 0;  // W (tokens attended, sinks included)
+  int32_t sinks = 0;   // S
+  bool one_more_block = false;
+};
+
+struct ReuseSpec {
+  bool enabled = false;   // prefix-reuse tree over full blocks
+  bool partial = false;   // partial-block reuse by partial_copy
+  bool offload = false;   // evicted cached blocks go to the secondary pool; onboarded on a later hit
+};
+
+struct SchedulerSpec {
+  int32_t token_budget = 2048;  // tokens (prefill + decode) per step
+  int32_t chunk_size = 0;       // prefill chunk per request per step; 0 = whole prompt
+  int32_t max_batch = 256;      // running requests per step
+  int32_t max_steps = 100000;   // a replay that has not finished by then fails (no hang)
+};
+
+// A named, shared prompt prefix: explicit tokens, or `length` tokens
+// generated from `seed`.
+struct PrefixSpec {
+  std::string name;
+  std::vector<int32_t> tokens;
+  SourceLocation where;
+};
+
+// A request's prompt is its prefixes (by name, in order) followed by its
+// own tokens: explicit ones, or `generated` tokens from the request's seed.
+struct RequestSpec {
+  std::string id;
+  int32_t arrival_step = 0;
+  std::vector<std::string> prefixes;
+  std::vector<int32_t> tokens;
+  int32_t generated = 0;
+  uint64_t seed = 0;            // for generated tokens; 0 = derived from the id
+  int32_t decode_tokens = 0;    // tokens generated after the prompt
+  SourceLocation where;
+};
+
+// Fault injection (SPEC §6): each reproduces one silent failure of the seed
+// article's table; the named invariant must catch it.
+enum class Fault : uint8_t {
+  past_len_zero,           // chunked prefill writes/reads as if past_seq_len were 0  -> chunking
+  window_mismatch,         // writer and reader use different window mappings          -> window
+  k_scale_for_v,           // the K scale dequantizes V                                -> quantization
+  reused_block_mismatch,   // a reused block holds other tokens' K/V                    -> reuse
+  v_tail_not_zeroed,       // V tail of the last block not zeroed, pools NaN-poisoned   -> no_nan
+  stale_bad_page,          // a block table keeps a BAD_PAGE where a block now lives    -> dense
+};
+
+// Named invariants (SPEC §6).
+enum class Invariant : uint8_t {
+  conservation, chunking, reuse, window, layout, dense, quantization, no_nan, offload, batch,
+};
+
+struct Expectations {
+  // Counts the replay must report (nullopt = not checked).
+  std::optional<int64_t> reuse_hit_tokens, evicted_blocks, offloaded_blocks, onboarded_blocks, preemptions;
+  std::vector<Invariant> must_pass;    // empty = every invariant that applies to the scenario
+  std::vector<Fault> must_catch;       // faults switched on must be caught by their invariant
+};
+
+struct Scenario {
+  std::string name;         // file stem
+  std::string description;  // the file's header comment: what it teaches, which engine it models
+  std::string path;
+  ModelSpec model;
+  MlaSpec mla;
+  CacheSpec cache;
+  WindowSpec window;
+  ReuseSpec reuse;
+  SchedulerSpec scheduler;
+  bool indexer_k_scatter = false;  // also scatter each token's fp8 indexer K into an indexer cache
+  std::vector<PrefixSpec> prefixes;
+  std::vector<RequestSpec> requests;
+  std::vector<Fault> faults;       // switched on
+  Expectations expect;
+};
+
+std::string_view fault_name(Fault f);
+std::optional<Fault> parse_fault(std::string_view s);
+std::string_view invariant_name(Invariant i);
+std::optional<Invariant> parse_invariant(std::string_view s);
+std::string_view write_path_name(WritePath w);
+std::optional<WritePath> parse_write_path(std::string_view s);
+std::string_view window_mode_name(WindowMode m);
+std::optional<WindowMode> parse_window_mode(std::string_view s);
+// The invariant that catches a fault.
+Invariant invariant_for(Fault f);
+
+// The pool geometry a scenario describes.
+PoolGeometry pool_geometry(const Scenario& s);
+
+}  // namespace kvsim::sim
