@@ -29,6 +29,7 @@ enum class ErrorCode {
   bad_window,                // window/sink parameters inconsistent
   shape_mismatch,            // tensor shape or dtype does not match what the op needs
   bad_argument,              // any other argument the op cannot accept
+  bad_scenario,              // a scenario file that is malformed or asks for impossible settings
 };
 
 constexpr std::string_view error_name(ErrorCode c) {
@@ -51,6 +52,7 @@ constexpr std::string_view error_name(ErrorCode c) {
     case ErrorCode::bad_window: return "bad_window";
     case ErrorCode::shape_mismatch: return "shape_mismatch";
     case ErrorCode::bad_argument: return "bad_argument";
+    case ErrorCode::bad_scenario: return "bad_scenario";
   }
   return "unknown";
 }
