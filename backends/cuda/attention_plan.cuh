@@ -1,0 +1,54 @@
+// Internals of backends/cuda/attention.cu shared with its tests and its
+// benchmark: an attention op turned into device-resident work (the "plan"),
+// so a benchmark can time the kernels alone and a test can force either
+// kernel path on the same data.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <span>
+#include <vector>
+
+#include <kvsim/core/ops/attention.hpp>
+
+namespace kvsim::cuda {
+
+// general: any dtype, layout, head dim and GQA group; one warp per (query
+// row, query head, partition), every element through element_offset().
+// staged: rows of K/V streamed into a per-warp shared-memory ring with
+// cp.async, one warp per (query row, KV head, partition); needs a
+// contiguous head row (NHD/HND), 8/16/32-bit codes, D in {32,64,...,256}
+// with (D/32)*group <= 32, group a power of two <= 32, 16-byte alignment.
+enum class AttentionPath { general, staged };
+
+struct AttentionPlan {
+  const char* op = "";
+  AttentionArgs args;            // block_table: device copy
+  const int32_t* row_seq = nullptr;        // [rows] sequence of query row
+  const int32_t* row_position = nullptr;   // [rows] absolute position
+  const int32_t* row_part_base = nullptr;  // [rows + 1] first partition of a row
+  const int32_t* part_row = nullptr;       // [parts] row of a partition
+  int32_t rows = 0;
+  int32_t parts = 0;      // partitions over all rows
+  int32_t max_parts = 0;  // of one row
+  int32_t query_heads = 0;
+  AttentionPath path = AttentionPath::general;
+  float* part_stats = nullptr;  // [parts][Hq][2]: m_p, l_p
+  float* part_acc = nullptr;    // [parts][Hq][D]
+  void* meta = nullptr;         // one device allocation holding the int32 tables
+};
+
+// Path the plan takes for this geometry and op (staged where it applies).
+AttentionPath choose_path(const KvPools& pools, const TensorView& q);
+
+// rows[i] = (sequence, absolute position) of query row i. Allocates and
+// uploads on `stream`; the host spans are consumed on return.
+AttentionPlan make_plan(const char* op, const KvPools& pools, int32_t layer, const TensorView& q,
+                        const TensorView& out, std::span<const int32_t> block_table, int32_t max_blocks,
+                        const AttentionScales& scales, const WindowMapping& window,
+                        const std::vector<int32_t>& row_seq, const std::vector<int32_t>& row_position,
+                        cudaStream_t stream);
+void launch_plan(const AttentionPlan& plan, cudaStream_t stream);
+void release_plan(AttentionPlan& plan, cudaStream_t stream);
+
+}  // namespace kvsim::cuda
