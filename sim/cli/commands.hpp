@@ -32,5 +32,6 @@ void register_layout(CLI::App& app);
 void register_explain(CLI::App& app);
 void register_codec(CLI::App& app);
 void register_bench(CLI::App& app);
+void register_validate(CLI::App& app);
 
 }  // namespace kvsim::cli

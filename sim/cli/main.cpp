@@ -25,6 +25,7 @@ int main(int argc, char** argv) {
   register_explain(app);
   register_codec(app);
   register_bench(app);
+  register_validate(app);
 
   int status = kExitOk;
   try {

@@ -162,6 +162,10 @@ struct Scenario {
   std::vector<RequestSpec> requests;
   std::vector<Fault> faults;       // switched on
   Expectations expect;
+  // Where each key was set in the file ("cache.page_size", "window"), so a
+  // semantic check (check_scenario) can say FILE:LINE:COLUMN; empty for
+  // scenarios built in C++.
+  std::map<std::string, SourceLocation> key_locations;
 };
 
 std::string_view fault_name(Fault f);

@@ -1,0 +1,852 @@
+// Scenario files: TOML -> Scenario, then the semantic checks. Two passes on
+// purpose: the parser knows where every key is but nothing about the rules;
+// check_scenario() knows the rules and finds locations in
+// Scenario::key_locations, so scenarios built in C++ get the same checks.
+#include "kvsim/sim/scenario_file.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <limits>
+#include <set>
+#include <sstream>
+
+#include <toml++/toml.h>
+
+#include "kvsim/core/tensor.hpp"
+
+namespace kvsim::sim {
+
+namespace {
+
+namespace fs = std::filesystem;
+
+// ------------------------------------------------------------------ messages
+
+std::string location_string(const std::string& file, int line, int column) {
+  return file + ":" + std::to_string(line) + ":" + std::to_string(column);
+}
+
+SourceLocation location_of(const std::string& file, const toml::source_region& r) {
+  return SourceLocation{file, static_cast<int>(r.begin.line), static_cast<int>(r.begin.column)};
+}
+
+[[noreturn]] void reject_at(const SourceLocation& at, const std::string& key, const std::string& message) {
+  fail(ErrorCode::bad_scenario, location_string(at.file, at.line, at.column) + ": " + key + ": " + message);
+}
+
+std::string in_quotes(std::string_view s) { return "\"" + std::string(s) + "\""; }
+
+// "an integer (70000)", "a string (\"fp9\")": what the file actually holds.
+std::string describe(const toml::node& n) {
+  std::ostringstream out;
+  if (auto v = n.as_string()) return "a string (" + in_quotes(v->get()) + ")";
+  if (auto v = n.as_integer()) return "an integer (" + std::to_string(v->get()) + ")";
+  if (auto v = n.as_floating_point()) {
+    out << "a float (" << v->get() << ")";
+    return out.str();
+  }
+  if (auto v = n.as_boolean()) return std::string("a boolean (") + (v->get() ? "true" : "false") + ")";
+  if (n.is_array()) return "an array";
+  if (n.is_table()) return "a table";
+  return "a date or time";
+}
+
+size_t edit_distance(std::string_view a, std::string_view b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diagonal = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const size_t above = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diagonal = above;
+    }
+  }
+  return row[b.size()];
+}
+
+std::string join(const std::vector<std::string_view>& names) {
+  std::string out;
+  for (size_t i = 0; i < names.size(); ++i) out += (i ? ", " : "") + std::string(names[i]);
+  return out;
+}
+
+// "did you mean page_size?" for a key within a few edits of a valid one;
+// otherwise the whole list of valid keys.
+std::string unknown_key_message(std::string_view key, const std::vector<std::string_view>& valid) {
+  std::string_view best;
+  size_t best_distance = std::numeric_limits<size_t>::max();
+  for (std::string_view v : valid) {
+    const size_t d = edit_distance(key, v);
+    if (d < best_distance) best_distance = d, best = v;
+  }
+  const size_t tolerance = std::max<size_t>(2, key.size() / 3);
+  if (!best.empty() && best_distance <= tolerance)
+    return "unknown key; did you mean " + std::string(best) + "?";
+  return "unknown key; expected one of " + join(valid);
+}
+
+// ------------------------------------------------------------------ parsing
+
+constexpr int64_t kMaxInt32 = std::numeric_limits<int32_t>::max();
+
+// One TOML table with a fixed set of keys. Construction rejects unknown keys;
+// each read checks the type and records where the key was set.
+class Section {
+ public:
+  Section(Scenario& s, const toml::table& table, std::string prefix, std::vector<std::string_view> keys)
+      : s_(s), table_(table), prefix_(std::move(prefix)), keys_(std::move(keys)) {
+    for (const auto& [key, node] : table_) {
+      (void)node;
+      if (std::find(keys_.begin(), keys_.end(), key.str()) == keys_.end())
+        reject_at(location_of(s_.path, key.source()), prefix_ + std::string(key.str()),
+                  unknown_key_message(key.str(), keys_));
+    }
+  }
+
+  bool has(std::string_view key) const { return table_.contains(key); }
+  SourceLocation where() const { return location_of(s_.path, table_.source()); }
+
+  void read(std::string_view key, bool& out) {
+    if (const toml::node* n = find(key)) {
+      if (!n->is_boolean()) wrong_type(key, *n, "a boolean (true or false)");
+      out = n->as_boolean()->get();
+    }
+  }
+  void read(std::string_view key, int32_t& out) {
+    if (const toml::node* n = find(key)) out = static_cast<int32_t>(integer(key, *n, -kMaxInt32 - 1, kMaxInt32));
+  }
+  void read(std::string_view key, int64_t& out) {
+    if (const toml::node* n = find(key)) out = integer(key, *n, std::numeric_limits<int64_t>::min(),
+                                                       std::numeric_limits<int64_t>::max());
+  }
+  void read(std::string_view key, std::optional<int64_t>& out) {
+    if (const toml::node* n = find(key)) out = integer(key, *n, std::numeric_limits<int64_t>::min(),
+                                                       std::numeric_limits<int64_t>::max());
+  }
+  void read(std::string_view key, uint64_t& out) {
+    if (const toml::node* n = find(key))
+      out = static_cast<uint64_t>(integer(key, *n, 0, std::numeric_limits<int64_t>::max()));
+  }
+  void read(std::string_view key, double& out) {
+    if (const toml::node* n = find(key)) {
+      if (n->is_integer()) out = static_cast<double>(n->as_integer()->get());
+      else if (n->is_floating_point()) out = n->as_floating_point()->get();
+      else wrong_type(key, *n, "a number");
+    }
+  }
+  void read(std::string_view key, float& out) {
+    double d = out;
+    read(key, d);
+    if (has(key)) {
+      if (std::isfinite(d) && std::fabs(d) > std::numeric_limits<float>::max())
+        wrong_type(key, *table_.get(key), "a number in float range");
+      out = static_cast<float>(d);
+    }
+  }
+  void read(std::string_view key, std::string& out) {
+    if (const toml::node* n = find(key)) {
+      if (!n->is_string()) wrong_type(key, *n, "a string");
+      out = n->as_string()->get();
+    }
+  }
+  // A name from a closed vocabulary: `parse` maps it, `names` lists the valid ones.
+  template <class E>
+  void read_name(std::string_view key, E& out, const std::function<std::optional<E>(std::string_view)>& parse,
+                 const std::vector<std::string_view>& names) {
+    if (const toml::node* n = find(key)) {
+      const std::string expected = "one of " + join(names);
+      if (!n->is_string()) wrong_type(key, *n, expected);
+      const std::optional<E> e = parse(n->as_string()->get());
+      if (!e) wrong_type(key, *n, expected);
+      out = *e;
+    }
+  }
+  void read(std::string_view key, std::vector<int32_t>& out) {
+    const toml::node* n = find(key);
+    if (!n) return;
+    const toml::array* a = n->as_array();
+    if (!a) wrong_type(key, *n, "an array of token ids (integers in 0..2147483647)");
+    out.clear();
+    for (size_t i = 0; i < a->size(); ++i) {
+      const toml::node& e = *a->get(i);
+      const std::string element_key = std::string(key) + "[" + std::to_string(i) + "]";
+      out.push_back(static_cast<int32_t>(integer(element_key, e, 0, kMaxInt32, "a token id")));
+    }
+  }
+  void read(std::string_view key, std::vector<std::string>& out) {
+    const toml::node* n = find(key);
+    if (!n) return;
+    const toml::array* a = n->as_array();
+    if (!a) wrong_type(key, *n, "an array of strings");
+    out.clear();
+    for (size_t i = 0; i < a->size(); ++i) {
+      const toml::node& e = *a->get(i);
+      if (!e.is_string()) wrong_type(std::string(key) + "[" + std::to_string(i) + "]", e, "a string");
+      out.push_back(e.as_string()->get());
+    }
+  }
+  // An array of names from a closed vocabulary (faults, invariants).
+  template <class E>
+  void read_names(std::string_view key, std::vector<E>& out, const std::function<std::optional<E>(std::string_view)>& parse,
+                  const std::vector<std::string_view>& names) {
+    const toml::node* n = find(key);
+    if (!n) return;
+    const toml::array* a = n->as_array();
+    const std::string expected = "one of " + join(names);
+    if (!a) wrong_type(key, *n, "an array of names, each " + expected);
+    out.clear();
+    for (size_t i = 0; i < a->size(); ++i) {
+      const toml::node& e = *a->get(i);
+      const std::string element_key = std::string(key) + "[" + std::to_string(i) + "]";
+      if (!e.is_string()) wrong_type(element_key, e, expected);
+      const std::optional<E> v = parse(e.as_string()->get());
+      if (!v) wrong_type(element_key, e, expected);
+      out.push_back(*v);
+    }
+  }
+
+ private:
+  const toml::node* find(std::string_view key) {
+    const toml::node* n = table_.get(key);
+    if (n) s_.key_locations[prefix_ + std::string(key)] = location_of(s_.path, n->source());
+    return n;
+  }
+  [[noreturn]] void wrong_type(std::string_view key, const toml::node& n, const std::string& expected) {
+    reject_at(location_of(s_.path, n.source()), prefix_ + std::string(key), "expected " + expected + ", got " + describe(n));
+  }
+  int64_t integer(std::string_view key, const toml::node& n, int64_t lo, int64_t hi,
+                  const std::string& what = "an integer") {
+    const std::string range = " in " + std::to_string(lo) + ".." + std::to_string(hi);
+    if (!n.is_integer()) wrong_type(key, n, what + range);
+    const int64_t v = n.as_integer()->get();
+    if (v < lo || v > hi) wrong_type(key, n, what + range);
+    return v;
+  }
+
+  Scenario& s_;
+  const toml::table& table_;
+  std::string prefix_;
+  std::vector<std::string_view> keys_;
+};
+
+std::vector<std::string_view> dtype_names() {
+  std::vector<std::string_view> names;
+  for (CacheDtype t : kAllCacheDtypes) names.push_back(dtype_name(t));
+  return names;
+}
+
+std::optional<RopeStyle> parse_rope_style(std::string_view s) {
+  if (s == "none") return RopeStyle::none;
+  if (s == "neox") return RopeStyle::neox;
+  if (s == "gptj") return RopeStyle::gptj;
+  return std::nullopt;
+}
+
+const std::vector<std::string_view> kFaultNames = {"past_len_zero",          "window_mismatch",   "k_scale_for_v",
+                                                   "reused_block_mismatch", "v_tail_not_zeroed", "stale_bad_page"};
+const std::vector<std::string_view> kInvariantNames = {"conservation", "chunking",     "reuse",  "window",  "layout",
+                                                       "dense",        "quantization", "no_nan", "offload", "batch"};
+
+}  // namespace
+
+std::vector<int32_t> generated_tokens(uint64_t seed, int64_t count) {
+  std::vector<int32_t> tokens;
+  tokens.reserve(static_cast<size_t>(count));
+  uint64_t state = seed;
+  for (int64_t i = 0; i < count; ++i) {
+    uint64_t z = (state += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    z ^= z >> 31;
+    tokens.push_back(static_cast<int32_t>(z % kGeneratedVocabulary));
+  }
+  return tokens;
+}
+
+namespace {
+
+// The leading comment block, "# " stripped: what the scenario teaches.
+std::string header_comment(std::string_view text) {
+  std::string out;
+  size_t pos = 0;
+  while (pos < text.size()) {
+    size_t end = text.find('\n', pos);
+    if (end == std::string_view::npos) end = text.size();
+    std::string_view line = text.substr(pos, end - pos);
+    if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
+    if (line.empty() || line[0] != '#') break;
+    line.remove_prefix(1);
+    if (!line.empty() && line[0] == ' ') line.remove_prefix(1);
+    out += std::string(line) + "\n";
+    pos = end + 1;
+  }
+  while (!out.empty() && out.back() == '\n') out.pop_back();
+  return out;
+}
+
+const toml::table& section_table(const Scenario& s, const toml::node& n, std::string_view name) {
+  if (!n.is_table())
+    reject_at(location_of(s.path, n.source()), std::string(name),
+              "expected a table ([" + std::string(name) + "]), got " + describe(n));
+  return *n.as_table();
+}
+
+const toml::array& table_array(const Scenario& s, const toml::node& n, std::string_view name) {
+  const toml::array* a = n.as_array();
+  if (!a || !a->is_array_of_tables())
+    reject_at(location_of(s.path, n.source()), std::string(name),
+              "expected an array of tables ([[" + std::string(name) + "]]), got " + describe(n));
+  return *a;
+}
+
+void parse_model(Scenario& s, const toml::table& t) {
+  Section sec(s, t, "model.",
+              {"layers", "q_heads", "kv_heads", "head_dim", "seed", "value_scale", "outlier_rate", "outlier_scale",
+               "input_dtype", "rope", "rotary_dim", "rope_theta"});
+  ModelSpec& m = s.model;
+  sec.read("layers", m.layers);
+  sec.read("q_heads", m.q_heads);
+  sec.read("kv_heads", m.kv_heads);
+  sec.read("head_dim", m.head_dim);
+  sec.read("seed", m.seed);
+  sec.read("value_scale", m.value_scale);
+  sec.read("outlier_rate", m.outlier_rate);
+  sec.read("outlier_scale", m.outlier_scale);
+  sec.read_name<CacheDtype>("input_dtype", m.input_dtype, parse_dtype, {"fp32", "fp16", "bf16"});
+  sec.read_name<RopeStyle>("rope", m.rope, parse_rope_style, {"none", "neox", "gptj"});
+  sec.read("rotary_dim", m.rotary_dim);
+  sec.read("rope_theta", m.rope_theta);
+}
+
+void parse_mla(Scenario& s, const toml::table& t) {
+  Section sec(s, t, "mla.", {"enabled", "d_ckv", "d_kpe"});
+  sec.read("enabled", s.mla.enabled);
+  sec.read("d_ckv", s.mla.d_ckv);
+  sec.read("d_kpe", s.mla.d_kpe);
+}
+
+void parse_cache(Scenario& s, const toml::table& t) {
+  Section sec(s, t, "cache.",
+              {"dtype", "layout", "placement", "page_size", "primary_blocks", "secondary_blocks", "shared_kv_allocation",
+               "write_path", "k_scale", "v_scale", "k_global_scale", "v_global_scale", "zero_v_tail", "poison_nan"});
+  CacheSpec& c = s.cache;
+  sec.read_name<CacheDtype>("dtype", c.dtype, parse_dtype, dtype_names());
+  sec.read_name<BlockLayout>("layout", c.layout, parse_layout, {"nhd", "hnd", "split-x"});
+  sec.read_name<LayerPlacement>("placement", c.placement, parse_placement, {"in_block", "per_layer"});
+  sec.read("page_size", c.page_size);
+  sec.read("primary_blocks", c.primary_blocks);
+  sec.read("secondary_blocks", c.secondary_blocks);
+  sec.read("shared_kv_allocation", c.shared_kv_allocation);
+  sec.read_name<WritePath>("write_path", c.write_path, parse_write_path,
+                           {"qkv_preprocess", "append_paged", "reshape_and_cache", "append_mla"});
+  sec.read("k_scale", c.k_scale);
+  sec.read("v_scale", c.v_scale);
+  sec.read("k_global_scale", c.k_global_scale);
+  sec.read("v_global_scale", c.v_global_scale);
+  sec.read("zero_v_tail", c.zero_v_tail);
+  sec.read("poison_nan", c.poison_nan);
+}
+
+void parse_window(Scenario& s, const toml::table& t) {
+  Section sec(s, t, "window.", {"mode", "window", "sinks", "one_more_block"});
+  sec.read_name<WindowMode>("mode", s.window.mode, parse_window_mode, {"none", "cyclic", "release"});
+  sec.read("window", s.window.window);
+  sec.read("sinks", s.window.sinks);
+  sec.read("one_more_block", s.window.one_more_block);
+}
+
+void parse_reuse(Scenario& s, const toml::table& t) {
+  Section sec(s, t, "reuse.", {"enabled", "partial", "offload"});
+  sec.read("enabled", s.reuse.enabled);
+  sec.read("partial", s.reuse.partial);
+  sec.read("offload", s.reuse.offload);
+}
+
+void parse_scheduler(Scenario& s, const toml::table& t) {
+  Section sec(s, t, "scheduler.", {"token_budget", "chunk_size", "max_batch", "max_steps"});
+  sec.read("token_budget", s.scheduler.token_budget);
+  sec.read("chunk_size", s.scheduler.chunk_size);
+  sec.read("max_batch", s.scheduler.max_batch);
+  sec.read("max_steps", s.scheduler.max_steps);
+}
+
+void parse_indexer(Scenario& s, const toml::table& t) {
+  Section sec(s, t, "indexer.", {"k_scatter"});
+  sec.read("k_scatter", s.indexer_k_scatter);
+}
+
+void parse_prefix(Scenario& s, const toml::table& t, size_t index) {
+  const std::string prefix = "prefix[" + std::to_string(index) + "].";
+  Section sec(s, t, prefix, {"name", "tokens", "length", "seed"});
+  PrefixSpec p;
+  p.where = sec.where();
+  if (!sec.has("name")) reject_at(p.where, prefix + "name", "expected a string (every [[prefix]] is named), got nothing");
+  sec.read("name", p.name);
+  const bool explicit_tokens = sec.has("tokens");
+  if (explicit_tokens == sec.has("length"))
+    reject_at(p.where, prefix + "tokens",
+              "expected either tokens (explicit ids) or length (generated ids), got " +
+                  std::string(explicit_tokens ? "both" : "neither"));
+  if (explicit_tokens) {
+    sec.read("tokens", p.tokens);
+    if (sec.has("seed"))
+      reject_at(s.key_locations[prefix + "tokens"], prefix + "seed",
+                "expected no seed with explicit tokens (seed only seeds length = N generated tokens)");
+  } else {
+    int32_t length = 0;
+    uint64_t seed = 0;
+    sec.read("length", length);
+    sec.read("seed", seed);
+    if (length < 1 || length > (1 << 20))
+      reject_at(s.key_locations[prefix + "length"], prefix + "length",
+                "expected an integer in 1..1048576, got " + std::to_string(length));
+    // seed 0 = derived from the name, so two unseeded prefixes differ.
+    if (seed == 0) seed = std::hash<std::string>{}(p.name) | 1;
+    p.tokens = generated_tokens(seed, length);
+  }
+  s.prefixes.push_back(std::move(p));
+}
+
+void parse_request(Scenario& s, const toml::table& t, size_t index) {
+  const std::string prefix = "request[" + std::to_string(index) + "].";
+  Section sec(s, t, prefix, {"id", "arrival_step", "prefixes", "tokens", "generated", "seed", "decode_tokens"});
+  RequestSpec r;
+  r.where = sec.where();
+  r.id = "r" + std::to_string(index);
+  sec.read("id", r.id);
+  sec.read("arrival_step", r.arrival_step);
+  sec.read("prefixes", r.prefixes);
+  sec.read("tokens", r.tokens);
+  sec.read("generated", r.generated);
+  sec.read("seed", r.seed);
+  sec.read("decode_tokens", r.decode_tokens);
+  s.requests.push_back(std::move(r));
+}
+
+void parse_faults(Scenario& s, const toml::table& t) {
+  Section sec(s, t, "faults.", kFaultNames);
+  for (std::string_view name : kFaultNames) {
+    bool on = false;
+    sec.read(name, on);
+    if (on) s.faults.push_back(*parse_fault(name));
+  }
+}
+
+void parse_expect(Scenario& s, const toml::table& t) {
+  Section sec(s, t, "expect.",
+              {"reuse_hit_tokens", "evicted_blocks", "offloaded_blocks", "onboarded_blocks", "preemptions", "must_pass",
+               "must_catch"});
+  Expectations& e = s.expect;
+  sec.read("reuse_hit_tokens", e.reuse_hit_tokens);
+  sec.read("evicted_blocks", e.evicted_blocks);
+  sec.read("offloaded_blocks", e.offloaded_blocks);
+  sec.read("onboarded_blocks", e.onboarded_blocks);
+  sec.read("preemptions", e.preemptions);
+  sec.read_names<Invariant>("must_pass", e.must_pass, parse_invariant, kInvariantNames);
+  sec.read_names<Fault>("must_catch", e.must_catch, parse_fault, kFaultNames);
+}
+
+const std::vector<std::string_view> kTopLevelKeys = {"model",     "mla",     "cache",  "window", "reuse", "scheduler",
+                                                     "indexer",   "prefix",  "request", "faults", "expect"};
+
+// ------------------------------------------------------------------ checks
+
+// Places semantic-check messages: at the key when the file set it, else at
+// its section, else at the file's start (the default was taken).
+class Checker {
+ public:
+  explicit Checker(const Scenario& s) : s_(s) {}
+
+  [[noreturn]] void reject(const std::string& key, const std::string& message) const {
+    reject_at(where(key), key, message);
+  }
+  void require(bool ok, const std::string& key, const std::string& message) const {
+    if (!ok) reject(key, message);
+  }
+  SourceLocation where(const std::string& key) const {
+    for (std::string k = key;;) {
+      auto it = s_.key_locations.find(k);
+      if (it != s_.key_locations.end()) return it->second;
+      const size_t dot = k.rfind('.');
+      if (dot == std::string::npos) break;
+      k.resize(dot);
+    }
+    if (s_.path.empty()) return SourceLocation{s_.name.empty() ? "<scenario>" : s_.name, 0, 0};
+    return SourceLocation{s_.path, 1, 1};
+  }
+  // Core's own rejection (validate_geometry, validate_window, ...) reworded
+  // as a scenario error at `key`.
+  void core_check(const std::string& key, const std::function<void()>& check) const {
+    try {
+      check();
+    } catch (const ValidationError& e) {
+      reject(key, std::string("rejected by core: ") + e.what());
+    }
+  }
+
+ private:
+  const Scenario& s_;
+};
+
+std::string str(double x) {
+  std::ostringstream out;
+  out << x;
+  return out.str();
+}
+
+bool finite_positive(double x) { return std::isfinite(x) && x > 0; }
+
+void check_model(const Scenario& s, const Checker& c) {
+  const ModelSpec& m = s.model;
+  c.require(m.layers >= 1 && m.layers <= 1024, "model.layers", "expected 1..1024, got " + std::to_string(m.layers));
+  c.require(m.kv_heads >= 1, "model.kv_heads", "expected >= 1, got " + std::to_string(m.kv_heads));
+  c.require(m.q_heads >= 1 && m.q_heads % m.kv_heads == 0, "model.q_heads",
+            "expected a positive multiple of kv_heads = " + std::to_string(m.kv_heads) + " (GQA group), got " +
+                std::to_string(m.q_heads));
+  c.require(m.head_dim >= 1 && m.head_dim <= 4096, "model.head_dim",
+            "expected 1..4096, got " + std::to_string(m.head_dim));
+  c.require(finite_positive(m.value_scale), "model.value_scale", "expected a finite number > 0, got " + str(m.value_scale));
+  c.require(m.outlier_rate >= 0.0f && m.outlier_rate <= 1.0f, "model.outlier_rate",
+            "expected a share in 0..1, got " + str(m.outlier_rate));
+  c.require(finite_positive(m.outlier_scale), "model.outlier_scale",
+            "expected a finite number > 0, got " + str(m.outlier_scale));
+  c.require(is_float_input(m.input_dtype), "model.input_dtype",
+            "expected one of fp32, fp16, bf16 (engines feed K/V in a float dtype), got " +
+                std::string(dtype_name(m.input_dtype)));
+  if (m.rope != RopeStyle::none) {
+    const int32_t rotary = m.rotary_dim == 0 ? m.head_dim : m.rotary_dim;
+    c.require(rotary > 0 && rotary % 2 == 0 && rotary <= m.head_dim, "model.rotary_dim",
+              "expected an even number in 2..head_dim = " + std::to_string(m.head_dim) + " (0 = head_dim), got " +
+                  std::to_string(rotary));
+    c.require(std::isfinite(m.rope_theta) && m.rope_theta > 1.0, "model.rope_theta",
+              "expected a finite number > 1, got " + str(m.rope_theta));
+  }
+}
+
+void check_mla(const Scenario& s, const Checker& c) {
+  const MlaSpec& mla = s.mla;
+  if (!mla.enabled) {
+    c.require(s.cache.write_path != WritePath::append_mla, "cache.write_path",
+              "expected qkv_preprocess, append_paged or reshape_and_cache: append_mla writes an MLA latent pool "
+              "(set mla.enabled = true)");
+    return;
+  }
+  c.require(mla.d_ckv >= 1, "mla.d_ckv", "expected >= 1, got " + std::to_string(mla.d_ckv));
+  c.require(mla.d_kpe >= 0, "mla.d_kpe", "expected >= 0, got " + std::to_string(mla.d_kpe));
+  c.require(s.model.head_dim == mla.d_ckv + mla.d_kpe, "model.head_dim",
+            "expected d_ckv + d_kpe = " + std::to_string(mla.d_ckv + mla.d_kpe) +
+                " with MLA (one latent row [ckv | kpe] per token), got " + std::to_string(s.model.head_dim));
+  c.require(s.cache.write_path == WritePath::append_mla, "cache.write_path",
+            "expected append_mla with MLA (the latent pool has no separate K and V), got " +
+                std::string(write_path_name(s.cache.write_path)));
+  c.require(!s.cache.shared_kv_allocation, "cache.shared_kv_allocation",
+            "expected false with MLA (a latent pool has no K/V pair to share an allocation)");
+}
+
+void check_cache(const Scenario& s, const Checker& c) {
+  const CacheSpec& k = s.cache;
+  c.require(k.page_size >= 1 && k.page_size <= kMaxTokensPerBlock, "cache.page_size",
+            "expected 1..1024 tokens per block, got " + std::to_string(k.page_size));
+  c.require(k.primary_blocks >= 1, "cache.primary_blocks", "expected >= 1, got " + std::to_string(k.primary_blocks));
+  c.require(k.secondary_blocks >= 0, "cache.secondary_blocks",
+            "expected >= 0, got " + std::to_string(k.secondary_blocks));
+  // The replay allocates real pools; keep a scenario inside a laptop's memory.
+  const PoolGeometry g = pool_geometry(s);
+  c.core_check("cache", [&] { validate_geometry(g); });
+  const long double bytes = static_cast<long double>(g.pool_bytes(PoolKind::primary)) + g.pool_bytes(PoolKind::secondary);
+  c.require(bytes <= (1ull << 32), "cache.primary_blocks",
+            "expected pools of at most 4 GiB in all, got " + std::to_string(static_cast<double>(bytes)) + " bytes");
+  if (is_float_input(k.dtype))
+    c.require(k.dtype == s.model.input_dtype, "cache.dtype",
+              "expected model.input_dtype = " + std::string(dtype_name(s.model.input_dtype)) +
+                  " (a fp32/fp16/bf16 cache takes the input dtype unconverted), got " + std::string(dtype_name(k.dtype)));
+  for (const auto& [key, value] : {std::pair{"cache.k_scale", k.k_scale}, std::pair{"cache.v_scale", k.v_scale}})
+    c.require(finite_positive(value), key, "expected a finite number > 0, got " + str(value));
+  if (k.dtype == CacheDtype::nvfp4) {
+    c.core_check("cache.k_global_scale", [&] { validate_global_scale(k.k_global_scale, "k_global_scale"); });
+    c.core_check("cache.v_global_scale", [&] { validate_global_scale(k.v_global_scale, "v_global_scale"); });
+    c.require(k.write_path != WritePath::reshape_and_cache, "cache.write_path",
+              "expected qkv_preprocess or append_paged for an nvfp4 cache (vLLM's reshape_and_cache does not write "
+              "nvfp4), got reshape_and_cache");
+  }
+  if (k.shared_kv_allocation)
+    c.require(k.placement == LayerPlacement::per_layer && k.layout == BlockLayout::nhd, "cache.shared_kv_allocation",
+              "expected placement = per_layer and layout = nhd (FlashInfer's one [pages, 2, P, H, D] allocation per "
+              "layer), got " + std::string(placement_name(k.placement)) + " and " + std::string(layout_name(k.layout)));
+}
+
+void check_window(const Scenario& s, const Checker& c) {
+  const WindowSpec& w = s.window;
+  if (w.mode == WindowMode::none) {
+    c.require(w.window == 0, "window.window",
+              "expected 0 with mode = none (set mode = cyclic or release for a window), got " + std::to_string(w.window));
+    c.require(w.sinks == 0, "window.sinks", "expected 0 with mode = none, got " + std::to_string(w.sinks));
+    c.require(!w.one_more_block, "window.one_more_block", "expected false with mode = none");
+    return;
+  }
+  c.require(w.window >= 1, "window.window",
+            "expected >= 1 tokens with mode = " + std::string(window_mode_name(w.mode)) + ", got " +
+                std::to_string(w.window));
+  c.core_check("window.sinks", [&] {
+    validate_window(WindowMapping::make(w.window, w.sinks, s.cache.page_size, w.one_more_block));
+  });
+  if (w.mode == WindowMode::release) {
+    c.require(w.sinks == 0, "window.sinks",
+              "expected 0 with mode = release (vLLM frees every block that leaves the window; sinks are "
+              "TensorRT-LLM's cyclic mode), got " + std::to_string(w.sinks));
+    c.require(!w.one_more_block, "window.one_more_block",
+              "expected false with mode = release (one more block is TensorRT-LLM's cyclic ring)");
+  }
+  if (w.mode == WindowMode::cyclic)
+    c.require(!s.reuse.enabled, "reuse.enabled",
+              "expected false with a cyclic window (TensorRT-LLM disables block reuse there: ring blocks are "
+              "overwritten, so a cached block would not hold its tokens)");
+}
+
+void check_reuse_and_scheduler(const Scenario& s, const Checker& c) {
+  const ReuseSpec& r = s.reuse;
+  if (r.partial) c.require(r.enabled, "reuse.partial", "expected reuse.enabled = true for partial-block reuse");
+  if (r.offload) {
+    c.require(r.enabled, "reuse.offload", "expected reuse.enabled = true (only cached blocks are offloaded)");
+    c.require(s.cache.secondary_blocks >= 1, "reuse.offload",
+              "expected cache.secondary_blocks >= 1 to offload into, got " + std::to_string(s.cache.secondary_blocks));
+  }
+  const SchedulerSpec& q = s.scheduler;
+  c.require(q.token_budget >= 1, "scheduler.token_budget", "expected >= 1, got " + std::to_string(q.token_budget));
+  c.require(q.chunk_size >= 0, "scheduler.chunk_size",
+            "expected >= 0 (0 = whole prompt), got " + std::to_string(q.chunk_size));
+  c.require(q.max_batch >= 1, "scheduler.max_batch", "expected >= 1, got " + std::to_string(q.max_batch));
+  c.require(q.max_steps >= 1, "scheduler.max_steps", "expected >= 1, got " + std::to_string(q.max_steps));
+}
+
+// Blocks a request needs at once, at least: its whole cache length, or for a
+// release window the blocks the window spans. A lower bound, so a scenario
+// that passes may still preempt; one that fails can never run.
+int64_t blocks_needed(const Scenario& s, int64_t total_tokens) {
+  const int64_t P = s.cache.page_size;
+  int64_t slots = total_tokens;
+  if (s.window.mode == WindowMode::cyclic)
+    slots = WindowMapping::make(s.window.window, s.window.sinks, s.cache.page_size, s.window.one_more_block)
+                .cache_length(total_tokens);
+  else if (s.window.mode == WindowMode::release)
+    slots = std::min<int64_t>(total_tokens, s.window.window);
+  return (slots + P - 1) / P;
+}
+
+void check_prompts(const Scenario& s, const Checker& c) {
+  std::map<std::string, const PrefixSpec*> prefixes;
+  for (size_t i = 0; i < s.prefixes.size(); ++i) {
+    const PrefixSpec& p = s.prefixes[i];
+    const std::string key = "prefix[" + std::to_string(i) + "]";
+    c.require(!p.name.empty(), key + ".name", "expected a non-empty name");
+    c.require(prefixes.emplace(p.name, &p).second, key + ".name",
+              "expected a unique name, got " + in_quotes(p.name) + " twice");
+    c.require(!p.tokens.empty(), key + ".tokens", "expected at least one token");
+    for (int32_t t : p.tokens) c.require(t >= 0, key + ".tokens", "expected token ids >= 0, got " + std::to_string(t));
+  }
+  c.require(!s.requests.empty(), "request", "expected at least one [[request]], got none");
+  std::set<std::string> ids;
+  for (size_t i = 0; i < s.requests.size(); ++i) {
+    const RequestSpec& r = s.requests[i];
+    const std::string key = "request[" + std::to_string(i) + "]";
+    c.require(!r.id.empty(), key + ".id", "expected a non-empty id");
+    c.require(ids.insert(r.id).second, key + ".id", "expected a unique id, got " + in_quotes(r.id) + " twice");
+    c.require(r.arrival_step >= 0 && r.arrival_step < s.scheduler.max_steps, key + ".arrival_step",
+              "expected 0..scheduler.max_steps - 1 = " + std::to_string(s.scheduler.max_steps - 1) + ", got " +
+                  std::to_string(r.arrival_step));
+    int64_t prompt = 0;
+    for (size_t j = 0; j < r.prefixes.size(); ++j) {
+      auto it = prefixes.find(r.prefixes[j]);
+      if (it == prefixes.end()) {
+        std::vector<std::string_view> names;
+        for (const auto& [name, p] : prefixes) names.push_back(name);
+        c.reject(key + ".prefixes", "expected the name of a [[prefix]] (" +
+                                        (names.empty() ? std::string("none defined") : join(names)) + "), got " +
+                                        in_quotes(r.prefixes[j]));
+      }
+      prompt += static_cast<int64_t>(it->second->tokens.size());
+    }
+    c.require(r.tokens.empty() || r.generated == 0, key + ".generated",
+              "expected either tokens (explicit ids) or generated (a count), got both");
+    c.require(r.generated >= 0, key + ".generated", "expected >= 0, got " + std::to_string(r.generated));
+    for (int32_t t : r.tokens) c.require(t >= 0, key + ".tokens", "expected token ids >= 0, got " + std::to_string(t));
+    prompt += static_cast<int64_t>(r.tokens.size()) + r.generated;
+    c.require(prompt >= 1, key, "expected a prompt of at least one token (prefixes, tokens or generated), got none");
+    c.require(r.decode_tokens >= 0, key + ".decode_tokens", "expected >= 0, got " + std::to_string(r.decode_tokens));
+    const int64_t total = prompt + r.decode_tokens;
+    c.require(total <= (1 << 20), key, "expected at most 1048576 tokens in all, got " + std::to_string(total));
+    const int64_t needed = blocks_needed(s, total);
+    c.require(needed <= s.cache.primary_blocks, key,
+              "expected to fit the primary pool: " + std::to_string(total) + " tokens need " + std::to_string(needed) +
+                  " blocks of " + std::to_string(s.cache.page_size) + " tokens, got cache.primary_blocks = " +
+                  std::to_string(s.cache.primary_blocks));
+  }
+}
+
+// A fault can only show where its failure can happen; switching one on where
+// it cannot would make "caught" meaningless.
+void check_faults(const Scenario& s, const Checker& c) {
+  auto on = [&](Fault f) { return std::find(s.faults.begin(), s.faults.end(), f) != s.faults.end(); };
+  auto key = [](Fault f) { return "faults." + std::string(fault_name(f)); };
+  if (on(Fault::past_len_zero))
+    c.require(s.scheduler.chunk_size > 0, key(Fault::past_len_zero),
+              "expected scheduler.chunk_size > 0 (past_seq_len matters only from the second chunk on)");
+  if (on(Fault::window_mismatch))
+    c.require(s.window.mode == WindowMode::cyclic, key(Fault::window_mismatch),
+              "expected window.mode = cyclic (the reader and writer disagree on the cyclic mapping)");
+  if (on(Fault::k_scale_for_v)) {
+    c.require(is_quantized(s.cache.dtype), key(Fault::k_scale_for_v),
+              "expected a quantized cache.dtype (fp8_e4m3, fp8_e5m2, int8, nvfp4), got " +
+                  std::string(dtype_name(s.cache.dtype)));
+    const bool differ = s.cache.dtype == CacheDtype::nvfp4 ? s.cache.k_global_scale != s.cache.v_global_scale
+                                                           : s.cache.k_scale != s.cache.v_scale;
+    c.require(differ, key(Fault::k_scale_for_v),
+              "expected different K and V scales (with equal scales the swap changes nothing)");
+  }
+  if (on(Fault::reused_block_mismatch))
+    c.require(s.reuse.enabled, key(Fault::reused_block_mismatch), "expected reuse.enabled = true");
+  if (on(Fault::v_tail_not_zeroed)) {
+    c.require(s.cache.write_path == WritePath::qkv_preprocess, key(Fault::v_tail_not_zeroed),
+              "expected cache.write_path = qkv_preprocess (it zeroes the V tail), got " +
+                  std::string(write_path_name(s.cache.write_path)));
+    c.require(s.cache.poison_nan, key(Fault::v_tail_not_zeroed),
+              "expected cache.poison_nan = true (a tail that is not zeroed only shows when the pool holds NaN)");
+  }
+  for (size_t i = 0; i < s.expect.must_catch.size(); ++i) {
+    const Fault f = s.expect.must_catch[i];
+    c.require(on(f), "expect.must_catch",
+              "expected faults that are switched on, got " + std::string(fault_name(f)) + " (set faults." +
+                  std::string(fault_name(f)) + " = true)");
+  }
+  for (const Fault f : s.faults)
+    for (const Invariant i : s.expect.must_pass)
+      c.require(i != invariant_for(f), "expect.must_pass",
+                "expected invariants that can pass, got " + std::string(invariant_name(i)) + ", which fault " +
+                    std::string(fault_name(f)) + " breaks (list the fault in expect.must_catch)");
+}
+
+void check_expectations(const Scenario& s, const Checker& c) {
+  const Expectations& e = s.expect;
+  const std::pair<const char*, const std::optional<int64_t>*> counts[] = {
+      {"expect.reuse_hit_tokens", &e.reuse_hit_tokens}, {"expect.evicted_blocks", &e.evicted_blocks},
+      {"expect.offloaded_blocks", &e.offloaded_blocks}, {"expect.onboarded_blocks", &e.onboarded_blocks},
+      {"expect.preemptions", &e.preemptions}};
+  for (const auto& [key, value] : counts)
+    if (*value) c.require(**value >= 0, key, "expected a count >= 0, got " + std::to_string(**value));
+  if (e.reuse_hit_tokens.value_or(0) > 0)
+    c.require(s.reuse.enabled, "expect.reuse_hit_tokens", "expected 0 or reuse.enabled = true (no reuse, no hits)");
+  if (e.offloaded_blocks.value_or(0) > 0 || e.onboarded_blocks.value_or(0) > 0)
+    c.require(s.reuse.offload, e.offloaded_blocks.value_or(0) > 0 ? "expect.offloaded_blocks" : "expect.onboarded_blocks",
+              "expected 0 or reuse.offload = true");
+}
+
+}  // namespace
+
+void check_scenario(const Scenario& s) {
+  const Checker c(s);
+  check_model(s, c);
+  check_mla(s, c);
+  check_cache(s, c);
+  check_window(s, c);
+  check_reuse_and_scheduler(s, c);
+  check_prompts(s, c);
+  check_faults(s, c);
+  check_expectations(s, c);
+}
+
+Scenario parse_scenario(std::string_view toml_text, const std::string& source_name) {
+  Scenario s;
+  s.path = source_name;
+  s.name = fs::path(source_name).stem().string();
+  s.description = header_comment(toml_text);
+  toml::table root;
+  try {
+    root = toml::parse(toml_text, source_name);
+  } catch (const toml::parse_error& e) {
+    reject_at(location_of(source_name, e.source()), "toml", "expected valid TOML: " + std::string(e.description()));
+  }
+  for (const auto& [key, node] : root)
+    if (std::find(kTopLevelKeys.begin(), kTopLevelKeys.end(), key.str()) == kTopLevelKeys.end())
+      reject_at(location_of(source_name, key.source()), std::string(key.str()),
+                unknown_key_message(key.str(), kTopLevelKeys));
+
+  // [mla] before [model] so an omitted model.head_dim can follow d_ckv + d_kpe.
+  if (const toml::node* n = root.get("mla")) parse_mla(s, section_table(s, *n, "mla"));
+  if (s.mla.enabled) {
+    s.model.head_dim = s.mla.d_ckv + s.mla.d_kpe;
+    s.model.kv_heads = 1;
+    s.model.q_heads = 1;
+    s.model.rope = RopeStyle::none;
+    s.cache.write_path = WritePath::append_mla;
+  }
+  using Parser = void (*)(Scenario&, const toml::table&);
+  const std::pair<std::string_view, Parser> sections[] = {
+      {"model", parse_model},   {"cache", parse_cache},         {"window", parse_window}, {"reuse", parse_reuse},
+      {"scheduler", parse_scheduler}, {"indexer", parse_indexer}, {"faults", parse_faults}, {"expect", parse_expect}};
+  for (const auto& [name, parse] : sections)
+    if (const toml::node* n = root.get(name)) {
+      s.key_locations[std::string(name)] = location_of(source_name, n->source());
+      parse(s, section_table(s, *n, name));
+    }
+  if (const toml::node* n = root.get("prefix")) {
+    const toml::array& a = table_array(s, *n, "prefix");
+    for (size_t i = 0; i < a.size(); ++i) parse_prefix(s, *a.get(i)->as_table(), i);
+  }
+  if (const toml::node* n = root.get("request")) {
+    const toml::array& a = table_array(s, *n, "request");
+    s.key_locations["request"] = location_of(source_name, n->source());
+    for (size_t i = 0; i < a.size(); ++i) {
+      s.key_locations["request[" + std::to_string(i) + "]"] = location_of(source_name, a.get(i)->source());
+      parse_request(s, *a.get(i)->as_table(), i);
+    }
+  }
+  for (size_t i = 0; i < s.prefixes.size(); ++i)
+    s.key_locations["prefix[" + std::to_string(i) + "]"] = s.prefixes[i].where;
+  check_scenario(s);
+  return s;
+}
+
+Scenario load_scenario_file(const std::string& path) {
+  std::error_code ec;
+  if (!fs::is_regular_file(path, ec))
+    fail(ErrorCode::bad_scenario, path + ":0:0: file: expected a readable scenario file, got " +
+                                      (fs::exists(path, ec) ? "something that is not a regular file" : "no such file"));
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream text;
+  text << in.rdbuf();
+  if (!in && !in.eof()) fail(ErrorCode::bad_scenario, path + ":0:0: file: expected a readable scenario file");
+  return parse_scenario(text.str(), path);
+}
+
+std::string builtin_scenario_dir() {
+  std::error_code ec;
+#ifdef KVSIM_SOURCE_DIR
+  const fs::path source = fs::path(KVSIM_SOURCE_DIR) / "scenarios";
+  if (fs::is_directory(source, ec)) return source.string();
+#endif
+  // Installed: <prefix>/bin/kvsim next to <prefix>/share/kvsim/scenarios.
+  const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
+  if (!ec) {
+    const fs::path installed = exe.parent_path().parent_path() / "share" / "kvsim" / "scenarios";
+    if (fs::is_directory(installed, ec)) return installed.string();
+  }
+  return {};
+}
+
+std::vector<std::string> builtin_scenario_paths() {
+  std::vector<std::string> paths;
+  const std::string dir = builtin_scenario_dir();
+  if (dir.empty()) return paths;
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(dir, ec))
+    if (entry.is_regular_file() && entry.path().extension() == ".toml") paths.push_back(entry.path().string());
+  std::sort(paths.begin(), paths.end());
+  return paths;
+}
+
+}  // namespace kvsim::sim
