@@ -10,7 +10,7 @@
 // the kernels only choose which thread performs which canonical step:
 //  * score butterfly: __shfl_xor_sync at offsets 16..1 adds the same pairs as
 //    canon::butterfly_sum32; the staged path uses a reduce-scatter form
-//    (canon::reduce_scatter32) that adds exactly those pairs too;
+//    (staged::reduce_scatter32) that adds exactly those pairs too;
 //  * partition max: each lane takes its 8-key run in order, runs are joined
 //    left to right (ties keep the left value), which is the oracle's
 //    sequential "first maximum" (this matters for +0 / -0);
@@ -204,7 +204,29 @@ __global__ void __launch_bounds__(kMergeThreads)
 
 }  // namespace
 
-AttentionPath choose_path(const KvPools&, const TensorView&) { return AttentionPath::general; }
+AttentionPath choose_path(const KvPools& pools, const TensorView& q) {
+  const PoolGeometry& g = pools.geometry;
+  const int bits = bits_per_element(g.dtype);
+  if (g.dtype == CacheDtype::nvfp4 || g.kv_factor != 2) return AttentionPath::general;
+  const int64_t elem = bits / 8;
+  const int D = g.head_dim;
+  const int C = D / kWarp;
+  const int64_t group = q.shape[1] / g.kv_heads;
+  if (D % kWarp != 0 || (C != 2 && C != 4 && C != 8) || D * elem > 256) return AttentionPath::general;
+  if ((group != 1 && group != 4 && group != 8) || C * group > 32) return AttentionPath::general;
+  // Rows must be contiguous and 16-byte aligned: element_offset(.., d) is the
+  // row start plus d, and every stride moves whole 16-byte units.
+  const PoolStrides& st = pools.strides[0];
+  if (reinterpret_cast<uintptr_t>(pools.data[0]) % 16 != 0) return AttentionPath::general;
+  for (const int64_t s : {st.block, st.layer, st.kv})
+    if (s * elem % 16 != 0) return AttentionPath::general;
+  for (int kv = 0; kv < 2; ++kv) {
+    const InnerStrides& in = st.inner[kv];
+    if (in.x != D || in.dim_inner != 1 || in.head * elem % 16 != 0 || in.token * elem % 16 != 0)
+      return AttentionPath::general;
+  }
+  return AttentionPath::staged;
+}
 
 AttentionPlan make_plan(const char* op, const KvPools& pools, int32_t layer, const TensorView& q,
                         const TensorView& out, std::span<const int32_t> block_table, int32_t max_blocks,
@@ -272,7 +294,9 @@ AttentionPlan make_plan(const char* op, const KvPools& pools, int32_t layer, con
 void launch_plan(const AttentionPlan& plan, cudaStream_t stream) {
   if (plan.rows == 0 || plan.parts == 0) return;
   const RowTables rt{plan.row_seq, plan.row_position, plan.row_part_base, plan.part_row};
-  {
+  const bool staged = plan.path == AttentionPath::staged &&
+                      (launch_staged_wide(plan, stream) || launch_staged_byte(plan, stream));
+  if (!staged) {
     const int64_t items = static_cast<int64_t>(plan.parts) * plan.query_heads;
     const unsigned blocks = static_cast<unsigned>((items + kGeneralWarps - 1) / kGeneralWarps);
     attention_general_kernel<<<blocks, kGeneralWarps * kWarp, 0, stream>>>(plan.args, rt, plan.parts, plan.query_heads,

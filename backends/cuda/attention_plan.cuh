@@ -17,8 +17,9 @@ namespace kvsim::cuda {
 // row, query head, partition), every element through element_offset().
 // staged: rows of K/V streamed into a per-warp shared-memory ring with
 // cp.async, one warp per (query row, KV head, partition); needs a
-// contiguous head row (NHD/HND), 8/16/32-bit codes, D in {32,64,...,256}
-// with (D/32)*group <= 32, group a power of two <= 32, 16-byte alignment.
+// contiguous head row (NHD/HND strides), 8/16/32-bit codes, D in
+// {64, 128, 256} with a row of <= 256 bytes, group 1, 4 or 8 with
+// (D/32)*group <= 32, 16-byte aligned rows.
 enum class AttentionPath { general, staged };
 
 struct AttentionPlan {
@@ -49,6 +50,10 @@ AttentionPlan make_plan(const char* op, const KvPools& pools, int32_t layer, con
                         const std::vector<int32_t>& row_seq, const std::vector<int32_t>& row_position,
                         cudaStream_t stream);
 void launch_plan(const AttentionPlan& plan, cudaStream_t stream);
+// Staged kernels by cache width (attention_staged_{wide,byte}.cu); false when
+// the plan's (dtype, D, group) has no staged instantiation.
+bool launch_staged_wide(const AttentionPlan& plan, cudaStream_t stream);
+bool launch_staged_byte(const AttentionPlan& plan, cudaStream_t stream);
 void release_plan(AttentionPlan& plan, cudaStream_t stream);
 
 }  // namespace kvsim::cuda

@@ -1,0 +1,387 @@
+// The staged attention kernel (AttentionPath::staged): persistent warps, each
+// working through (query row, KV head, partition) items and streaming the K
+// then V rows of every item through a private shared-memory ring with
+// cp.async, several tiles ahead (also across items). Arithmetic is the same
+// canonical order as the general kernel in attention.cu, mapped so that one
+// warp serves all G query heads of a KV head from each K/V load:
+//  * scores: lane l owns dims [l*C, l*C + C) (C = D / 32 = ceil(D / 32)); a
+//    pass takes 32 / G keys, each lane holds 32 partial dots (key, head) and
+//    a reduce-scatter butterfly leaves the full dot of column `lane` in lane
+//    `lane`, adding exactly the pairs canon::butterfly_sum32 adds;
+//  * P.V: lane l keeps the fma chains of its C dims for the G heads.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "backends/cuda/attention_plan.cuh"
+#include "backends/cuda/cuda_check.hpp"
+
+namespace kvsim::cuda::staged {
+
+using canon::kPartitionSize;
+using canon::kWarp;
+inline constexpr unsigned kFullMask = 0xFFFFFFFFu;
+inline constexpr int kWarps = 2;     // warps per CTA (each with its own ring)
+inline constexpr int kTileKeys = 32;  // keys per ring slot
+inline constexpr int kMaxRowBytes = 256;
+
+// Exact fp32 value of a stored code (per-tensor scales applied by the caller).
+template <CacheDtype kDtype> struct Code;
+template <> struct Code<CacheDtype::fp32> {
+  using T = float;
+  __device__ static float value(T c) { return c; }
+};
+template <> struct Code<CacheDtype::fp16> {
+  using T = uint16_t;
+  __device__ static float value(T c) { return codec::f16_to_f32(c); }
+};
+template <> struct Code<CacheDtype::bf16> {
+  using T = uint16_t;
+  __device__ static float value(T c) { return codec::bf16_to_f32(c); }
+};
+template <> struct Code<CacheDtype::fp8_e4m3> {
+  using T = uint8_t;
+  __device__ static float value(T c) { return codec::e4m3_to_f32(c); }
+};
+template <> struct Code<CacheDtype::fp8_e5m2> {
+  using T = uint8_t;
+  __device__ static float value(T c) { return codec::e5m2_to_f32(c); }
+};
+template <> struct Code<CacheDtype::int8> {
+  using T = uint8_t;
+  __device__ static float value(T c) { return codec::int8_to_f32(static_cast<int8_t>(c)); }
+};
+
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int kPending>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
+}
+
+struct Rows {
+  const int32_t* seq;
+  const int32_t* position;
+  const int32_t* part_base;
+  const int32_t* part_row;
+};
+
+// One work item: a partition of a query row's keys against one KV head.
+struct Item {
+  int64_t index = 0;
+  bool valid = false;
+  int32_t rp = 0, kv_head = 0, row = 0, seq = 0, count = 0, tiles = 0;  // tiles: K tiles (= V tiles)
+  int64_t first = 0;
+  KeyList keys;
+};
+
+__device__ __forceinline__ Item load_item(const AttentionArgs& a, const Rows& rows, int64_t items, int64_t index) {
+  Item it;
+  it.index = index;
+  it.valid = index < items;
+  if (!it.valid) return it;
+  const int32_t H = a.pools.geometry.kv_heads;
+  it.rp = static_cast<int32_t>(index / H);
+  it.kv_head = static_cast<int32_t>(index % H);
+  it.row = rows.part_row[it.rp];
+  it.seq = rows.seq[it.row];
+  it.keys = make_key_list(rows.position[it.row], a.window, a.pools.geometry.page_divider());
+  it.first = static_cast<int64_t>(it.rp - rows.part_base[it.row]) * kPartitionSize;
+  const int64_t left = it.keys.size() - it.first;
+  it.count = static_cast<int32_t>(left < kPartitionSize ? left : kPartitionSize);
+  it.tiles = (it.count + kTileKeys - 1) / kTileKeys;
+  return it;
+}
+
+// Ring geometry of one (dtype, C): slots of kTileKeys rows.
+template <CacheDtype kDtype, int C>
+struct Ring {
+  static constexpr int kElemBytes = static_cast<int>(sizeof(typename Code<kDtype>::T));
+  static constexpr int kRowBytes = C * kWarp * kElemBytes;
+  static constexpr int kChunksPerRow = kRowBytes / 16;
+  static constexpr int kTileBytes = kTileKeys * kRowBytes;
+  static constexpr int kSlots = kTileBytes <= 4096 ? 4 : 3;
+  static_assert(kRowBytes % 16 == 0 && kRowBytes <= kMaxRowBytes);
+};
+
+template <int G>
+__host__ __device__ constexpr int warp_smem_bytes(int tile_bytes, int slots) {
+  return slots * tile_bytes + G * kPartitionSize * static_cast<int>(sizeof(float));
+}
+
+// Issues the cp.async copies of tile `t` of item `it` (K tiles, then V tiles)
+// into `dst`. Lane k computes the row of key k of the tile through
+// element_offset(); the row is contiguous (checked on the host), so its
+// 16-byte pieces follow it.
+template <CacheDtype kDtype, int C>
+__device__ __forceinline__ void issue_tile(const AttentionArgs& a, const Item& it, int32_t t, uint8_t* dst, int lane) {
+  using R = Ring<kDtype, C>;
+  const int32_t kv = t < it.tiles ? 0 : 1;
+  const int32_t t0 = (kv == 0 ? t : t - it.tiles) * kTileKeys;
+  const int32_t n = it.count - t0 < kTileKeys ? it.count - t0 : kTileKeys;
+  int64_t row_byte = 0;
+  if (lane < n) {
+    bool masked = false;
+    const int64_t slot = it.keys.slot(it.first + t0 + lane, a.window, masked);
+    const PageDivider page = a.pools.geometry.page_divider();
+    const BlockRef ref{a.block_table[static_cast<int64_t>(it.seq) * a.max_blocks_per_seq + page.div(slot)]};
+    row_byte = element_offset(a.pools.strides[0], ref.block(), a.layer, kv, it.kv_head, page.mod(slot), 0) * R::kElemBytes;
+  }
+  const uint8_t* pool = a.pools.bytes(PoolKind::primary);
+#pragma unroll
+  for (int i = 0; i < R::kChunksPerRow; ++i) {
+    const int chunk = lane + i * kWarp;
+    const int key = chunk / R::kChunksPerRow;
+    const int piece = chunk % R::kChunksPerRow;
+    const int64_t src = __shfl_sync(kFullMask, row_byte, key);
+    if (key < n) cp_async16(dst + key * R::kRowBytes + piece * 16, pool + src + piece * 16);
+  }
+}
+
+// Lane's C codes of one row in the ring, decoded.
+template <CacheDtype kDtype, int C>
+__device__ __forceinline__ void load_codes(const uint8_t* row, int lane, float* v) {
+  using T = typename Code<kDtype>::T;
+  constexpr int kBytes = C * static_cast<int>(sizeof(T));
+  T codes[C];
+  if constexpr (kBytes % 16 == 0) {
+#pragma unroll
+    for (int w = 0; w < kBytes / 16; ++w)
+      reinterpret_cast<uint4*>(codes)[w] = reinterpret_cast<const uint4*>(row + lane * kBytes)[w];
+  } else if constexpr (kBytes % 8 == 0) {
+    reinterpret_cast<uint2*>(codes)[0] = *reinterpret_cast<const uint2*>(row + lane * kBytes);
+  } else if constexpr (kBytes % 4 == 0) {
+    reinterpret_cast<uint32_t*>(codes)[0] = *reinterpret_cast<const uint32_t*>(row + lane * kBytes);
+  } else {
+#pragma unroll
+    for (int i = 0; i < C; ++i) codes[i] = reinterpret_cast<const T*>(row + lane * kBytes)[i];
+  }
+#pragma unroll
+  for (int i = 0; i < C; ++i) v[i] = Code<kDtype>::value(codes[i]);
+}
+
+// Reduce-scatter form of canon::butterfly_sum32 over 32 columns: at level
+// `off` lane l adds its value and lane (l ^ off)'s for the half of the
+// columns it keeps (the upper half when bit `off` of l is set), exactly the
+// pair the full butterfly adds; column `lane` ends in lane `lane`.
+__device__ __forceinline__ float reduce_scatter32(float (&v)[kWarp], int lane) {
+#pragma unroll
+  for (int level = 0; level < 5; ++level) {
+    const int off = 16 >> level;
+    const bool upper = (lane & off) != 0;
+#pragma unroll
+    for (int i = 0; i < 16; ++i) {
+      if (i < off) {
+        const float send = upper ? v[i] : v[i + off];
+        const float keep = upper ? v[i + off] : v[i];
+        v[i] = keep + __shfl_xor_sync(kFullMask, send, off);
+      }
+    }
+  }
+  return v[0];
+}
+
+__device__ __forceinline__ float warp_butterfly_sum(float v) {
+  for (int off = kWarp / 2; off >= 1; off >>= 1) v = v + __shfl_xor_sync(kFullMask, v, off);
+  return v;
+}
+
+// Left-to-right join of the lanes' run maxima (the oracle's first maximum).
+__device__ __forceinline__ float warp_ordered_max(float m, int lane) {
+  for (int off = 1; off < kWarp; off <<= 1) {
+    const float other = __shfl_xor_sync(kFullMask, m, off);
+    const bool right_half = (lane & off) != 0;
+    const float left = right_half ? other : m;
+    const float right = right_half ? m : other;
+    m = right > left ? right : left;
+  }
+  return m;
+}
+
+template <CacheDtype kDtype, int C, int G>
+__global__ void __launch_bounds__(kWarps * kWarp)
+    attention_staged_kernel(AttentionArgs a, Rows rows, int64_t items, float* part_stats, float* part_acc) {
+  using R = Ring<kDtype, C>;
+  constexpr int kD = C * kWarp;
+  constexpr int kPassKeys = kWarp / G;
+  extern __shared__ __align__(16) uint8_t smem[];
+  const int warp = threadIdx.x / kWarp;
+  const int lane = threadIdx.x % kWarp;
+  uint8_t* ring = smem + warp * warp_smem_bytes<G>(R::kTileBytes, R::kSlots);
+  float* probs = reinterpret_cast<float*>(ring + R::kSlots * R::kTileBytes);  // [G][kPartitionSize]
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * kWarps;
+  const int32_t hq = a.pools.geometry.kv_heads * G;
+  const float score_scale = a.scales.sm_scale * a.scales.k_scale;
+
+  // Producer cursor: runs up to kSlots - 1 tiles ahead, across items.
+  Item next = load_item(a, rows, items, static_cast<int64_t>(blockIdx.x) * kWarps + warp);
+  int32_t next_t = 0;
+  uint32_t issued = 0;
+  auto issue_next = [&]() {
+    if (next.valid) {
+      issue_tile<kDtype, C>(a, next, next_t, ring + (issued % R::kSlots) * R::kTileBytes, lane);
+      ++issued;
+      if (++next_t == 2 * next.tiles) {
+        next = load_item(a, rows, items, next.index + stride);
+        next_t = 0;
+      }
+    }
+    cp_async_commit();  // empty groups keep the wait count uniform
+  };
+  for (int s = 0; s < R::kSlots - 1; ++s) issue_next();
+
+  uint32_t consumed = 0;
+  for (Item it = load_item(a, rows, items, static_cast<int64_t>(blockIdx.x) * kWarps + warp); it.valid;
+       it = load_item(a, rows, items, it.index + stride)) {
+    float q[G][C];
+#pragma unroll
+    for (int g = 0; g < G; ++g)
+#pragma unroll
+      for (int i = 0; i < C; ++i)
+        q[g][i] = load_float(a.q.data, a.q.dtype, a.q.offset(it.row, it.kv_head * G + g, lane * C + i));
+    float acc[G][C];
+#pragma unroll
+    for (int g = 0; g < G; ++g)
+#pragma unroll
+      for (int i = 0; i < C; ++i) acc[g][i] = 0.0f;
+    float m_mine = 0.0f, l_mine = 0.0f;  // lane g holds head g's m_p, l_p
+
+    for (int32_t t = 0; t < 2 * it.tiles; ++t) {
+      issue_next();
+      cp_async_wait<R::kSlots - 1>();
+      __syncwarp();
+      const uint8_t* tile = ring + (consumed % R::kSlots) * R::kTileBytes;
+      ++consumed;
+      if (t < it.tiles) {
+        // Scores of this tile's keys, kPassKeys at a time.
+        const int32_t t0 = t * kTileKeys;
+#pragma unroll 1
+        for (int pass = 0; pass < kTileKeys / kPassKeys; ++pass) {
+          if (t0 + pass * kPassKeys >= it.count) break;  // uniform
+          float part[kWarp];
+#pragma unroll
+          for (int kk = 0; kk < kPassKeys; ++kk) {
+            float k[C];
+            load_codes<kDtype, C>(tile + (pass * kPassKeys + kk) * R::kRowBytes, lane, k);
+#pragma unroll
+            for (int g = 0; g < G; ++g) {
+              float d = 0.0f;
+#pragma unroll
+              for (int i = 0; i < C; ++i) d = canon::fma_f32(q[g][i], k[i], d);
+              part[kk * G + g] = d;
+            }
+          }
+          const float dot = reduce_scatter32(part, lane);
+          const int32_t j = t0 + pass * kPassKeys + lane / G;
+          if (j < it.count)
+            probs[(lane % G) * kPartitionSize + j] = it.first + j >= it.keys.n_attended ? canon::neg_inf() : dot * score_scale;
+        }
+        if (t == it.tiles - 1) {
+          // Partition max, probabilities and sum per query head.
+          __syncwarp();
+#pragma unroll 1
+          for (int g = 0; g < G; ++g) {
+            float* s = probs + g * kPartitionSize;
+            float m = canon::neg_inf();
+            for (int32_t j = lane * canon::kLaneRun; j < (lane + 1) * canon::kLaneRun && j < it.count; ++j)
+              m = s[j] > m ? s[j] : m;
+            m = warp_ordered_max(m, lane);
+            float run = 0.0f;
+            for (int32_t j = lane * canon::kLaneRun; j < (lane + 1) * canon::kLaneRun && j < it.count; ++j) {
+              s[j] = canon::probability(s[j], m);
+              run = run + s[j];
+            }
+            const float l = warp_butterfly_sum(run);
+            if (lane == g) {
+              m_mine = m;
+              l_mine = l;
+            }
+          }
+        }
+      } else {
+        // P.V over this tile's keys, masked ones included (p = 0).
+        const int32_t t0 = (t - it.tiles) * kTileKeys;
+        const int32_t n = it.count - t0 < kTileKeys ? it.count - t0 : kTileKeys;
+#pragma unroll 2
+        for (int32_t kk = 0; kk < n; ++kk) {
+          float v[C];
+          load_codes<kDtype, C>(tile + kk * R::kRowBytes, lane, v);
+#pragma unroll
+          for (int g = 0; g < G; ++g) {
+            const float p = probs[g * kPartitionSize + t0 + kk];
+#pragma unroll
+            for (int i = 0; i < C; ++i) acc[g][i] = canon::fma_f32(p, v[i], acc[g][i]);
+          }
+        }
+      }
+      __syncwarp();  // the slot is refilled by the next issue
+    }
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+      float* out = part_acc + (static_cast<int64_t>(it.rp) * hq + it.kv_head * G + g) * kD + lane * C;
+#pragma unroll
+      for (int i = 0; i < C; ++i) out[i] = acc[g][i];
+    }
+    if (lane < G) {
+      float* st = part_stats + (static_cast<int64_t>(it.rp) * hq + it.kv_head * G + lane) * 2;
+      st[0] = m_mine;
+      st[1] = l_mine;
+    }
+  }
+  cp_async_wait<0>();
+}
+
+// Launches the staged kernel for one (dtype, C, G).
+template <CacheDtype kDtype, int C, int G>
+void launch(const AttentionPlan& plan, cudaStream_t stream) {
+  using R = Ring<kDtype, C>;
+  const auto kernel = attention_staged_kernel<kDtype, C, G>;
+  const int smem = kWarps * warp_smem_bytes<G>(R::kTileBytes, R::kSlots);
+  KVSIM_CUDA_CHECK(plan.op, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  int device = 0, sms = 0, per_sm = 0;
+  KVSIM_CUDA_CHECK(plan.op, cudaGetDevice(&device));
+  KVSIM_CUDA_CHECK(plan.op, cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  KVSIM_CUDA_CHECK(plan.op, cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kWarps * kWarp, smem));
+  const int64_t items = static_cast<int64_t>(plan.parts) * plan.args.pools.geometry.kv_heads;
+  const int64_t needed = (items + kWarps - 1) / kWarps;
+  const int64_t resident = static_cast<int64_t>(sms) * (per_sm > 0 ? per_sm : 1);
+  const unsigned grid = static_cast<unsigned>(needed < resident ? needed : resident);
+  const Rows rows{plan.row_seq, plan.row_position, plan.row_part_base, plan.part_row};
+  kernel<<<grid, kWarps * kWarp, smem, stream>>>(plan.args, rows, items, plan.part_stats, plan.part_acc);
+  check_launch(plan.op, "attention_staged_kernel", stream);
+}
+
+// Dispatch over C (D / 32) and G for one dtype; false when not instantiated.
+template <CacheDtype kDtype>
+bool launch_for_dtype(const AttentionPlan& plan, cudaStream_t stream) {
+  const int C = plan.args.pools.geometry.head_dim / kWarp;
+  const int G = plan.args.group;
+  constexpr int kElem = static_cast<int>(sizeof(typename Code<kDtype>::T));
+  auto with_c = [&]<int kC>() {
+    if constexpr (kC * kWarp * kElem <= kMaxRowBytes) {
+      switch (G) {
+        case 1: launch<kDtype, kC, 1>(plan, stream); return true;
+        case 4: launch<kDtype, kC, 4>(plan, stream); return true;
+        case 8:
+          if constexpr (kC * 8 <= 32) {
+            launch<kDtype, kC, 8>(plan, stream);
+            return true;
+          }
+          return false;
+        default: return false;
+      }
+    }
+    return false;
+  };
+  switch (C) {
+    case 2: return with_c.template operator()<2>();
+    case 4: return with_c.template operator()<4>();
+    case 8: return with_c.template operator()<8>();
+    default: return false;
+  }
+}
+
+}  // namespace kvsim::cuda::staged
