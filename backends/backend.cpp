@@ -11,7 +11,7 @@ KvPools Backend::allocate_pools(const PoolGeometry& g, uint8_t fill_byte) {
     p.strides[i] = contiguous_strides(g, k);
     const size_t bytes = static_cast<size_t>(g.pool_bytes(k));
     if (bytes) {
-      p.data[i] = allocate(bytes);
+      p.data[i] = allocate_pool_memory(bytes, k);
       fill(p.data[i], fill_byte, bytes);
     }
     if (g.has_scale_pool()) {
@@ -19,7 +19,7 @@ KvPools Backend::allocate_pools(const PoolGeometry& g, uint8_t fill_byte) {
       p.scale_strides[i] = contiguous_strides(sg, k);
       const size_t sbytes = static_cast<size_t>(sg.pool_bytes(k));
       if (sbytes) {
-        p.scales[i] = allocate(sbytes);
+        p.scales[i] = allocate_pool_memory(sbytes, k);
         fill(p.scales[i], fill_byte, sbytes);
       }
     }

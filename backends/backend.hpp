@@ -32,6 +32,13 @@ class Backend {
   virtual void to_host(void* host_dst, const void* src, size_t bytes) = 0;
   virtual void fill(void* dst, uint8_t byte, size_t bytes) = 0;
   virtual void synchronize() {}
+  // Memory for one pool of allocate_pools(), freed with release(). A backend
+  // may place a pool kind elsewhere (cuda: the secondary pool in pinned host
+  // memory, so offload/onboard are real host<->device copies).
+  virtual void* allocate_pool_memory(size_t bytes, PoolKind kind) {
+    (void)kind;
+    return allocate(bytes);
+  }
 
   // Data and nvfp4 scale pools for both pool kinds, contiguous strides,
   // filled with `fill_byte`. Validates the geometry first.

@@ -5,19 +5,26 @@
 #ifndef KVSIM_HAVE_CUDA
 #define KVSIM_HAVE_CUDA 0
 #endif
+#if KVSIM_HAVE_CUDA
+#include "backends/cuda/cuda_factory.hpp"
+#endif
 
 namespace kvsim {
 
-std::vector<std::string> backend_names() { return {"cpu"}; }
+std::vector<std::string> backend_names() {
+  if (KVSIM_HAVE_CUDA) return {"cpu", "cuda"};
+  return {"cpu"};
+}
 
 std::unique_ptr<Backend> make_backend(std::string_view name, const BackendOptions& options) {
   if (name == "cpu") return std::make_unique<CpuBackend>(options.threads);
   if (name == "cuda") {
-    if (!KVSIM_HAVE_CUDA)
-      throw BackendUnavailable("CUDA backend not compiled in this build (configure with -DKVSIM_CUDA=ON where nvcc "
-                               "is available)");
-    throw BackendUnavailable("CUDA backend: this build compiles core for the device (tests/cuda) but the CUDA "
-                             "op library is not part of this version yet");
+#if KVSIM_HAVE_CUDA
+    return make_cuda_backend(options);  // BackendUnavailable("no CUDA device ...") without a GPU
+#else
+    throw BackendUnavailable("CUDA backend not compiled in this build (configure with -DKVSIM_CUDA=ON where nvcc "
+                             "is available)");
+#endif
   }
   throw BackendUnavailable("unknown backend '" + std::string(name) + "' (available: cpu, cuda)");
 }

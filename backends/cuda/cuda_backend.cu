@@ -1,0 +1,168 @@
+// CudaBackend: memory, per-op uploads, block moves, attention entry points
+// and the factory the registry calls. The op kernels live in write_ops.cu,
+// read_copy_ops.cu and qkv_preprocess.cu.
+#include "backends/cuda/cuda_backend.hpp"
+
+#include <cstring>
+#include <string>
+
+#include "backends/cuda/cuda_factory.hpp"
+#include "backends/cuda/launch.cuh"
+
+// Part B's attention kernels: wired in when their header is in the tree.
+#if __has_include("backends/cuda/attention_kernels.hpp")
+#include "backends/cuda/attention_kernels.hpp"
+#define KVSIM_CUDA_ATTENTION 1
+#else
+#define KVSIM_CUDA_ATTENTION 0
+#endif
+
+namespace kvsim {
+
+namespace {
+constexpr size_t kUploadAlign = 16;
+size_t align_up(size_t n) { return (n + kUploadAlign - 1) / kUploadAlign * kUploadAlign; }
+}  // namespace
+
+CudaBackend::CudaBackend(int device) : device_(device) {
+  int count = 0;
+  const cudaError_t e = cudaGetDeviceCount(&count);
+  if (e != cudaSuccess || count == 0)
+    throw BackendUnavailable(std::string("no CUDA device (cudaGetDeviceCount: ") +
+                             (e == cudaSuccess ? "0 devices" : cudaGetErrorString(e)) + ")");
+  if (device < 0 || device >= count)
+    throw BackendUnavailable("no CUDA device " + std::to_string(device) + " (" + std::to_string(count) + " present)");
+  KVSIM_CUDA_CHECK("init", cudaSetDevice(device_));
+  KVSIM_CUDA_CHECK("init", cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+}
+
+CudaBackend::~CudaBackend() {
+  cudaStreamSynchronize(stream_);
+  if (scratch_) cudaFree(scratch_);
+  if (staging_) cudaFreeHost(staging_);
+  for (const void* p : pinned_) cudaFreeHost(const_cast<void*>(p));
+  cudaStreamDestroy(stream_);
+}
+
+void* CudaBackend::allocate(size_t bytes) {
+  if (bytes == 0) return nullptr;
+  void* p = nullptr;
+  KVSIM_CUDA_CHECK("allocate", cudaMalloc(&p, bytes));
+  return p;
+}
+
+void* CudaBackend::allocate_pool_memory(size_t bytes, PoolKind kind) {
+  if (kind == PoolKind::primary || bytes == 0) return allocate(bytes);
+  // Host memory the DMA engines reach directly (and kernels through UVA).
+  void* p = nullptr;
+  KVSIM_CUDA_CHECK("allocate secondary pool", cudaMallocHost(&p, bytes));
+  pinned_.insert(p);
+  return p;
+}
+
+bool CudaBackend::is_pinned(const void* p) const { return pinned_.count(p) != 0; }
+
+void CudaBackend::release(void* p) noexcept {
+  if (!p) return;
+  cudaStreamSynchronize(stream_);
+  if (pinned_.erase(p)) {
+    cudaFreeHost(p);
+  } else {
+    cudaFree(p);
+  }
+}
+
+// cudaMemcpyDefault: UVA tells device memory from (pinned or pageable) host memory.
+void CudaBackend::to_backend(void* dst, const void* src, size_t bytes) {
+  if (bytes == 0) return;
+  KVSIM_CUDA_CHECK("to_backend", cudaStreamSynchronize(stream_));
+  KVSIM_CUDA_CHECK("to_backend", cudaMemcpy(dst, src, bytes, cudaMemcpyDefault));
+}
+
+void CudaBackend::to_host(void* dst, const void* src, size_t bytes) {
+  if (bytes == 0) return;
+  KVSIM_CUDA_CHECK("to_host", cudaStreamSynchronize(stream_));
+  KVSIM_CUDA_CHECK("to_host", cudaMemcpy(dst, src, bytes, cudaMemcpyDefault));
+}
+
+void CudaBackend::fill(void* dst, uint8_t byte, size_t bytes) {
+  if (bytes == 0) return;
+  KVSIM_CUDA_CHECK("fill", cudaStreamSynchronize(stream_));
+  // A pointer inside a pinned allocation is host memory: fill it on the host.
+  cudaPointerAttributes attr{};
+  KVSIM_CUDA_CHECK("fill", cudaPointerGetAttributes(&attr, dst));
+  if (attr.type == cudaMemoryTypeHost) {
+    std::memset(dst, byte, bytes);
+    return;
+  }
+  KVSIM_CUDA_CHECK("fill", cudaMemsetAsync(dst, byte, bytes, stream_));
+  KVSIM_CUDA_CHECK("fill", cudaStreamSynchronize(stream_));
+}
+
+void CudaBackend::synchronize() { KVSIM_CUDA_CHECK("synchronize", cudaStreamSynchronize(stream_)); }
+
+std::vector<const void*> CudaBackend::upload(const char* op, std::initializer_list<HostArray> arrays) {
+  size_t total = 0;
+  for (const HostArray& a : arrays) total += align_up(a.bytes);
+  std::vector<const void*> out;
+  out.reserve(arrays.size());
+  if (total == 0) {
+    out.assign(arrays.size(), nullptr);
+    return out;
+  }
+  // The previous op has finished (finish() synchronizes), so both buffers are free.
+  if (total > scratch_bytes_) {
+    if (scratch_) KVSIM_CUDA_CHECK(op, cudaFree(scratch_));
+    if (staging_) KVSIM_CUDA_CHECK(op, cudaFreeHost(staging_));
+    scratch_ = staging_ = nullptr;
+    scratch_bytes_ = staging_bytes_ = 0;
+    const size_t bytes = std::max<size_t>(total, 1 << 16) * 2;
+    KVSIM_CUDA_CHECK(op, cudaMalloc(&scratch_, bytes));
+    KVSIM_CUDA_CHECK(op, cudaMallocHost(&staging_, bytes));
+    scratch_bytes_ = staging_bytes_ = bytes;
+  }
+  size_t at = 0;
+  for (const HostArray& a : arrays) {
+    if (a.bytes == 0) {
+      out.push_back(nullptr);
+      continue;
+    }
+    std::memcpy(static_cast<uint8_t*>(staging_) + at, a.data, a.bytes);
+    out.push_back(static_cast<const uint8_t*>(scratch_) + at);
+    at += align_up(a.bytes);
+  }
+  KVSIM_CUDA_CHECK(op, cudaMemcpyAsync(scratch_, staging_, at, cudaMemcpyHostToDevice, stream_));
+  return out;
+}
+
+void CudaBackend::finish(const char* op) {
+  cuda::check_launch(op, "op", stream_);
+  KVSIM_CUDA_CHECK(op, cudaStreamSynchronize(stream_));
+}
+
+// ---------------------------------------------------------------- attention (part B's kernels)
+void CudaBackend::run_decode_attention(const KvPools& pools, const DecodeAttentionOp& op) {
+#if KVSIM_CUDA_ATTENTION
+  cuda::decode_attention(pools, op, stream_);
+  finish("decode_attention");
+#else
+  (void)pools;
+  (void)op;
+  throw BackendError("cuda: decode_attention: not built");
+#endif
+}
+
+void CudaBackend::run_prefill_attention(const KvPools& pools, const PrefillAttentionOp& op) {
+#if KVSIM_CUDA_ATTENTION
+  cuda::prefill_attention(pools, op, stream_);
+  finish("prefill_attention");
+#else
+  (void)pools;
+  (void)op;
+  throw BackendError("cuda: prefill_attention: not built");
+#endif
+}
+
+std::unique_ptr<Backend> make_cuda_backend(const BackendOptions&) { return std::make_unique<CudaBackend>(0); }
+
+}  // namespace kvsim

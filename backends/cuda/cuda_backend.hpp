@@ -1,0 +1,90 @@
+// The CUDA backend: every op of SPEC §5 as kernels that call core's KVSIM_HD
+// work-item functions (core/ops/*.hpp), one thread per work item, so each
+// output byte is computed by the same function, in the same order, as the
+// CPU oracle (backends/cpu). Memory:
+//   * pools, scale pools and tensors: device memory (cudaMalloc);
+//   * the secondary pool: pinned host memory (cudaMallocHost), so offload /
+//     onboard are real asynchronous host<->device copies;
+//   * an op's host index arrays (page tables, slot mappings, coordinates) are
+//     packed into one pinned staging buffer and uploaded per op.
+// Every op runs on the backend's stream and synchronizes before returning, so
+// the per-op scratch is reused safely and errors surface in the op that
+// caused them (BackendError naming the op).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <initializer_list>
+#include <span>
+#include <unordered_set>
+#include <vector>
+
+#include "backends/backend.hpp"
+#include "backends/cuda/cuda_check.hpp"
+
+namespace kvsim {
+
+class CudaBackend final : public Backend {
+ public:
+  // Throws BackendUnavailable when there is no usable CUDA device.
+  explicit CudaBackend(int device = 0);
+  ~CudaBackend() override;
+  CudaBackend(const CudaBackend&) = delete;
+  CudaBackend& operator=(const CudaBackend&) = delete;
+
+  std::string_view name() const override { return "cuda"; }
+  void* allocate(size_t bytes) override;
+  void* allocate_pool_memory(size_t bytes, PoolKind kind) override;
+  void release(void* p) noexcept override;
+  void to_backend(void* dst, const void* host_src, size_t bytes) override;
+  void to_host(void* host_dst, const void* src, size_t bytes) override;
+  void fill(void* dst, uint8_t byte, size_t bytes) override;
+  void synchronize() override;
+
+  cudaStream_t stream() const { return stream_; }
+
+  // One host array an op needs on the device.
+  struct HostArray {
+    const void* data;
+    size_t bytes;
+    template <class T>
+    HostArray(std::span<const T> s) : data(s.data()), bytes(s.size_bytes()) {}
+    template <class T>
+    HostArray(const std::vector<T>& v) : data(v.data()), bytes(v.size() * sizeof(T)) {}
+  };
+  // Packs the arrays into the staging buffer and copies them to the device
+  // scratch in one transfer; returns their device addresses (nullptr for an
+  // empty array). Valid until the next upload; the host arrays may be reused
+  // as soon as it returns.
+  std::vector<const void*> upload(const char* op, std::initializer_list<HostArray> arrays);
+  // Waits for the op's work and turns any asynchronous failure into a
+  // BackendError naming the op.
+  void finish(const char* op);
+
+ protected:
+  void run_append_paged(const KvPools&, const AppendPagedOp&) override;
+  void run_reshape_and_cache(const KvPools&, const ReshapeAndCacheOp&) override;
+  void run_qkv_preprocess_write(const KvPools&, const QkvPreprocessOp&) override;
+  void run_append_mla(const KvPools&, const AppendMlaOp&) override;
+  void run_indexer_k_scatter(const IndexerKScatterOp&) override;
+  void run_gather_paged(const KvPools&, const GatherPagedOp&) override;
+  void run_decode_attention(const KvPools&, const DecodeAttentionOp&) override;
+  void run_prefill_attention(const KvPools&, const PrefillAttentionOp&) override;
+  void run_partial_copy(const KvPools&, const PartialCopyOp&) override;
+  void run_copy_blocks(const KvPools&, const CopyBlocksOp&) override;
+  void run_move_blocks(const KvPools&, const MoveBlocksOp&, bool to_secondary) override;
+
+ private:
+  bool is_pinned(const void* p) const;
+
+  int device_ = 0;
+  cudaStream_t stream_ = nullptr;
+  std::unordered_set<const void*> pinned_;  // secondary pools (cudaMallocHost)
+  void* scratch_ = nullptr;                 // device side of upload()
+  size_t scratch_bytes_ = 0;
+  void* staging_ = nullptr;                 // pinned host side of upload()
+  size_t staging_bytes_ = 0;
+};
+
+}  // namespace kvsim

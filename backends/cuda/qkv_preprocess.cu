@@ -1,0 +1,52 @@
+// CUDA qkv_preprocess_write (SPEC §5.3): core's qkv_preprocess_token_head
+// (bias, RoPE from the shared table, quantize, GQA, window mapping, V-tail
+// zeroing), one thread per (fused-qkv row, KV head), as the CPU oracle runs it.
+#include <vector>
+
+#include "backends/cuda/cuda_backend.hpp"
+#include "backends/cuda/launch.cuh"
+
+namespace kvsim {
+
+namespace {
+
+struct QkvPreprocessItem {
+  KvPools pools;
+  QkvPreprocessArgs args;
+  const int32_t* row_sequence;
+  const int32_t* row_token;
+  int32_t kv_heads;
+  __device__ void operator()(int64_t i) const {
+    const int64_t row = i / kv_heads;
+    qkv_preprocess_token_head(pools, args, row_sequence[row], row_token[row], row, static_cast<int32_t>(i % kv_heads));
+  }
+};
+
+}  // namespace
+
+void CudaBackend::run_qkv_preprocess_write(const KvPools& pools, const QkvPreprocessOp& op) {
+  constexpr const char* kOp = "qkv_preprocess_write";
+  QkvPreprocessArgs args = make_qkv_preprocess_args(pools, op);
+  // (sequence, token in chunk) of every fused-qkv row: rows are packed per sequence.
+  std::vector<int32_t> row_sequence, row_token;
+  for (size_t b = 0; b < op.seq_lens.size(); ++b)
+    for (int32_t t = 0; t < op.seq_lens[b]; ++t) {
+      row_sequence.push_back(static_cast<int32_t>(b));
+      row_token.push_back(t);
+    }
+  if (row_sequence.empty()) return;
+  const std::vector<const void*> d =
+      upload(kOp, {op.seq_lens, op.cache_lens, op.position_offsets, op.block_table, row_sequence, row_token});
+  args.seq_lens = static_cast<const int32_t*>(d[0]);
+  args.cache_lens = static_cast<const int32_t*>(d[1]);
+  args.position_offsets = op.position_offsets.empty() ? nullptr : static_cast<const int32_t*>(d[2]);
+  args.table.table = static_cast<const int32_t*>(d[3]);
+  const int32_t kv_heads = pools.geometry.kv_heads;
+  const int64_t items = static_cast<int64_t>(row_sequence.size()) * kv_heads;
+  cuda::launch_items(kOp, "qkv_preprocess_token_head", stream_, items,
+                     QkvPreprocessItem{pools, args, static_cast<const int32_t*>(d[4]),
+                                       static_cast<const int32_t*>(d[5]), kv_heads});
+  finish(kOp);
+}
+
+}  // namespace kvsim

@@ -1,0 +1,153 @@
+// CUDA gather and block copies (SPEC §5.6, §5.9): core's
+// gather_paged_token_head and copy_block_row, one thread per work item.
+// offload / onboard between the device pool and the pinned secondary pool are
+// asynchronous DMA copies (cudaMemcpy(2D)Async) when both pools have the
+// contiguous strides allocate_pools gives them: then each (block, layer) of
+// data and scales is one run of bytes whose start comes from element_offset().
+// Pools with caller strides fall back to copy_block_row in a kernel, which
+// reaches pinned host memory through unified addressing.
+#include <utility>
+#include <vector>
+
+#include "backends/cuda/cuda_backend.hpp"
+#include "backends/cuda/launch.cuh"
+
+namespace kvsim {
+
+namespace {
+
+struct GatherItem {
+  GatherPagedArgs args;
+  int32_t heads;
+  __device__ void operator()(int64_t i) const {
+    gather_paged_token_head(args, i / heads, static_cast<int32_t>(i % heads));
+  }
+};
+
+// Rows of every (src, dst) block pair; the pairs' block indices are on the device.
+struct CopyRowsItem {
+  BlockCopyArgs args;
+  const int32_t* src_blocks;
+  const int32_t* dst_blocks;
+  int64_t rows;
+  __device__ void operator()(int64_t i) const {
+    const int64_t p = i / rows;
+    copy_block_row(args, BlockRef{src_blocks[p]}.block(), BlockRef{dst_blocks[p]}.block(), i % rows);
+  }
+};
+
+void launch_copy_rows(CudaBackend& b, const char* op, const BlockCopyArgs& args, std::span<const int32_t> src,
+                      std::span<const int32_t> dst) {
+  const std::vector<const void*> d = b.upload(op, {src, dst});
+  const int64_t rows = args.rows_per_block();
+  cuda::launch_items(op, "copy_block_row", b.stream(), static_cast<int64_t>(src.size()) * rows,
+                     CopyRowsItem{args, static_cast<const int32_t*>(d[0]), static_cast<const int32_t*>(d[1]), rows});
+}
+
+bool same_strides(const PoolStrides& a, const PoolStrides& b) {
+  auto same_inner = [](const InnerStrides& x, const InnerStrides& y) {
+    return x.head == y.head && x.token == y.token && x.dim_outer == y.dim_outer && x.dim_inner == y.dim_inner &&
+           x.x == y.x;
+  };
+  return a.block == b.block && a.layer == b.layer && a.kv == b.kv && same_inner(a.inner[0], b.inner[0]) &&
+         same_inner(a.inner[1], b.inner[1]);
+}
+
+// Contiguous strides of a (data or scale) pool: every (block, layer) holds
+// kv_factor * inner elements in one run.
+bool is_contiguous(const PoolGeometry& g, const PoolStrides& s, PoolKind k) {
+  return same_strides(s, contiguous_strides(g, k));
+}
+
+// One block's (block, layer) runs from src to dst, for a pool of geometry g.
+void copy_block_runs(const char* op, cudaStream_t stream, const PoolGeometry& g, const uint8_t* src,
+                     const PoolStrides& ss, int64_t src_block, uint8_t* dst, const PoolStrides& ds,
+                     int64_t dst_block) {
+  const int64_t run_bytes = g.bytes_for(static_cast<int64_t>(g.kv_factor) * g.inner_elements());
+  if (g.placement == LayerPlacement::in_block) {  // the whole block is one run
+    const int64_t so = element_byte_offset(element_offset(ss, src_block, 0, 0, 0, 0, 0), g.dtype);
+    const int64_t d0 = element_byte_offset(element_offset(ds, dst_block, 0, 0, 0, 0, 0), g.dtype);
+    KVSIM_CUDA_CHECK(op, cudaMemcpyAsync(dst + d0, src + so, g.block_bytes(), cudaMemcpyDefault, stream));
+    return;
+  }
+  for (int32_t layer = 0; layer < g.layers; ++layer) {
+    const int64_t so = element_byte_offset(element_offset(ss, src_block, layer, 0, 0, 0, 0), g.dtype);
+    const int64_t d0 = element_byte_offset(element_offset(ds, dst_block, layer, 0, 0, 0, 0), g.dtype);
+    KVSIM_CUDA_CHECK(op, cudaMemcpyAsync(dst + d0, src + so, run_bytes, cudaMemcpyDefault, stream));
+  }
+}
+
+}  // namespace
+
+void CudaBackend::run_gather_paged(const KvPools& pools, const GatherPagedOp& op) {
+  constexpr const char* kOp = "gather_paged";
+  if (op.num_tokens == 0) return;
+  GatherPagedArgs args = make_gather_paged_args(pools, op);
+  // Only the pages the read touches were validated; upload exactly those.
+  const int64_t P = pools.geometry.tokens_per_block;
+  const std::span<const int32_t> pages = op.block_ids.first(static_cast<size_t>((op.num_tokens + P - 1) / P));
+  args.block_ids = static_cast<const int32_t*>(upload(kOp, {pages})[0]);
+  const int32_t heads = pools.geometry.kv_heads;
+  cuda::launch_items(kOp, "gather_paged_token_head", stream_, op.num_tokens * heads, GatherItem{args, heads});
+  finish(kOp);
+}
+
+void CudaBackend::run_partial_copy(const KvPools& pools, const PartialCopyOp& op) {
+  constexpr const char* kOp = "partial_copy";
+  const PoolGeometry& g = pools.geometry;
+  // n <= 0 is the whole-block sentinel; nvfp4 always copies whole blocks.
+  const int32_t tokens = (op.num_tokens <= 0 || g.dtype == CacheDtype::nvfp4) ? g.tokens_per_block : op.num_tokens;
+  const BlockCopyArgs args = make_block_copy_args(pools, PoolKind::primary, PoolKind::primary, tokens);
+  const int32_t src[1] = {op.src_block}, dst[1] = {op.dst_block};
+  launch_copy_rows(*this, kOp, args, src, dst);
+  finish(kOp);
+}
+
+void CudaBackend::run_copy_blocks(const KvPools& pools, const CopyBlocksOp& op) {
+  constexpr const char* kOp = "copy_blocks";
+  if (op.pairs.empty()) return;
+  const BlockCopyArgs args =
+      make_block_copy_args(pools, PoolKind::primary, PoolKind::primary, pools.geometry.tokens_per_block);
+  std::vector<int32_t> src, dst;
+  for (const auto& [s, d] : op.pairs) {
+    src.push_back(s);
+    dst.push_back(d);
+  }
+  launch_copy_rows(*this, kOp, args, src, dst);
+  finish(kOp);
+}
+
+void CudaBackend::run_move_blocks(const KvPools& pools, const MoveBlocksOp& op, bool to_secondary) {
+  const char* kOp = to_secondary ? "offload" : "onboard";
+  if (op.primary.empty()) return;
+  const PoolGeometry& g = pools.geometry;
+  const PoolKind src = to_secondary ? PoolKind::primary : PoolKind::secondary;
+  const PoolKind dst = to_secondary ? PoolKind::secondary : PoolKind::primary;
+  const std::span<const int32_t> src_ids = to_secondary ? op.primary : op.secondary;
+  const std::span<const int32_t> dst_ids = to_secondary ? op.secondary : op.primary;
+
+  bool contiguous = is_contiguous(g, pools.strides_of(src), src) && is_contiguous(g, pools.strides_of(dst), dst);
+  if (g.has_scale_pool()) {
+    const PoolGeometry sg = g.scale_geometry();
+    const int si = static_cast<int>(src), di = static_cast<int>(dst);
+    contiguous = contiguous && is_contiguous(sg, pools.scale_strides[si], src) &&
+                 is_contiguous(sg, pools.scale_strides[di], dst);
+  }
+  if (!contiguous) {
+    const BlockCopyArgs args = make_block_copy_args(pools, src, dst, g.tokens_per_block);
+    launch_copy_rows(*this, kOp, args, src_ids, dst_ids);
+    finish(kOp);
+    return;
+  }
+  for (size_t i = 0; i < src_ids.size(); ++i) {
+    copy_block_runs(kOp, stream_, g, pools.bytes(src), pools.strides_of(src), src_ids[i], pools.bytes(dst),
+                    pools.strides_of(dst), dst_ids[i]);
+    if (g.has_scale_pool())
+      copy_block_runs(kOp, stream_, g.scale_geometry(), pools.scale_bytes(src),
+                      pools.scale_strides[static_cast<int>(src)], src_ids[i], pools.scale_bytes(dst),
+                      pools.scale_strides[static_cast<int>(dst)], dst_ids[i]);
+  }
+  finish(kOp);
+}
+
+}  // namespace kvsim
