@@ -1,0 +1,207 @@
+// The block manager (SPEC §6): which physical blocks each sequence owns, and
+// the prefix-reuse cache over full blocks. It models:
+//  * TensorRT-LLM's KVCacheManager / vLLM v1's BlockPool: a primary pool with a
+//    free list and reference counts, full blocks cached in a prefix tree keyed
+//    by (parent key, block tokens), LRU eviction of unreferenced cached
+//    blocks (a finished sequence's blocks are released tail first, as vLLM
+//    does, so a prefix's tail is evicted before its head);
+//  * TensorRT-LLM's secondary pool: an evicted cached block can be offloaded
+//    there and is onboarded again on a later hit;
+//  * partial-block reuse (TensorRT-LLM cuKVCacheBlockPartialCopy): the
+//    matching prefix of a cached block is copied into a fresh private block;
+//  * sliding windows: TensorRT-LLM's cyclic mode (a sequence's table maps
+//    cache slots through core's WindowMapping and stops growing at the ring;
+//    new tokens overwrite the ring's blocks in place) and vLLM's release mode
+//    (a block whose tokens all left the window goes back to the free list
+//    right after the step; its table entry points at a reserved null block,
+//    vLLM v1's `null_block`, so every page a reader meets is a live id, and
+//    a fresh block is taken when the ring comes back to that page). Both
+//    modes address slots through the same WindowMapping, since core's
+//    readers and writers accept no other (vLLM itself keeps slot = token and
+//    masks the window in the kernel; the released blocks are the same ones).
+// The last prompt token is never matched (it is always recomputed: its
+// output is what the engine samples from). Blocks of a sequence are
+// registered in the tree as soon as the scheduler commits the step that
+// fills them, so a second request scheduled in the same step hits them
+// instead of computing duplicates (their bytes are written by the same
+// step's write op, before any attention op of that layer reads them).
+//
+// Conservation: free + referenced + cached = size, for each pool, after
+// every operation (check_conservation()). Reference counting and the cache
+// are host bookkeeping only; bytes move through BlockMover (the backend).
+#pragma once
+
+#include <cstdint>
+#include <list>
+#include <map>
+#include <optional>
+#include <span>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include <kvsim/core/window.hpp>
+
+#include "scenario.hpp"
+
+namespace kvsim::sim {
+
+// How the block manager moves bytes: the replay implements it with the
+// backend's partial_copy / offload / onboard; unit tests record the calls.
+class BlockMover {
+ public:
+  virtual ~BlockMover() = default;
+  virtual void partial_copy(int32_t src_block, int32_t dst_block, int32_t tokens) = 0;
+  virtual void offload(int32_t primary_block, int32_t secondary_block) = 0;
+  virtual void onboard(int32_t secondary_block, int32_t primary_block) = 0;
+};
+
+struct BlockManagerConfig {
+  int64_t primary_blocks = 0;
+  int64_t secondary_blocks = 0;
+  int32_t page_size = 16;
+  bool reuse = false;
+  bool partial_reuse = false;
+  bool offload = false;
+  WindowMode window_mode = WindowMode::none;
+  int32_t window = 0;
+  int32_t sinks = 0;
+  bool one_more_block = false;
+  // Fault reused_block_mismatch: the block key ignores the block's tokens
+  // (a hash that drops its input), so a different block with the same parent
+  // is "hit".
+  bool fault_key_ignores_tokens = false;
+
+  static BlockManagerConfig from(const Scenario& s);
+};
+
+struct PoolCounts {
+  int64_t size = 0;
+  int64_t free = 0;
+  int64_t referenced = 0;  // held by at least one sequence (or reserved: the null block)
+  int64_t cached = 0;      // unreferenced, in the prefix tree, evictable
+};
+
+struct BlockManagerCounters {
+  int64_t reuse_hit_tokens = 0;      // prompt tokens served from the cache (full and partial)
+  int64_t partial_reuse_tokens = 0;  // of which by partial_copy
+  int64_t evicted_blocks = 0;        // cached blocks taken from the tree for a new owner
+  int64_t offloaded_blocks = 0;
+  int64_t onboarded_blocks = 0;
+  int64_t released_window_blocks = 0;  // release mode: blocks that left the window
+  int64_t duplicate_blocks = 0;      // full blocks computed again while an equal one was cached
+};
+
+struct MatchResult {
+  int64_t full_tokens = 0;     // matched by whole cached blocks
+  int64_t partial_tokens = 0;  // copied from a cached block by partial_copy
+  int64_t tokens() const { return full_tokens + partial_tokens; }
+};
+
+class BlockManager {
+ public:
+  using SeqId = int32_t;
+  static constexpr int32_t kNullBlock = 0;  // release mode only
+
+  BlockManager(const BlockManagerConfig& config, BlockMover* mover);
+
+  const BlockManagerConfig& config() const { return config_; }
+  const BlockManagerCounters& counters() const { return counters_; }
+
+  // Starts a sequence: with reuse, references the longest cached prefix of
+  // prompt[0, prompt.size() - 1) (onboarding secondary hits) and, with
+  // partial reuse, copies the matching head of one more cached block. The
+  // sequence's first match.tokens() tokens are then in the cache.
+  MatchResult add_sequence(SeqId seq, std::span<const int32_t> prompt);
+  bool has_sequence(SeqId seq) const { return seqs_.count(seq) != 0; }
+
+  // Makes the sequence's table cover `length` tokens (cache slots through
+  // the window mapping). All or nothing: false (and nothing changed) when
+  // the pool cannot supply the blocks even after evicting every cached one.
+  bool ensure_capacity(SeqId seq, int64_t length);
+  // Blocks ensure_capacity(seq, length) would have to take from the pool.
+  int64_t blocks_needed(SeqId seq, int64_t length) const;
+  // Blocks the pool can hand out now (free + evictable cached).
+  int64_t available_blocks() const;
+
+  // The step that brings the sequence to `length` tokens is scheduled:
+  // register its full blocks (tokens[0, length) known) in the prefix tree.
+  void commit(SeqId seq, std::span<const int32_t> tokens, int64_t length);
+  // Release mode: after a step, return the blocks no query at position >=
+  // next_position can attend to (every token of the block is a non-sink
+  // before the window of next_position).
+  void release_out_of_window(SeqId seq, int64_t next_position);
+  // Drops the sequence (finished or preempted): its blocks are unreferenced,
+  // tail first; cached ones stay in the tree, the rest go to the free list.
+  void free_sequence(SeqId seq);
+  // Undoes add_sequence of a sequence that was not admitted after all: frees
+  // it and takes its hits back out of the counters (onboards stay counted:
+  // those bytes did move).
+  void cancel_sequence(SeqId seq, const MatchResult& match);
+
+  // The sequence's dense block-table row: raw BlockRefs of its cache pages.
+  const std::vector<int32_t>& table(SeqId seq) const;
+  // Pages a table needs for `length` tokens (cache slots through the window).
+  int64_t pages_for(int64_t length) const;
+  // Largest table a sequence of `length` tokens can need.
+  int64_t max_pages(int64_t length) const { return pages_for(length); }
+  const WindowMapping& window_mapping() const { return mapping_; }
+
+  PoolCounts counts(PoolKind kind) const;
+  // "" when free + referenced + cached = size for both pools and every
+  // block is in exactly one of those states; otherwise what is wrong.
+  std::string check_conservation() const;
+  // Reference count of a primary block (tests).
+  int32_t ref_count(int32_t block) const { return primary_[block].refs; }
+  // Cached primary blocks, least recently used first (tests).
+  std::vector<int32_t> lru_order() const;
+  // Secondary blocks holding offloaded cached blocks (tests).
+  int64_t secondary_cached() const { return static_cast<int64_t>(secondary_lru_.size()); }
+
+ private:
+  struct Node {  // a cached full block
+    uint64_t key = 0;
+    uint64_t parent = 0;
+    std::vector<int32_t> tokens;
+    PoolKind pool = PoolKind::primary;
+    int32_t block = -1;
+  };
+  struct PrimaryBlock {
+    int32_t refs = 0;
+    std::optional<uint64_t> node;  // cached in the tree under this key
+    bool reserved = false;         // the null block
+  };
+  struct Sequence {
+    std::vector<int32_t> blocks;    // raw refs per cache page (null block after release)
+    std::vector<uint64_t> keys;     // chained key per full block registered/matched so far
+    int64_t registered_blocks = 0;  // leading full blocks whose key is known
+    int64_t length = 0;             // tokens the table covers (ensure_capacity)
+  };
+  // Pages ensure_capacity(seq, length) must fill: new columns, and (release
+  // mode) released pages the tokens [s.length, length) are written to.
+  std::vector<int64_t> pages_to_fill(const Sequence& s, int64_t length) const;
+
+  uint64_t block_key(uint64_t parent, std::span<const int32_t> tokens) const;
+  const Node* find_node(uint64_t parent, std::span<const int32_t> tokens) const;
+  std::optional<int32_t> take_block();  // free list, else evict the LRU cached block
+  void evict(int32_t block);
+  void unref(int32_t block);
+  void ref(int32_t block);
+  void touch_lru(int32_t block);
+
+  BlockManagerConfig config_;
+  BlockMover* mover_;
+  WindowMapping mapping_;
+  std::vector<PrimaryBlock> primary_;
+  std::vector<int32_t> free_primary_;    // stack of free block ids
+  std::vector<int32_t> free_secondary_;
+  std::list<int32_t> primary_lru_;       // cached, unreferenced primary blocks, oldest first
+  std::unordered_map<int32_t, std::list<int32_t>::iterator> primary_lru_pos_;
+  std::list<uint64_t> secondary_lru_;    // offloaded nodes, oldest first
+  std::unordered_map<uint64_t, Node> nodes_;
+  std::unordered_multimap<uint64_t, uint64_t> children_;  // parent key -> child keys
+  std::map<SeqId, Sequence> seqs_;
+  BlockManagerCounters counters_;
+};
+
+}  // namespace kvsim::sim

@@ -1,0 +1,86 @@
+// The synthetic model: see synthetic_model.hpp.
+#include "kvsim/sim/synthetic_model.hpp"
+
+#include <kvsim/core/errors.hpp>
+
+namespace kvsim::sim {
+
+uint64_t hash_mix(uint64_t h, uint64_t v) {  // splitmix64 finaliser over (h, v)
+  uint64_t z = h ^ (v * 0x9e3779b97f4a7c15ull);
+  z += 0x9e3779b97f4a7c15ull;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+namespace {
+// Uniform in [-1, 1) from the top 24 bits: exact in fp32.
+float unit(uint64_t bits) { return static_cast<float>(bits >> 40) * (2.0f / 16777216.0f) - 1.0f; }
+}  // namespace
+
+float SyntheticModel::value(ModelTensor t, int32_t layer, int32_t head, int32_t dim, int64_t position,
+                            uint64_t prefix_hash) const {
+  uint64_t h = hash_mix(spec_.seed, static_cast<uint64_t>(t) + 1);
+  h = hash_mix(h, static_cast<uint64_t>(layer));
+  h = hash_mix(h, static_cast<uint64_t>(head));
+  h = hash_mix(h, static_cast<uint64_t>(dim));
+  h = hash_mix(h, static_cast<uint64_t>(position));
+  h = hash_mix(h, prefix_hash);
+  // Sum of four uniforms: bell-shaped, sigma 1.1547; scaled to sigma = value_scale.
+  const uint64_t a = hash_mix(h, 1), b = hash_mix(h, 2);
+  const float s = unit(a) + unit(a << 24) + unit(b) + unit(b << 24);
+  float x = s * (spec_.value_scale / 1.1547005f);
+  if (spec_.outlier_rate > 0.0f) {
+    const float u = (unit(hash_mix(h, 3)) + 1.0f) * 0.5f;
+    if (u < spec_.outlier_rate) x *= spec_.outlier_scale;
+  }
+  return x;
+}
+
+std::vector<uint64_t> SyntheticModel::prefix_hashes(std::span<const int32_t> tokens) {
+  std::vector<uint64_t> h(tokens.size());
+  uint64_t running = kEmptyHash;
+  for (size_t i = 0; i < tokens.size(); ++i) h[i] = running = extend_hash(running, tokens[i]);
+  return h;
+}
+
+uint64_t SyntheticModel::extend_hash(uint64_t previous, int32_t token) {
+  return hash_mix(previous, static_cast<uint32_t>(token));
+}
+
+int32_t SyntheticModel::next_token(uint64_t request_seed, int64_t position) {
+  return static_cast<int32_t>(hash_mix(hash_mix(request_seed, 0xdec0de), static_cast<uint64_t>(position)) % kVocab);
+}
+
+std::vector<int32_t> SyntheticModel::generate_tokens(uint64_t seed, int32_t n) {
+  std::vector<int32_t> t(static_cast<size_t>(n > 0 ? n : 0));
+  for (int32_t i = 0; i < n; ++i) t[i] = static_cast<int32_t>(hash_mix(hash_mix(seed, 0x70ce), i) % kVocab);
+  return t;
+}
+
+uint64_t SyntheticModel::request_seed(const RequestSpec& r) {
+  if (r.seed != 0) return r.seed;
+  uint64_t h = 0x9ae16a3b2f90404full;
+  for (char c : r.id) h = hash_mix(h, static_cast<unsigned char>(c));
+  return h;
+}
+
+std::vector<int32_t> build_prompt(const Scenario& s, const RequestSpec& r) {
+  std::vector<int32_t> prompt;
+  for (const std::string& name : r.prefixes) {
+    const PrefixSpec* found = nullptr;
+    for (const PrefixSpec& p : s.prefixes)
+      if (p.name == name) found = &p;
+    if (!found) fail(ErrorCode::bad_scenario, "request " + r.id + ": unknown prefix \"" + name + "\"");
+    prompt.insert(prompt.end(), found->tokens.begin(), found->tokens.end());
+  }
+  if (!r.tokens.empty())
+    prompt.insert(prompt.end(), r.tokens.begin(), r.tokens.end());
+  else {
+    const auto gen = SyntheticModel::generate_tokens(SyntheticModel::request_seed(r), r.generated);
+    prompt.insert(prompt.end(), gen.begin(), gen.end());
+  }
+  return prompt;
+}
+
+}  // namespace kvsim::sim

@@ -1,0 +1,359 @@
+// Block manager (sim/include/kvsim/sim/block_manager.hpp): conservation after
+// every operation, LRU order, full and partial reuse with the last prompt
+// token recomputed, offload / onboard, both sliding-window modes, failure
+// without side effects when the pool runs out, same-step shared prefixes.
+#include <doctest/doctest.h>
+
+#include <numeric>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "kvsim/sim/block_manager.hpp"
+#include "kvsim/sim/synthetic_model.hpp"
+
+using namespace kvsim;
+using namespace kvsim::sim;
+
+namespace {
+
+struct Move {
+  std::string op;
+  int32_t a, b, n;
+  bool operator==(const Move&) const = default;
+};
+
+struct RecordingMover final : BlockMover {
+  std::vector<Move> moves;
+  void partial_copy(int32_t s, int32_t d, int32_t n) override { moves.push_back({"partial_copy", s, d, n}); }
+  void offload(int32_t p, int32_t s) override { moves.push_back({"offload", p, s, 0}); }
+  void onboard(int32_t s, int32_t p) override { moves.push_back({"onboard", s, p, 0}); }
+};
+
+std::vector<int32_t> iota_tokens(int32_t n, int32_t first = 100) {
+  std::vector<int32_t> t(static_cast<size_t>(n));
+  std::iota(t.begin(), t.end(), first);
+  return t;
+}
+
+void conserved(const BlockManager& bm) {
+  const std::string err = bm.check_conservation();
+  CHECK_MESSAGE(err.empty(), err);
+  for (PoolKind k : {PoolKind::primary, PoolKind::secondary}) {
+    const PoolCounts c = bm.counts(k);
+    CHECK(c.free + c.referenced + c.cached == c.size);
+  }
+}
+
+BlockManagerConfig reuse_config(int32_t P, int64_t primary, int64_t secondary = 0) {
+  BlockManagerConfig c;
+  c.page_size = P;
+  c.primary_blocks = primary;
+  c.secondary_blocks = secondary;
+  c.reuse = true;
+  return c;
+}
+
+}  // namespace
+
+TEST_CASE("block manager: conservation after every operation, page sizes 1, 3, 7, 17") {
+  for (int32_t P : {1, 3, 7, 17}) {
+    INFO("P = " << P);
+    RecordingMover mover;
+    BlockManagerConfig cfg = reuse_config(P, 23, 5);
+    cfg.partial_reuse = true;
+    cfg.offload = true;
+    BlockManager bm(cfg, &mover);
+    conserved(bm);
+    const auto shared = iota_tokens(2 * P + 1);
+    // Odd number of sequences, odd lengths, each sharing a prefix; admitted,
+    // grown, committed and freed in an interleaved order.
+    for (int32_t round = 0; round < 5; ++round) {
+      std::vector<int32_t> prompt = shared;
+      for (int32_t i = 0; i < round * 2 + 1; ++i) prompt.push_back(1000 * (round + 1) + i);
+      const BlockManager::SeqId id = round;
+      const MatchResult m = bm.add_sequence(id, prompt);
+      conserved(bm);
+      CHECK(m.tokens() <= static_cast<int64_t>(prompt.size()) - 1);
+      const bool fits = bm.ensure_capacity(id, static_cast<int64_t>(prompt.size()));
+      conserved(bm);
+      if (!fits) {
+        bm.free_sequence(id);
+        conserved(bm);
+        continue;
+      }
+      bm.commit(id, prompt, static_cast<int64_t>(prompt.size()));
+      conserved(bm);
+      if (round % 2 == 1) {
+        bm.free_sequence(id - 1);
+        conserved(bm);
+      }
+    }
+    for (int32_t id = 0; id < 5; ++id) bm.free_sequence(id);
+    conserved(bm);
+    CHECK(bm.counts(PoolKind::primary).referenced == 0);
+  }
+}
+
+TEST_CASE("block manager: the last prompt token is always recomputed, full blocks are hit") {
+  const int32_t P = 4;
+  BlockManager bm(reuse_config(P, 16), nullptr);
+  const auto a = iota_tokens(12);  // exactly three blocks
+  REQUIRE(bm.add_sequence(0, a).tokens() == 0);
+  REQUIRE(bm.ensure_capacity(0, 12));
+  bm.commit(0, a, 12);
+  // The same prompt: its third block holds the last token, so only two blocks are hit.
+  const MatchResult m = bm.add_sequence(1, a);
+  CHECK(m.full_tokens == 8);
+  CHECK(m.partial_tokens == 0);
+  CHECK(bm.table(1)[0] == bm.table(0)[0]);
+  CHECK(bm.table(1)[1] == bm.table(0)[1]);
+  CHECK(bm.ref_count(bm.table(0)[0]) == 2);
+  // One token longer: three blocks are hit.
+  auto longer = a;
+  longer.push_back(7);
+  CHECK(bm.add_sequence(2, longer).full_tokens == 12);
+  conserved(bm);
+}
+
+TEST_CASE("block manager: same-step shared prefixes never produce duplicate blocks") {
+  const int32_t P = 3;
+  BlockManager bm(reuse_config(P, 20), nullptr);
+  auto a = iota_tokens(10);
+  auto b = iota_tokens(10);
+  b.back() = 9999;
+  // Both scheduled in one step: A is committed at scheduling time, so B hits A's blocks.
+  bm.add_sequence(0, a);
+  REQUIRE(bm.ensure_capacity(0, 10));
+  bm.commit(0, a, 10);
+  const MatchResult m = bm.add_sequence(1, b);
+  CHECK(m.full_tokens == 9);
+  REQUIRE(bm.ensure_capacity(1, 10));
+  bm.commit(1, b, 10);
+  CHECK(bm.counters().duplicate_blocks == 0);
+  std::set<int32_t> distinct(bm.table(0).begin(), bm.table(0).end());
+  distinct.insert(bm.table(1).begin(), bm.table(1).end());
+  CHECK(distinct.size() == 4 + 1);  // A's four blocks, and B's own last block
+  conserved(bm);
+}
+
+TEST_CASE("block manager: LRU evicts the least recently released cached block, a prefix's tail first") {
+  const int32_t P = 2;
+  BlockManager bm(reuse_config(P, 6), nullptr);
+  const auto a = iota_tokens(6, 10);
+  REQUIRE(bm.add_sequence(0, a).tokens() == 0);
+  REQUIRE(bm.ensure_capacity(0, 6));
+  bm.commit(0, a, 6);
+  const std::vector<int32_t> a_blocks = bm.table(0);
+  bm.free_sequence(0);
+  // Released tail first: the LRU order is A's blocks from last to first.
+  CHECK(bm.lru_order() == std::vector<int32_t>{a_blocks[2], a_blocks[1], a_blocks[0]});
+  conserved(bm);
+  // A new unrelated sequence of 5 blocks takes the 3 free blocks, then evicts A's tail, then its middle.
+  const auto c = iota_tokens(10, 500);
+  bm.add_sequence(1, c);
+  REQUIRE(bm.ensure_capacity(1, 10));
+  CHECK(bm.counters().evicted_blocks == 2);
+  CHECK(bm.lru_order() == std::vector<int32_t>{a_blocks[0]});
+  conserved(bm);
+  // A's head is still cached: a prompt starting with it hits one block.
+  bm.free_sequence(1);
+  CHECK(bm.add_sequence(2, a).full_tokens == 2);
+  conserved(bm);
+}
+
+TEST_CASE("block manager: partial reuse copies the matching head of a cached block") {
+  const int32_t P = 7;
+  RecordingMover mover;
+  BlockManagerConfig cfg = reuse_config(P, 10);
+  cfg.partial_reuse = true;
+  BlockManager bm(cfg, &mover);
+  const auto a = iota_tokens(15);  // two full blocks + 1
+  bm.add_sequence(0, a);
+  REQUIRE(bm.ensure_capacity(0, 15));
+  bm.commit(0, a, 15);
+  // B shares block 0 and the first 4 tokens of block 1.
+  auto b = iota_tokens(11);
+  b.push_back(-5);
+  b.push_back(-6);
+  b.push_back(-7);
+  const MatchResult m = bm.add_sequence(1, b);
+  CHECK(m.full_tokens == 7);
+  CHECK(m.partial_tokens == 4);
+  REQUIRE(mover.moves.size() == 1);
+  CHECK(mover.moves[0].op == "partial_copy");
+  CHECK(mover.moves[0].a == bm.table(0)[1]);
+  CHECK(mover.moves[0].b == bm.table(1)[1]);
+  CHECK(mover.moves[0].n == 4);
+  CHECK(bm.table(1)[1] != bm.table(0)[1]);  // a private copy, never the cached block itself
+  CHECK(bm.counters().reuse_hit_tokens == 11);
+  CHECK(bm.counters().partial_reuse_tokens == 4);
+  conserved(bm);
+  // A partial match is capped so the last prompt token is recomputed.
+  auto c = iota_tokens(10);
+  const MatchResult mc = bm.add_sequence(2, c);
+  CHECK(mc.tokens() == 9);
+  conserved(bm);
+}
+
+TEST_CASE("block manager: offload on eviction, onboard on a later hit") {
+  const int32_t P = 3;
+  RecordingMover mover;
+  BlockManagerConfig cfg = reuse_config(P, 4, 2);
+  cfg.offload = true;
+  BlockManager bm(cfg, &mover);
+  const auto a = iota_tokens(7);  // 3 blocks, 2 full + 1
+  bm.add_sequence(0, a);
+  REQUIRE(bm.ensure_capacity(0, 7));
+  bm.commit(0, a, 7);
+  const auto a_blocks = bm.table(0);
+  bm.free_sequence(0);
+  conserved(bm);
+  // A 4-block sequence: 1 free block, then evicts both cached blocks of A (tail first) to the secondary pool.
+  const auto c = iota_tokens(12, 900);
+  bm.add_sequence(1, c);
+  REQUIRE(bm.ensure_capacity(1, 12));
+  CHECK(bm.counters().offloaded_blocks == 2);
+  CHECK(bm.secondary_cached() == 2);
+  REQUIRE(mover.moves.size() == 2);
+  CHECK(mover.moves[0].op == "offload");
+  CHECK(mover.moves[0].a == a_blocks[1]);
+  CHECK(mover.moves[1].a == a_blocks[0]);
+  conserved(bm);
+  bm.free_sequence(1);
+  // A hit on A's prefix onboards both blocks.
+  const MatchResult m = bm.add_sequence(2, a);
+  CHECK(m.full_tokens == 6);
+  CHECK(bm.counters().onboarded_blocks == 2);
+  CHECK(mover.moves[2].op == "onboard");
+  CHECK(mover.moves[3].op == "onboard");
+  CHECK(bm.secondary_cached() == 0);
+  conserved(bm);
+}
+
+TEST_CASE("block manager: running out of blocks fails without side effects") {
+  BlockManager bm(reuse_config(5, 3), nullptr);
+  bm.add_sequence(0, iota_tokens(9));
+  REQUIRE(bm.ensure_capacity(0, 9));
+  bm.add_sequence(1, iota_tokens(9, 700));
+  const auto before = bm.counts(PoolKind::primary);
+  CHECK(bm.blocks_needed(1, 9) == 2);
+  CHECK_FALSE(bm.ensure_capacity(1, 9));
+  CHECK(bm.table(1).empty());
+  CHECK(bm.counts(PoolKind::primary).free == before.free);
+  conserved(bm);
+  // Preemption frees the victim's blocks; then the sequence fits.
+  bm.free_sequence(0);
+  CHECK(bm.ensure_capacity(1, 9));
+  conserved(bm);
+}
+
+TEST_CASE("block manager: cyclic window (TensorRT-LLM) stops growing at the ring; release window (vLLM) returns blocks") {
+  SUBCASE("cyclic: sinks 3, P 4 (bubble 1), W 11, one more block") {
+    BlockManagerConfig cfg;
+    cfg.page_size = 4;
+    cfg.primary_blocks = 12;
+    cfg.window_mode = WindowMode::cyclic;
+    cfg.window = 11;
+    cfg.sinks = 3;
+    cfg.one_more_block = true;
+    BlockManager bm(cfg, nullptr);
+    // Ring: cyclic_len = 11 + 4 - 3 = 12 slots after 3 sinks + 1 bubble = 16 slots = 4 pages.
+    CHECK(bm.window_mapping().bubble == 1);
+    CHECK(bm.window_mapping().cyclic_len == 12);
+    bm.add_sequence(0, {});
+    for (int64_t len = 1; len <= 40; ++len) {
+      REQUIRE(bm.ensure_capacity(0, len));
+      CHECK(static_cast<int64_t>(bm.table(0).size()) == (bm.window_mapping().cache_length(len) + 3) / 4);
+      conserved(bm);
+    }
+    CHECK(bm.table(0).size() == 4);
+    CHECK(bm.counts(PoolKind::primary).referenced == 4);
+  }
+  SUBCASE("release: sinks 2, W 9, P 3, one more block: blocks wholly out of the window go back to the free list") {
+    BlockManagerConfig cfg;
+    cfg.page_size = 3;
+    cfg.primary_blocks = 10;
+    cfg.window_mode = WindowMode::release;
+    cfg.window = 9;
+    cfg.sinks = 2;
+    cfg.one_more_block = true;
+    BlockManager bm(cfg, nullptr);
+    CHECK(bm.counts(PoolKind::primary).referenced == 1);  // the reserved null block
+    const WindowMapping& w = bm.window_mapping();
+    bm.add_sequence(0, {});
+    int64_t max_live = 0;
+    for (int64_t len = 1; len <= 45; ++len) {
+      REQUIRE(bm.ensure_capacity(0, len));
+      // The page of the token just written is live.
+      CHECK(bm.table(0)[w.cache_token(len - 1) / 3] != BlockManager::kNullBlock);
+      bm.release_out_of_window(0, len);
+      conserved(bm);
+      // Independently: a released page holds no token the next query (at len) attends.
+      const int64_t window_start = std::max<int64_t>(2, len + 1 - 7);
+      int64_t live = 0;
+      for (size_t pg = 0; pg < bm.table(0).size(); ++pg) {
+        if (bm.table(0)[pg] != BlockManager::kNullBlock) {
+          ++live;
+          continue;
+        }
+        for (int64_t t = 0; t < len; ++t) {
+          const int64_t slot = w.cache_token(t);
+          bool newest = true;  // t is the newest token in its slot
+          for (int64_t u = t + 1; u < len; ++u) newest = newest && w.cache_token(u) != slot;
+          if (newest && slot / 3 == static_cast<int64_t>(pg)) CHECK((t >= 2 && t < window_start));
+        }
+      }
+      max_live = std::max(max_live, live);
+      CHECK(live + bm.counts(PoolKind::primary).free + 1 == 10);
+    }
+    CHECK(bm.counters().released_window_blocks > 3);
+    CHECK(max_live <= static_cast<int64_t>(bm.table(0).size()));
+    bm.free_sequence(0);
+    CHECK(bm.counts(PoolKind::primary).free == 9);
+    conserved(bm);
+  }
+}
+
+TEST_CASE("block manager: the reused_block_mismatch fault serves a block with other tokens") {
+  BlockManagerConfig cfg = reuse_config(4, 10);
+  cfg.fault_key_ignores_tokens = true;
+  BlockManager bm(cfg, nullptr);
+  const auto a = iota_tokens(9);
+  bm.add_sequence(0, a);
+  REQUIRE(bm.ensure_capacity(0, 9));
+  bm.commit(0, a, 9);
+  const auto b = iota_tokens(9, 5000);  // no token in common
+  CHECK(bm.add_sequence(1, b).full_tokens == 8);
+  CHECK(bm.table(1)[0] == bm.table(0)[0]);
+}
+
+TEST_CASE("synthetic model: equal prefixes give equal inputs; a different earlier token changes them") {
+  ModelSpec spec;
+  spec.seed = 7;
+  SyntheticModel m(spec);
+  const std::vector<int32_t> a{1, 2, 3, 4}, b{1, 2, 3, 5}, c{9, 2, 3, 4};
+  const auto ha = SyntheticModel::prefix_hashes(a), hb = SyntheticModel::prefix_hashes(b),
+             hc = SyntheticModel::prefix_hashes(c);
+  CHECK(ha[2] == hb[2]);
+  CHECK(ha[3] != hb[3]);
+  CHECK(ha[1] != hc[1]);
+  CHECK(m.value(ModelTensor::k, 1, 0, 5, 2, ha[2]) == m.value(ModelTensor::k, 1, 0, 5, 2, hb[2]));
+  CHECK(m.value(ModelTensor::k, 1, 0, 5, 3, ha[3]) != m.value(ModelTensor::k, 1, 0, 5, 3, hb[3]));
+  // Spread: sigma close to value_scale, bounded, outliers when asked for.
+  double sum2 = 0, maxabs = 0;
+  const int n = 20000;
+  for (int i = 0; i < n; ++i) {
+    const double x = m.value(ModelTensor::v, 0, 0, i % 64, i, ha[3]);
+    sum2 += x * x;
+    maxabs = std::max(maxabs, std::abs(x));
+  }
+  CHECK(std::sqrt(sum2 / n) == doctest::Approx(1.0).epsilon(0.05));
+  CHECK(maxabs < 3.5);
+  spec.outlier_rate = 0.01f;
+  SyntheticModel mo(spec);
+  int outliers = 0;
+  for (int i = 0; i < n; ++i) outliers += std::abs(mo.value(ModelTensor::v, 0, 0, i % 64, i, ha[3])) > 4.0f;
+  CHECK(outliers > n / 200);
+  CHECK(outliers < n / 50);
+}
