@@ -81,7 +81,9 @@ std::string unknown_key_message(std::string_view key, const std::vector<std::str
   std::string_view best;
   size_t best_distance = std::numeric_limits<size_t>::max();
   for (std::string_view v : valid) {
-    const size_t d = edit_distance(key, v);
+    // A key cut short ("chunk" for chunk_size) is as good as a one-letter typo.
+    const bool truncated = !key.empty() && (v.starts_with(key) || key.starts_with(v));
+    const size_t d = truncated ? 1 : edit_distance(key, v);
     if (d < best_distance) best_distance = d, best = v;
   }
   const size_t tolerance = std::max<size_t>(2, key.size() / 3);
@@ -221,10 +223,9 @@ class Section {
   }
   int64_t integer(std::string_view key, const toml::node& n, int64_t lo, int64_t hi,
                   const std::string& what = "an integer") {
-    const std::string range = " in " + std::to_string(lo) + ".." + std::to_string(hi);
-    if (!n.is_integer()) wrong_type(key, n, what + range);
+    if (!n.is_integer()) wrong_type(key, n, what);
     const int64_t v = n.as_integer()->get();
-    if (v < lo || v > hi) wrong_type(key, n, what + range);
+    if (v < lo || v > hi) wrong_type(key, n, what + " in " + std::to_string(lo) + ".." + std::to_string(hi));
     return v;
   }
 
@@ -638,6 +639,27 @@ int64_t blocks_needed(const Scenario& s, int64_t total_tokens) {
   return (slots + P - 1) / P;
 }
 
+// Prefill writes a chunk into the ring, then its queries read the ring. Token
+// t' overwrites t' - cyclic_len, which a query t of the same chunk still
+// attends to when t' - t > extra (extra = cyclic_len - (W - S): P with one more
+// block, else 0) -- once the prompt has wrapped. Such a chunk can only give
+// wrong outputs, so the scenario is impossible as written.
+void check_cyclic_prefill(const Scenario& s, const Checker& c, const std::string& key, int64_t prompt) {
+  const WindowMapping m = WindowMapping::make(s.window.window, s.window.sinks, s.cache.page_size, s.window.one_more_block);
+  const int64_t extra = m.cyclic_len - (static_cast<int64_t>(m.window) - m.sinks);
+  const int64_t wraps_from = m.sinks + m.cyclic_len;  // first token that overwrites another
+  int64_t max_chunk = s.scheduler.chunk_size > 0 ? std::min<int64_t>(s.scheduler.chunk_size, prompt) : prompt;
+  max_chunk = std::min<int64_t>(max_chunk, s.scheduler.token_budget);
+  if (prompt - 1 >= wraps_from && max_chunk >= extra + 2)
+    c.reject(key, "expected prefill chunks of at most " + std::to_string(extra + 1) +
+                      " tokens once the prompt wraps the cyclic ring (prompt of " + std::to_string(prompt) +
+                      " tokens wraps at token " + std::to_string(wraps_from) + "; a chunk of " +
+                      std::to_string(max_chunk) +
+                      " would overwrite keys its own earlier queries attend to): set scheduler.chunk_size <= " +
+                      std::to_string(extra + 1) + (s.window.one_more_block ? "" : " or window.one_more_block = true") +
+                      ", or shorten the prompt");
+}
+
 void check_prompts(const Scenario& s, const Checker& c) {
   std::map<std::string, const PrefixSpec*> prefixes;
   for (size_t i = 0; i < s.prefixes.size(); ++i) {
@@ -678,6 +700,7 @@ void check_prompts(const Scenario& s, const Checker& c) {
     prompt += static_cast<int64_t>(r.tokens.size()) + r.generated;
     c.require(prompt >= 1, key, "expected a prompt of at least one token (prefixes, tokens or generated), got none");
     c.require(r.decode_tokens >= 0, key + ".decode_tokens", "expected >= 0, got " + std::to_string(r.decode_tokens));
+    if (s.window.mode == WindowMode::cyclic) check_cyclic_prefill(s, c, key, prompt);
     const int64_t total = prompt + r.decode_tokens;
     c.require(total <= (1 << 20), key, "expected at most 1048576 tokens in all, got " + std::to_string(total));
     const int64_t needed = blocks_needed(s, total);

@@ -1,0 +1,482 @@
+// Scenario files: every built-in scenario parses and passes the checks; every
+// key reaches its Scenario field; malformed files and impossible settings
+// are rejected with bad_scenario, FILE:LINE:COLUMN, the key and what was
+// expected -- before anything runs.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <string>
+
+#include "kvsim/sim/scenario_file.hpp"
+
+using namespace kvsim;
+using namespace kvsim::sim;
+
+namespace {
+
+// The whole message of the rejection of `text` (parsed as "t.toml").
+std::string rejection(const std::string& text) {
+  try {
+    parse_scenario(text, "t.toml");
+  } catch (const ValidationError& e) {
+    CHECK(e.code() == ErrorCode::bad_scenario);
+    return e.what();
+  }
+  FAIL("accepted: " << text);
+  return {};
+}
+
+// `text` is rejected and the message starts with "bad_scenario: t.toml:" + `where_and_key`
+// and contains `detail`.
+void check_rejected(const std::string& text, const std::string& where_and_key, const std::string& detail) {
+  const std::string message = rejection(text);
+  INFO("message: " << message);
+  CHECK(message.rfind("bad_scenario: t.toml:" + where_and_key, 0) == 0);
+  CHECK(message.find(detail) != std::string::npos);
+}
+
+const std::string kOneRequest = "[[request]]\ngenerated = 5\n";
+
+}  // namespace
+
+TEST_CASE("every built-in scenario parses, passes the checks and says what it teaches and models") {
+  const std::vector<std::string> paths = builtin_scenario_paths();
+  REQUIRE(paths.size() >= 30);
+  CHECK(std::is_sorted(paths.begin(), paths.end()));
+  std::set<Fault> caught;
+  for (const std::string& path : paths) {
+    INFO(path);
+    const Scenario s = load_scenario_file(path);
+    CHECK(s.name == std::filesystem::path(path).stem().string());
+    CHECK(s.path == path);
+    CHECK_FALSE(s.requests.empty());
+    CHECK(s.description.find("Teaches:") != std::string::npos);
+    CHECK(s.description.find("Models:") != std::string::npos);
+    // Each switched-on fault is expected to be caught, and each expected catch is switched on.
+    for (Fault f : s.faults)
+      CHECK(std::find(s.expect.must_catch.begin(), s.expect.must_catch.end(), f) != s.expect.must_catch.end());
+    for (Fault f : s.expect.must_catch) caught.insert(f);
+  }
+  // One fault scenario for each silent failure of SPEC §6.
+  for (Fault f : {Fault::past_len_zero, Fault::window_mismatch, Fault::k_scale_for_v, Fault::reused_block_mismatch,
+                  Fault::v_tail_not_zeroed, Fault::stale_bad_page}) {
+    INFO(fault_name(f));
+    CHECK(caught.count(f) == 1);
+  }
+}
+
+TEST_CASE("the built-in set covers the behaviours issue 6 lists") {
+  std::vector<Scenario> all;
+  for (const std::string& path : builtin_scenario_paths()) all.push_back(load_scenario_file(path));
+  auto any = [&](auto predicate) { return std::any_of(all.begin(), all.end(), predicate); };
+  std::set<int32_t> chunk_sizes;
+  for (const Scenario& s : all)
+    if (s.scheduler.chunk_size > 0 && s.faults.empty()) chunk_sizes.insert(s.scheduler.chunk_size);
+  CHECK(chunk_sizes.size() >= 3);
+  CHECK(any([](const Scenario& s) { return s.cache.page_size % 2 == 1 && s.cache.page_size > 1 && s.scheduler.chunk_size > 0; }));
+  CHECK(any([](const Scenario& s) { return s.reuse.partial; }));
+  CHECK(any([](const Scenario& s) { return s.reuse.offload && s.cache.secondary_blocks > 0; }));
+  CHECK(any([](const Scenario& s) { return s.window.mode == WindowMode::release; }));
+  CHECK(any([](const Scenario& s) { return s.window.mode == WindowMode::cyclic && s.window.sinks % s.cache.page_size != 0; }));
+  CHECK(any([](const Scenario& s) { return s.window.one_more_block; }));
+  for (CacheDtype d : {CacheDtype::fp8_e4m3, CacheDtype::int8, CacheDtype::nvfp4})
+    CHECK(any([d](const Scenario& s) { return s.cache.dtype == d && s.faults.empty(); }));
+  CHECK(any([](const Scenario& s) { return s.mla.enabled; }));
+  CHECK(any([](const Scenario& s) { return s.indexer_k_scatter; }));
+  CHECK(any([](const Scenario& s) { return s.cache.shared_kv_allocation; }));
+  CHECK(any([](const Scenario& s) { return s.cache.poison_nan && s.cache.zero_v_tail; }));
+  CHECK(any([](const Scenario& s) { return s.cache.layout == BlockLayout::split_x && s.cache.write_path == WritePath::reshape_and_cache; }));
+  for (WritePath w : {WritePath::qkv_preprocess, WritePath::append_paged, WritePath::reshape_and_cache, WritePath::append_mla})
+    CHECK(any([w](const Scenario& s) { return s.cache.write_path == w; }));
+  CHECK(any([](const Scenario& s) { return s.model.q_heads > s.model.kv_heads && s.requests.size() >= 5; }));
+}
+
+TEST_CASE("an omitted key takes the default of scenario.hpp") {
+  const Scenario s = parse_scenario(kOneRequest, "defaults.toml");
+  const Scenario d;
+  CHECK(s.name == "defaults");
+  CHECK(s.model.layers == d.model.layers);
+  CHECK(s.model.q_heads == d.model.q_heads);
+  CHECK(s.model.kv_heads == d.model.kv_heads);
+  CHECK(s.model.head_dim == d.model.head_dim);
+  CHECK(s.model.input_dtype == d.model.input_dtype);
+  CHECK(s.model.rope == d.model.rope);
+  CHECK(s.cache.dtype == d.cache.dtype);
+  CHECK(s.cache.layout == d.cache.layout);
+  CHECK(s.cache.placement == d.cache.placement);
+  CHECK(s.cache.page_size == d.cache.page_size);
+  CHECK(s.cache.primary_blocks == d.cache.primary_blocks);
+  CHECK(s.cache.write_path == d.cache.write_path);
+  CHECK(s.cache.zero_v_tail == d.cache.zero_v_tail);
+  CHECK(s.window.mode == WindowMode::none);
+  CHECK_FALSE(s.reuse.enabled);
+  CHECK(s.scheduler.token_budget == d.scheduler.token_budget);
+  CHECK(s.scheduler.max_steps == d.scheduler.max_steps);
+  CHECK_FALSE(s.indexer_k_scatter);
+  CHECK(s.faults.empty());
+  CHECK_FALSE(s.expect.reuse_hit_tokens.has_value());
+  REQUIRE(s.requests.size() == 1);
+  CHECK(s.requests[0].id == "r0");  // unnamed requests are numbered by position
+  CHECK(s.requests[0].generated == 5);
+  CHECK(s.requests[0].where.line == 1);
+}
+
+TEST_CASE("every key reaches its Scenario field") {
+  const std::string text = R"(# What this teaches.
+# Which engine it models.
+[model]
+layers = 3
+q_heads = 6
+kv_heads = 3
+head_dim = 128
+seed = 99
+value_scale = 0.5
+outlier_rate = 0.01
+outlier_scale = 32
+input_dtype = "fp16"
+rope = "gptj"
+rotary_dim = 64
+rope_theta = 500000.0
+
+[cache]
+dtype = "fp8_e5m2"
+layout = "split-x"
+placement = "per_layer"
+page_size = 7
+primary_blocks = 100
+secondary_blocks = 9
+write_path = "reshape_and_cache"
+k_scale = 0.5
+v_scale = 0.25
+zero_v_tail = false
+poison_nan = true
+
+[window]
+mode = "release"
+window = 33
+
+[reuse]
+enabled = true
+partial = true
+offload = true
+
+[scheduler]
+token_budget = 77
+chunk_size = 11
+max_batch = 5
+max_steps = 500
+
+[indexer]
+k_scatter = true
+
+[[prefix]]
+name = "sys"
+tokens = [5, 6, 7]
+
+[[prefix]]
+name = "gen"
+length = 20
+seed = 3
+
+[[request]]
+id = "x"
+arrival_step = 4
+prefixes = ["sys", "gen"]
+tokens = [1, 2, 3]
+decode_tokens = 9
+
+[[request]]
+id = "y"
+generated = 12
+seed = 8
+
+[faults]
+reused_block_mismatch = true
+
+[expect]
+reuse_hit_tokens = 21
+evicted_blocks = 0
+offloaded_blocks = 1
+onboarded_blocks = 2
+preemptions = 3
+must_pass = ["conservation", "layout"]
+must_catch = ["reused_block_mismatch"]
+)";
+  const Scenario s = parse_scenario(text, "dir/every_key.toml");
+  CHECK(s.name == "every_key");
+  CHECK(s.description == "What this teaches.\nWhich engine it models.");
+  CHECK(s.model.layers == 3);
+  CHECK(s.model.q_heads == 6);
+  CHECK(s.model.kv_heads == 3);
+  CHECK(s.model.head_dim == 128);
+  CHECK(s.model.seed == 99);
+  CHECK(s.model.value_scale == 0.5f);
+  CHECK(s.model.outlier_rate == 0.01f);
+  CHECK(s.model.outlier_scale == 32.0f);  // an integer is accepted where a number is expected
+  CHECK(s.model.input_dtype == CacheDtype::fp16);
+  CHECK(s.model.rope == RopeStyle::gptj);
+  CHECK(s.model.rotary_dim == 64);
+  CHECK(s.model.rope_theta == 500000.0);
+  CHECK(s.cache.dtype == CacheDtype::fp8_e5m2);
+  CHECK(s.cache.layout == BlockLayout::split_x);
+  CHECK(s.cache.placement == LayerPlacement::per_layer);
+  CHECK(s.cache.page_size == 7);
+  CHECK(s.cache.primary_blocks == 100);
+  CHECK(s.cache.secondary_blocks == 9);
+  CHECK(s.cache.write_path == WritePath::reshape_and_cache);
+  CHECK(s.cache.k_scale == 0.5f);
+  CHECK(s.cache.v_scale == 0.25f);
+  CHECK_FALSE(s.cache.zero_v_tail);
+  CHECK(s.cache.poison_nan);
+  CHECK(s.window.mode == WindowMode::release);
+  CHECK(s.window.window == 33);
+  CHECK(s.reuse.enabled);
+  CHECK(s.reuse.partial);
+  CHECK(s.reuse.offload);
+  CHECK(s.scheduler.token_budget == 77);
+  CHECK(s.scheduler.chunk_size == 11);
+  CHECK(s.scheduler.max_batch == 5);
+  CHECK(s.scheduler.max_steps == 500);
+  CHECK(s.indexer_k_scatter);
+  REQUIRE(s.prefixes.size() == 2);
+  CHECK(s.prefixes[0].tokens == std::vector<int32_t>{5, 6, 7});
+  CHECK(s.prefixes[1].tokens == generated_tokens(3, 20));
+  CHECK(s.prefixes[1].where.line == 52);
+  REQUIRE(s.requests.size() == 2);
+  CHECK(s.requests[0].id == "x");
+  CHECK(s.requests[0].arrival_step == 4);
+  CHECK(s.requests[0].prefixes == std::vector<std::string>{"sys", "gen"});
+  CHECK(s.requests[0].tokens == std::vector<int32_t>{1, 2, 3});
+  CHECK(s.requests[0].decode_tokens == 9);
+  CHECK(s.requests[1].generated == 12);
+  CHECK(s.requests[1].seed == 8);
+  CHECK(s.faults == std::vector<Fault>{Fault::reused_block_mismatch});
+  CHECK(s.expect.reuse_hit_tokens == 21);
+  CHECK(s.expect.evicted_blocks == 0);
+  CHECK(s.expect.offloaded_blocks == 1);
+  CHECK(s.expect.onboarded_blocks == 2);
+  CHECK(s.expect.preemptions == 3);
+  CHECK(s.expect.must_pass == std::vector<Invariant>{Invariant::conservation, Invariant::layout});
+  CHECK(s.expect.must_catch == std::vector<Fault>{Fault::reused_block_mismatch});
+  // Locations for later checks and for kvsim's messages.
+  CHECK(s.key_locations.at("cache.page_size").line == 21);
+  CHECK(s.key_locations.at("cache.page_size").column == 13);
+}
+
+TEST_CASE("MLA: head_dim follows d_ckv + d_kpe and the write path is append_mla") {
+  const Scenario s = parse_scenario("[mla]\nenabled = true\nd_ckv = 128\nd_kpe = 32\n" + kOneRequest, "m.toml");
+  CHECK(s.model.head_dim == 160);
+  CHECK(s.cache.write_path == WritePath::append_mla);
+  CHECK(pool_geometry(s).kv_factor == 1);
+  CHECK(pool_geometry(s).kv_heads == 1);
+  check_rejected("[mla]\nenabled = true\n[model]\nhead_dim = 64\n" + kOneRequest, "4:12: model.head_dim",
+                 "expected d_ckv + d_kpe = 576");
+  check_rejected("[cache]\nwrite_path = \"append_mla\"\n" + kOneRequest, "2:14: cache.write_path",
+                 "set mla.enabled = true");
+}
+
+TEST_CASE("generated tokens are deterministic and inside the vocabulary") {
+  const auto a = generated_tokens(42, 1000);
+  CHECK(a == generated_tokens(42, 1000));
+  CHECK(a != generated_tokens(43, 1000));
+  CHECK(std::all_of(a.begin(), a.end(), [](int32_t t) { return t >= 0 && t < kGeneratedVocabulary; }));
+  CHECK(std::set<int32_t>(a.begin(), a.end()).size() > 900);  // not a constant or a short cycle
+  // An unseeded generated prefix is seeded from its name: two such prefixes differ.
+  const Scenario s = parse_scenario(
+      "[[prefix]]\nname = \"a\"\nlength = 8\n[[prefix]]\nname = \"b\"\nlength = 8\n" + kOneRequest, "t.toml");
+  CHECK(s.prefixes[0].tokens != s.prefixes[1].tokens);
+}
+
+TEST_CASE("malformed TOML is rejected at its line and column") {
+  check_rejected("[cache\npage_size = 16\n", "1:7: toml", "expected valid TOML");
+  check_rejected("[cache]\npage_size = = 16\n", "2:13: toml", "expected valid TOML");
+  check_rejected("[cache]\npage_size = 16\npage_size = 17\n", "3:13: toml", "cannot redefine existing integer 'page_size'");
+}
+
+TEST_CASE("unknown keys are rejected with the nearest valid key") {
+  check_rejected("[cache]\npage_sise = 16\n" + kOneRequest, "2:1: cache.page_sise", "did you mean page_size?");
+  check_rejected("[scheduler]\nchunk = 16\n" + kOneRequest, "2:1: scheduler.chunk", "did you mean chunk_size?");
+  check_rejected("[cache]\nflux_capacitor = 1\n" + kOneRequest, "2:1: cache.flux_capacitor",
+                 "expected one of dtype, layout, placement");
+  check_rejected("modle = 1\n" + kOneRequest, "1:1: modle", "did you mean model?");
+  check_rejected(kOneRequest + "prompt = [1, 2]\n", "3:1: request[0].prompt", "unknown key");
+  check_rejected("[faults]\npast_len_zeros = true\n" + kOneRequest, "2:1: faults.past_len_zeros",
+                 "did you mean past_len_zero?");
+}
+
+TEST_CASE("wrong types are rejected with what was expected and what was found") {
+  check_rejected("[cache]\npage_size = \"16\"\n" + kOneRequest, "2:13: cache.page_size",
+                 "expected an integer, got a string (\"16\")");
+  check_rejected("[cache]\nzero_v_tail = 1\n" + kOneRequest, "2:15: cache.zero_v_tail",
+                 "expected a boolean (true or false), got an integer (1)");
+  check_rejected("[cache]\nk_scale = \"big\"\n" + kOneRequest, "2:11: cache.k_scale", "expected a number");
+  check_rejected("cache = 3\n" + kOneRequest, "1:9: cache", "expected a table ([cache]), got an integer (3)");
+  check_rejected("[request]\ngenerated = 5\n", "1:1: request", "expected an array of tables ([[request]])");
+  check_rejected("[[request]]\ntokens = [1, \"two\"]\n", "2:14: request[0].tokens[1]", "expected a token id");
+  check_rejected("[[request]]\ntokens = [1, -2]\n", "2:14: request[0].tokens[1]",
+                 "expected a token id in 0..2147483647, got an integer (-2)");
+  check_rejected("[[request]]\nprefixes = \"sys\"\n", "2:12: request[0].prefixes", "expected an array of strings");
+  check_rejected("[expect]\nmust_catch = [\"everything\"]\n" + kOneRequest, "2:15: expect.must_catch[0]",
+                 "expected one of past_len_zero, window_mismatch");
+}
+
+TEST_CASE("out-of-range values are rejected") {
+  check_rejected("[model]\nlayers = 99999999999\n" + kOneRequest, "2:10: model.layers",
+                 "expected an integer in -2147483648..2147483647, got an integer (99999999999)");
+  check_rejected("[cache]\npage_size = 0\n" + kOneRequest, "2:13: cache.page_size", "expected 1..1024");
+  check_rejected("[cache]\npage_size = 1025\n" + kOneRequest, "2:13: cache.page_size", "expected 1..1024");
+  check_rejected("[model]\nq_heads = 6\nkv_heads = 4\n" + kOneRequest, "2:11: model.q_heads",
+                 "expected a positive multiple of kv_heads = 4");
+  check_rejected("[model]\noutlier_rate = 1.5\n" + kOneRequest, "2:16: model.outlier_rate", "expected a share in 0..1");
+  check_rejected("[cache]\nk_scale = 0\ndtype = \"int8\"\n" + kOneRequest, "2:11: cache.k_scale",
+                 "expected a finite number > 0");
+  check_rejected("[cache]\ndtype = \"nvfp4\"\nv_global_scale = -1.0\n" + kOneRequest, "3:18: cache.v_global_scale",
+                 "bad_global_scale");
+  check_rejected("[scheduler]\ntoken_budget = 0\n" + kOneRequest, "2:16: scheduler.token_budget", "expected >= 1");
+  check_rejected("[[request]]\ngenerated = 5\ndecode_tokens = -1\n", "3:17: request[0].decode_tokens",
+                 "expected >= 0");
+  check_rejected("[[request]]\ndecode_tokens = 3\n", "1:1: request[0]", "expected a prompt of at least one token");
+  check_rejected("[[request]]\ngenerated = 5\narrival_step = 10\n[scheduler]\nmax_steps = 10\n",
+                 "3:16: request[0].arrival_step", "expected 0..scheduler.max_steps - 1 = 9");
+}
+
+TEST_CASE("names from a closed vocabulary: dtype, layout, placement, write path, window mode, rope") {
+  check_rejected("[cache]\ndtype = \"fp9\"\n" + kOneRequest, "2:9: cache.dtype",
+                 "expected one of fp32, fp16, bf16, fp8_e4m3, fp8_e5m2, int8, nvfp4, got a string (\"fp9\")");
+  check_rejected("[cache]\nlayout = \"NCHW\"\n" + kOneRequest, "2:10: cache.layout", "expected one of nhd, hnd, split-x");
+  check_rejected("[cache]\nplacement = \"interleaved\"\n" + kOneRequest, "2:13: cache.placement",
+                 "expected one of in_block, per_layer");
+  check_rejected("[cache]\nwrite_path = \"memcpy\"\n" + kOneRequest, "2:14: cache.write_path",
+                 "expected one of qkv_preprocess, append_paged, reshape_and_cache, append_mla");
+  check_rejected("[window]\nmode = \"rolling\"\n" + kOneRequest, "2:8: window.mode",
+                 "expected one of none, cyclic, release");
+  check_rejected("[model]\nrope = \"llama\"\n" + kOneRequest, "2:8: model.rope", "expected one of none, neox, gptj");
+  // The input is what engines feed: a float dtype (parsed as a dtype name, then checked).
+  check_rejected("[model]\ninput_dtype = \"int8\"\n" + kOneRequest, "2:15: model.input_dtype",
+                 "expected one of fp32, fp16, bf16");
+  // Core's own spellings are accepted.
+  CHECK(parse_scenario("[cache]\nlayout = \"split_x\"\nplacement = \"per-layer\"\n" + kOneRequest, "t.toml").cache.layout ==
+        BlockLayout::split_x);
+}
+
+TEST_CASE("prompts: missing prefixes, duplicates, tokens and generated together") {
+  check_rejected("[[request]]\nprefixes = [\"nope\"]\n", "2:12: request[0].prefixes",
+                 "expected the name of a [[prefix]] (none defined), got \"nope\"");
+  check_rejected("[[prefix]]\nname = \"sys\"\nlength = 4\n[[request]]\nprefixes = [\"sys\", \"syss\"]\n",
+                 "5:12: request[0].prefixes", "expected the name of a [[prefix]] (sys), got \"syss\"");
+  check_rejected("[[prefix]]\nname = \"a\"\nlength = 4\n[[prefix]]\nname = \"a\"\nlength = 5\n" + kOneRequest,
+                 "5:8: prefix[1].name", "expected a unique name, got \"a\" twice");
+  check_rejected("[[prefix]]\nname = \"a\"\n" + kOneRequest, "1:1: prefix[0].tokens", "got neither");
+  check_rejected("[[prefix]]\nname = \"a\"\nlength = 3\ntokens = [1]\n" + kOneRequest, "1:1: prefix[0].tokens",
+                 "got both");
+  check_rejected("[[prefix]]\nlength = 3\n" + kOneRequest, "1:1: prefix[0].name", "every [[prefix]] is named");
+  check_rejected("[[request]]\nid = \"a\"\ngenerated = 1\n[[request]]\nid = \"a\"\ngenerated = 1\n",
+                 "5:6: request[1].id", "expected a unique id, got \"a\" twice");
+  check_rejected("[[request]]\ntokens = [1]\ngenerated = 4\n", "3:13: request[0].generated", "got both");
+  check_rejected("[cache]\npage_size = 16\n", "1:1: request", "expected at least one [[request]]");
+}
+
+TEST_CASE("windows: sinks >= window, a window without a mode, release-mode limits, cyclic chunk overflow") {
+  check_rejected("[window]\nmode = \"cyclic\"\nwindow = 8\nsinks = 8\n" + kOneRequest, "4:9: window.sinks",
+                 "rejected by core: bad_window: sinks = 8 must be < window = 8");
+  check_rejected("[window]\nwindow = 8\n" + kOneRequest, "2:10: window.window", "expected 0 with mode = none");
+  check_rejected("[window]\nmode = \"release\"\n" + kOneRequest, "1:1: window.window",
+                 "expected >= 1 tokens with mode = release");
+  check_rejected("[window]\nmode = \"release\"\nwindow = 32\nsinks = 4\n" + kOneRequest, "4:9: window.sinks",
+                 "expected 0 with mode = release");
+  check_rejected("[window]\nmode = \"cyclic\"\nwindow = 32\n[reuse]\nenabled = true\n" + kOneRequest,
+                 "5:11: reuse.enabled", "TensorRT-LLM disables block reuse");
+  // A 100-token prompt prefilled in one chunk wraps a 32-slot ring over keys its own queries read.
+  const std::string wraps = "[window]\nmode = \"cyclic\"\nwindow = 32\n[[request]]\ngenerated = 100\n";
+  check_rejected(wraps, "4:1: request[0]", "expected prefill chunks of at most 1 tokens");
+  check_rejected("[window]\nmode = \"cyclic\"\nwindow = 32\none_more_block = true\n[[request]]\ngenerated = 100\n",
+                 "5:1: request[0]", "expected prefill chunks of at most 17 tokens");
+  CHECK_NOTHROW(parse_scenario(wraps + "[scheduler]\nchunk_size = 1\n", "t.toml"));
+  CHECK_NOTHROW(parse_scenario(
+      "[window]\nmode = \"cyclic\"\nwindow = 32\none_more_block = true\n[scheduler]\nchunk_size = 17\n[[request]]\n"
+      "generated = 100\n",
+      "t.toml"));
+}
+
+TEST_CASE("impossible settings: a pool too small, offload without a secondary pool, shared allocation") {
+  check_rejected("[cache]\nprimary_blocks = 2\n[[request]]\ngenerated = 100\n", "3:1: request[0]",
+                 "100 tokens need 7 blocks of 16 tokens, got cache.primary_blocks = 2");
+  // A cyclic window bounds the blocks a request needs: 1000 tokens fit in 3 blocks of a 40-token window.
+  CHECK_NOTHROW(parse_scenario(
+      "[cache]\nprimary_blocks = 3\n[window]\nmode = \"cyclic\"\nwindow = 40\n[[request]]\ngenerated = 10\n"
+      "decode_tokens = 990\n",
+      "t.toml"));
+  check_rejected("[reuse]\nenabled = true\noffload = true\n" + kOneRequest, "3:11: reuse.offload",
+                 "expected cache.secondary_blocks >= 1");
+  check_rejected("[reuse]\npartial = true\n" + kOneRequest, "2:11: reuse.partial", "expected reuse.enabled = true");
+  check_rejected("[cache]\nshared_kv_allocation = true\n" + kOneRequest, "2:24: cache.shared_kv_allocation",
+                 "expected placement = per_layer and layout = nhd");
+  check_rejected("[cache]\ndtype = \"nvfp4\"\nlayout = \"split-x\"\n" + kOneRequest, "1:1: cache",
+                 "rejected by core: bad_geometry: split-x layout does not support nvfp4");
+  check_rejected("[cache]\ndtype = \"fp16\"\n" + kOneRequest, "2:9: cache.dtype",
+                 "expected model.input_dtype = bf16");
+  check_rejected("[cache]\ndtype = \"nvfp4\"\nwrite_path = \"reshape_and_cache\"\n" + kOneRequest,
+                 "3:14: cache.write_path", "reshape_and_cache does not write nvfp4");
+}
+
+TEST_CASE("faults need the setting they break, and expectations must be consistent") {
+  check_rejected("[faults]\npast_len_zero = true\n" + kOneRequest, "2:17: faults.past_len_zero",
+                 "expected scheduler.chunk_size > 0");
+  check_rejected("[faults]\nwindow_mismatch = true\n" + kOneRequest, "2:19: faults.window_mismatch",
+                 "expected window.mode = cyclic");
+  check_rejected("[faults]\nk_scale_for_v = true\n" + kOneRequest, "2:17: faults.k_scale_for_v",
+                 "expected a quantized cache.dtype");
+  check_rejected("[cache]\ndtype = \"int8\"\n[faults]\nk_scale_for_v = true\n" + kOneRequest,
+                 "4:17: faults.k_scale_for_v", "expected different K and V scales");
+  check_rejected("[faults]\nreused_block_mismatch = true\n" + kOneRequest, "2:25: faults.reused_block_mismatch",
+                 "expected reuse.enabled = true");
+  check_rejected("[faults]\nv_tail_not_zeroed = true\n" + kOneRequest, "2:21: faults.v_tail_not_zeroed",
+                 "expected cache.poison_nan = true");
+  check_rejected("[expect]\nmust_catch = [\"stale_bad_page\"]\n" + kOneRequest, "2:14: expect.must_catch",
+                 "set faults.stale_bad_page = true");
+  check_rejected("[faults]\nstale_bad_page = true\n[expect]\nmust_pass = [\"dense\"]\n" + kOneRequest,
+                 "4:13: expect.must_pass", "dense, which fault stale_bad_page breaks");
+  check_rejected("[expect]\nreuse_hit_tokens = 16\n" + kOneRequest, "2:20: expect.reuse_hit_tokens",
+                 "expected 0 or reuse.enabled = true");
+  check_rejected("[expect]\npreemptions = -1\n" + kOneRequest, "2:15: expect.preemptions", "expected a count >= 0");
+}
+
+TEST_CASE("check_scenario: the same rules for a scenario built in C++, placed by its name") {
+  Scenario s;
+  s.name = "built_in_cpp";
+  s.requests.push_back(RequestSpec{.id = "a", .generated = 10});
+  CHECK_NOTHROW(check_scenario(s));
+  s.cache.page_size = 0;
+  try {
+    check_scenario(s);
+    FAIL("accepted page_size = 0");
+  } catch (const ValidationError& e) {
+    CHECK(e.code() == ErrorCode::bad_scenario);
+    CHECK(std::string(e.what()) == "bad_scenario: built_in_cpp:0:0: cache.page_size: expected 1..1024 tokens per "
+                                   "block, got 0");
+  }
+}
+
+TEST_CASE("load_scenario_file: a missing file, and the file's own name in every message") {
+  try {
+    load_scenario_file("/nonexistent/dir/x.toml");
+    FAIL("loaded a missing file");
+  } catch (const ValidationError& e) {
+    CHECK(e.code() == ErrorCode::bad_scenario);
+    CHECK(std::string(e.what()).find("/nonexistent/dir/x.toml:0:0: file: expected a readable scenario file") !=
+          std::string::npos);
+  }
+  const auto path = std::filesystem::temp_directory_path() / "kvsim_scenario_file_test_typo.toml";
+  std::ofstream(path) << "# header\n[cache]\npage_sise = 16\n";
+  try {
+    load_scenario_file(path.string());
+    FAIL("accepted a typo");
+  } catch (const ValidationError& e) {
+    CHECK(std::string(e.what()) == "bad_scenario: " + path.string() +
+                                       ":3:1: cache.page_sise: unknown key; did you mean page_size?");
+  }
+  std::filesystem::remove(path);
+}
