@@ -1,0 +1,256 @@
+// decode_attention / prefill_attention on the GPU (backends/cuda/attention*.cu)
+// against the CPU oracle, byte for byte: every cache dtype, layout, placement,
+// odd and even page sizes, GQA 1/4/8, head dims 64/80/128/256, ragged batches,
+// windows with sinks, shuffled page tables, NaN-poisoned pools. The sweep
+// samples the product deterministically (axis k of case i takes value
+// (i * stride_k + k) mod |axis|, strides coprime to the axis length), so every
+// value of every axis appears. Both kernel paths (staged and general) are
+// checked where the staged one applies. Skips without a GPU.
+#include <doctest/doctest.h>
+
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "backends/cuda/attention_kernels.hpp"
+#include "backends/cuda/attention_plan.cuh"
+#include "tests/cuda/attention_fixture.hpp"
+
+using namespace kvsim;
+using namespace kvsim::test;
+
+namespace {
+
+bool gpu_present(std::string& why) {
+  int n = 0;
+  const cudaError_t e = cudaGetDeviceCount(&n);
+  if (e != cudaSuccess) {
+    why = std::string("cudaGetDeviceCount failed: ") + cudaGetErrorString(e);
+    return false;
+  }
+  if (n == 0) {
+    why = "no CUDA device";
+    return false;
+  }
+  return true;
+}
+
+#define SKIP_WITHOUT_GPU()                                                         \
+  do {                                                                             \
+    std::string why_;                                                              \
+    if (!gpu_present(why_)) {                                                      \
+      MESSAGE("SKIPPED (differential test needs a GPU): " << why_);                \
+      std::printf("SKIPPED (differential test needs a GPU): %s\n", why_.c_str()); \
+      return;                                                                      \
+    }                                                                              \
+  } while (0)
+
+// First differing output element, for the failure message.
+std::string first_difference(const AttentionProblem& p, const std::vector<uint8_t>& want,
+                             const std::vector<uint8_t>& got) {
+  const int bytes = bits_per_element(p.c.out_dtype) / 8;
+  for (size_t i = 0; i < want.size(); i += bytes)
+    if (std::memcmp(&want[i], &got[i], bytes) != 0) {
+      const int64_t e = static_cast<int64_t>(i / bytes);
+      const int64_t D = p.c.head_dim, hq = p.query_heads();
+      char buf[256];
+      std::snprintf(buf, sizeof buf, "row %lld head %lld dim %lld: cpu %.9g gpu %.9g", static_cast<long long>(e / (hq * D)),
+                    static_cast<long long>(e / D % hq), static_cast<long long>(e % D),
+                    static_cast<double>(load_float(want.data(), p.c.out_dtype, e)),
+                    static_cast<double>(load_float(got.data(), p.c.out_dtype, e)));
+      return buf;
+    }
+  return "none";
+}
+
+// Runs the problem on the GPU through the public entry points and, when the
+// staged path applies, again through the general kernel; each output must
+// equal the oracle's bytes. Returns how many paths ran.
+int check_against_oracle(Backend& cpu, const AttentionCase& c) {
+  const AttentionProblem p = make_problem(c);
+  const std::vector<uint8_t> want = oracle_output(cpu, p);
+  DeviceProblem dev(p);
+  const bool decode = c.chunk.empty();
+  if (decode) {
+    const DecodeAttentionOp op = decode_op(p, dev.placed);
+    validate_decode_attention(dev.placed.pools, op);
+    cuda::decode_attention(dev.placed.pools, op, nullptr);
+  } else {
+    const PrefillAttentionOp op = prefill_op(p, dev.placed);
+    validate_prefill_attention(dev.placed.pools, op);
+    cuda::prefill_attention(dev.placed.pools, op, nullptr);
+  }
+  REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+  const std::vector<uint8_t> got = dev.download_out(p);
+  INFO(c.describe());
+  INFO("path " << (cuda::choose_path(dev.placed.pools, q_view(p, dev.placed.q)) == cuda::AttentionPath::staged ? "staged" : "general"));
+  INFO("first difference: " << first_difference(p, want, got));
+  CHECK(want == got);
+  if (cuda::choose_path(dev.placed.pools, q_view(p, dev.placed.q)) != cuda::AttentionPath::staged) return 1;
+
+  // The same op forced through the general kernel.
+  dev.poison_out(p);
+  std::vector<int32_t> seq, position;
+  for (size_t b = 0; b < c.seq_lens.size(); ++b) {
+    const int32_t n = decode ? 1 : c.chunk[b];
+    for (int32_t i = 0; i < n; ++i) {
+      seq.push_back(static_cast<int32_t>(b));
+      position.push_back(c.seq_lens[b] - n + i);
+    }
+  }
+  cuda::AttentionPlan plan =
+      cuda::make_plan("test", dev.placed.pools, 1, q_view(p, dev.placed.q), out_view(p, dev.placed.out), p.table,
+                      p.max_blocks, p.attention_scales, p.window, seq, position, nullptr);
+  plan.path = cuda::AttentionPath::general;
+  cuda::launch_plan(plan, nullptr);
+  cuda::release_plan(plan, nullptr);
+  REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+  const std::vector<uint8_t> general = dev.download_out(p);
+  INFO("general path, first difference: " << first_difference(p, want, general));
+  CHECK(want == general);
+  return 2;
+}
+
+constexpr CacheDtype kDtypes[] = {CacheDtype::fp32,     CacheDtype::fp16,     CacheDtype::bf16, CacheDtype::fp8_e4m3,
+                                  CacheDtype::fp8_e5m2, CacheDtype::int8,     CacheDtype::nvfp4};
+constexpr BlockLayout kLayouts[] = {BlockLayout::nhd, BlockLayout::hnd, BlockLayout::split_x};
+constexpr LayerPlacement kPlacements[] = {LayerPlacement::in_block, LayerPlacement::per_layer};
+constexpr int32_t kPages[] = {1, 3, 7, 16, 17, 64, 1024, 5};
+constexpr int32_t kGroups[] = {1, 4, 8};
+constexpr int32_t kHeadDims[] = {64, 80, 128, 256};
+constexpr CacheDtype kFloats[] = {CacheDtype::fp32, CacheDtype::bf16, CacheDtype::fp16};
+struct WindowChoice {
+  int32_t window, sinks;
+  bool one_more;
+};
+constexpr WindowChoice kWindows[] = {{0, 0, false}, {200, 4, false}, {300, 0, true}, {97, 13, false}, {0, 0, false}};
+
+template <class T, size_t N>
+const T& pick(const T (&axis)[N], int i, int stride, int offset) {
+  return axis[(static_cast<size_t>(i) * stride + offset) % N];
+}
+
+// Case i of the sampled product. Lengths are ragged, odd batch sizes mostly,
+// long enough for several 256-key partitions.
+AttentionCase sampled_case(int i, bool prefill) {
+  AttentionCase c;
+  c.dtype = pick(kDtypes, i, 3, 0);
+  c.layout = pick(kLayouts, i, 2, 1);
+  if (c.dtype == CacheDtype::nvfp4 && c.layout == BlockLayout::split_x) c.layout = BlockLayout::hnd;
+  c.placement = pick(kPlacements, i, 1, i / 2);
+  c.page = pick(kPages, i, 3, 2);
+  c.group = pick(kGroups, i, 2, 0);
+  c.head_dim = pick(kHeadDims, i, 3, 1);
+  c.kv_heads = 1 + i % 3;
+  const WindowChoice w = pick(kWindows, i, 2, 3);
+  c.window = w.window;
+  c.sinks = w.sinks;
+  c.one_more_block = w.one_more;
+  c.q_dtype = pick(kFloats, i, 1, 0);
+  c.out_dtype = pick(kFloats, i, 2, 1);
+  c.nan_tail = i % 4 == 3 && c.out_dtype != CacheDtype::fp32;
+  c.seed = 1000 + i;
+  const int batch = 1 + 2 * (i % 4);  // 1, 3, 5, 7
+  uint32_t h = 2654435761u * (i + 1);
+  for (int b = 0; b < batch; ++b) {
+    h = h * 1664525u + 1013904223u;
+    c.seq_lens.push_back(1 + static_cast<int32_t>(h >> 8) % 1100);
+  }
+  if (prefill)
+    for (int32_t len : c.seq_lens) {
+      h = h * 1664525u + 1013904223u;
+      c.chunk.push_back(std::min<int32_t>(len, 1 + static_cast<int32_t>(h >> 8) % 37));
+    }
+  return c;
+}
+
+}  // namespace
+
+TEST_CASE("DecodeAttentionIsEquivalentToRef over a sampled product of every axis") {
+  SKIP_WITHOUT_GPU();
+  auto cpu = make_backend("cpu");
+  int runs = 0;
+  for (int i = 0; i < 56; ++i) runs += check_against_oracle(*cpu, sampled_case(i, false));
+  MESSAGE("decode: 56 cases, " << runs << " kernel runs compared");
+}
+
+TEST_CASE("PrefillAttentionIsEquivalentToRef over a sampled product of every axis") {
+  SKIP_WITHOUT_GPU();
+  auto cpu = make_backend("cpu");
+  int runs = 0;
+  for (int i = 0; i < 28; ++i) runs += check_against_oracle(*cpu, sampled_case(i, true));
+  MESSAGE("prefill: 28 cases, " << runs << " kernel runs compared");
+}
+
+// The staged path's every instantiation family: 8/16/32-bit codes, D 64/128/256,
+// G 1/4/8, NHD and HND, pages 16 and 64 and odd ones, long contexts.
+TEST_CASE("DecodeAttentionStagedPathIsEquivalentToRef") {
+  SKIP_WITHOUT_GPU();
+  auto cpu = make_backend("cpu");
+  int i = 0;
+  for (CacheDtype dtype : {CacheDtype::bf16, CacheDtype::fp16, CacheDtype::fp8_e4m3, CacheDtype::fp8_e5m2,
+                           CacheDtype::int8, CacheDtype::fp32})
+    for (int32_t D : {64, 128, 256})
+      for (int32_t G : {1, 4, 8}) {
+        AttentionCase c;
+        c.dtype = dtype;
+        c.head_dim = D;
+        c.group = G;
+        c.layout = i % 2 ? BlockLayout::hnd : BlockLayout::nhd;
+        c.placement = i % 3 ? LayerPlacement::in_block : LayerPlacement::per_layer;
+        c.page = (i % 4 == 0) ? 64 : (i % 4 == 1 ? 16 : (i % 4 == 2 ? 7 : 1));
+        c.kv_heads = 1 + i % 2;
+        c.q_dtype = i % 2 ? CacheDtype::bf16 : CacheDtype::fp32;
+        c.out_dtype = i % 3 ? CacheDtype::bf16 : CacheDtype::fp32;
+        c.seq_lens = {1, 1900 + i, 257, 33 + i, 512};
+        if (i % 5 == 4) {
+          c.window = 300;
+          c.sinks = 3;
+        }
+        c.seed = 77 + i;
+        check_against_oracle(*cpu, c);
+        ++i;
+      }
+}
+
+TEST_CASE("DecodeAttentionNanTailIsEquivalentToRef: a NaN in the last page's V tail poisons the output as in the oracle") {
+  SKIP_WITHOUT_GPU();
+  auto cpu = make_backend("cpu");
+  for (CacheDtype dtype : {CacheDtype::bf16, CacheDtype::fp8_e4m3, CacheDtype::nvfp4, CacheDtype::fp16}) {
+    AttentionCase c;
+    c.dtype = dtype;
+    c.page = 16;
+    c.seq_lens = {5, 16, 300, 33};  // 16: a full last page has no tail
+    c.out_dtype = CacheDtype::bf16;
+    c.nan_tail = true;
+    const AttentionProblem p = make_problem(c);
+    const std::vector<uint8_t> want = oracle_output(*cpu, p);
+    // The oracle itself: sequences with a tail are NaN, the full one is not.
+    const int64_t per_row = p.query_heads() * c.head_dim;
+    CHECK(std::isnan(load_float(want.data(), CacheDtype::bf16, 0)));
+    CHECK_FALSE(std::isnan(load_float(want.data(), CacheDtype::bf16, per_row)));
+    check_against_oracle(*cpu, c);
+  }
+}
+
+TEST_CASE("OneTokenPrefillIsEquivalentToDecodeOnTheGpu") {
+  SKIP_WITHOUT_GPU();
+  AttentionCase c;
+  c.dtype = CacheDtype::bf16;
+  c.layout = BlockLayout::hnd;
+  c.seq_lens = {700, 3, 1025};
+  c.out_dtype = CacheDtype::fp32;
+  const AttentionProblem decode = make_problem(c);
+  c.chunk = {1, 1, 1};
+  const AttentionProblem prefill = make_problem(c);
+  REQUIRE(decode.q == prefill.q);
+  DeviceProblem d1(decode), d2(prefill);
+  cuda::decode_attention(d1.placed.pools, decode_op(decode, d1.placed), nullptr);
+  cuda::prefill_attention(d2.placed.pools, prefill_op(prefill, d2.placed), nullptr);
+  REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+  CHECK(d1.download_out(decode) == d2.download_out(prefill));
+}
