@@ -30,7 +30,7 @@ BlockManagerConfig BlockManagerConfig::from(const Scenario& s) {
   c.sinks = s.window.sinks;
   c.one_more_block = s.window.one_more_block;
   for (Fault f : s.faults)
-    if (f == Fault::reused_block_mismatch) c.fault_key_ignores_tokens = true;
+    if (f == Fault::reused_block_mismatch) c.fault_serve_wrong_blocks = true;
   return c;
 }
 
@@ -58,7 +58,6 @@ BlockManager::BlockManager(const BlockManagerConfig& config, BlockMover* mover) 
 
 uint64_t BlockManager::block_key(uint64_t parent, std::span<const int32_t> tokens) const {
   uint64_t h = mix(parent, 0x5eed);
-  if (config_.fault_key_ignores_tokens) return h;
   for (int32_t t : tokens) h = mix(h, static_cast<uint32_t>(t));
   return h;
 }
@@ -67,7 +66,6 @@ const BlockManager::Node* BlockManager::find_node(uint64_t parent, std::span<con
   auto it = nodes_.find(block_key(parent, tokens));
   if (it == nodes_.end()) return nullptr;
   const Node& n = it->second;
-  if (config_.fault_key_ignores_tokens) return &n;
   // A key collision must never serve other tokens: compare what the key stands for.
   if (n.parent != parent || !std::equal(n.tokens.begin(), n.tokens.end(), tokens.begin(), tokens.end())) return nullptr;
   return &n;
@@ -192,7 +190,20 @@ MatchResult BlockManager::add_sequence(SeqId seq, std::span<const int32_t> promp
     m.full_tokens += P;
   }
   s.registered_blocks = static_cast<int64_t>(s.keys.size());
-  if (config_.partial_reuse && !config_.fault_key_ignores_tokens && m.full_tokens < limit) {
+  if (config_.fault_serve_wrong_blocks && !s.blocks.empty()) {
+    if (s.blocks.size() >= 2) {
+      std::rotate(s.blocks.begin(), s.blocks.begin() + 1, s.blocks.end());
+    } else {
+      for (int32_t other : primary_lru_)  // any other cached block will do
+        if (other != s.blocks[0]) {
+          unref(s.blocks[0]);
+          ref(other);
+          s.blocks[0] = other;
+          break;
+        }
+    }
+  }
+  if (config_.partial_reuse && m.full_tokens < limit) {
     // The cached child of the matched prefix that shares the longest head with the prompt's next tokens.
     const int64_t room = std::min<int64_t>(limit - m.full_tokens, P);
     int64_t best = 0;

@@ -3,6 +3,8 @@
 
 #include <kvsim/core/errors.hpp>
 
+#include "kvsim/sim/scenario_file.hpp"
+
 namespace kvsim::sim {
 
 uint64_t hash_mix(uint64_t h, uint64_t v) {  // splitmix64 finaliser over (h, v)
@@ -52,12 +54,6 @@ int32_t SyntheticModel::next_token(uint64_t request_seed, int64_t position) {
   return static_cast<int32_t>(hash_mix(hash_mix(request_seed, 0xdec0de), static_cast<uint64_t>(position)) % kVocab);
 }
 
-std::vector<int32_t> SyntheticModel::generate_tokens(uint64_t seed, int32_t n) {
-  std::vector<int32_t> t(static_cast<size_t>(n > 0 ? n : 0));
-  for (int32_t i = 0; i < n; ++i) t[i] = static_cast<int32_t>(hash_mix(hash_mix(seed, 0x70ce), i) % kVocab);
-  return t;
-}
-
 uint64_t SyntheticModel::request_seed(const RequestSpec& r) {
   if (r.seed != 0) return r.seed;
   uint64_t h = 0x9ae16a3b2f90404full;
@@ -77,7 +73,7 @@ std::vector<int32_t> build_prompt(const Scenario& s, const RequestSpec& r) {
   if (!r.tokens.empty())
     prompt.insert(prompt.end(), r.tokens.begin(), r.tokens.end());
   else {
-    const auto gen = SyntheticModel::generate_tokens(SyntheticModel::request_seed(r), r.generated);
+    const auto gen = generated_tokens(SyntheticModel::request_seed(r), r.generated);  // the scenario files' generator
     prompt.insert(prompt.end(), gen.begin(), gen.end());
   }
   return prompt;

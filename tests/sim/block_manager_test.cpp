@@ -315,17 +315,26 @@ TEST_CASE("block manager: cyclic window (TensorRT-LLM) stops growing at the ring
   }
 }
 
-TEST_CASE("block manager: the reused_block_mismatch fault serves a block with other tokens") {
+TEST_CASE("block manager: the reused_block_mismatch fault serves blocks holding other tokens") {
   BlockManagerConfig cfg = reuse_config(4, 10);
-  cfg.fault_key_ignores_tokens = true;
+  cfg.fault_serve_wrong_blocks = true;
   BlockManager bm(cfg, nullptr);
-  const auto a = iota_tokens(9);
+  const auto a = iota_tokens(13);
   bm.add_sequence(0, a);
-  REQUIRE(bm.ensure_capacity(0, 9));
-  bm.commit(0, a, 9);
-  const auto b = iota_tokens(9, 5000);  // no token in common
-  CHECK(bm.add_sequence(1, b).full_tokens == 8);
-  CHECK(bm.table(1)[0] == bm.table(0)[0]);
+  REQUIRE(bm.ensure_capacity(0, 13));
+  bm.commit(0, a, 13);
+  const std::vector<int32_t> a_blocks = bm.table(0);
+  // Three hit blocks, served rotated: every reused page holds another page's tokens.
+  CHECK(bm.add_sequence(1, a).full_tokens == 12);
+  CHECK(bm.table(1) == std::vector<int32_t>{a_blocks[1], a_blocks[2], a_blocks[0]});
+  conserved(bm);
+  // A single hit is served another cached block.
+  bm.free_sequence(0);
+  bm.free_sequence(1);
+  const std::vector<int32_t> short_prompt(a.begin(), a.begin() + 5);
+  CHECK(bm.add_sequence(2, short_prompt).full_tokens == 4);
+  CHECK(bm.table(2)[0] != a_blocks[0]);
+  conserved(bm);
 }
 
 TEST_CASE("synthetic model: equal prefixes give equal inputs; a different earlier token changes them") {

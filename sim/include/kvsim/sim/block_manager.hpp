@@ -67,10 +67,11 @@ struct BlockManagerConfig {
   int32_t window = 0;
   int32_t sinks = 0;
   bool one_more_block = false;
-  // Fault reused_block_mismatch: the block key ignores the block's tokens
-  // (a hash that drops its input), so a different block with the same parent
-  // is "hit".
-  bool fault_key_ignores_tokens = false;
+  // Fault reused_block_mismatch: a prefix hit is served blocks holding other
+  // tokens' K/V, as a stale or colliding cache entry would: the hit blocks in
+  // rotated order (block i gets hit block i + 1's bytes), or, for a single
+  // hit, another cached block.
+  bool fault_serve_wrong_blocks = false;
 
   static BlockManagerConfig from(const Scenario& s);
 };

@@ -52,6 +52,8 @@ struct ScenarioReport {
   std::vector<std::string> expectation_failures;  // "expected evicted_blocks = 3, got 2"
   uint64_t content_hash = 0;  // FNV-1a over final pools and every attention output (golden replays)
   bool ok = false;            // every invariant pass/caught/n.a., every expectation met
+  double main_seconds = 0.0;   // wall time of the scenario's own replay (throughput: counters.token_layers / this)
+  double total_seconds = 0.0;  // ... plus the comparison invariants' replays
 };
 
 // Where the replay is, told to observers before each op runs.
@@ -75,6 +77,10 @@ struct ReplayOptions {
   // Run the comparison invariants (they replay the scenario again with one
   // setting changed). Off for the inner replays themselves.
   bool comparison_invariants = true;
+  // Check the dense invariant during the run (a gather and an Eigen double
+  // reference per attention op). replay() turns it off for the comparison
+  // re-runs, whose dense results nobody reads.
+  bool dense_check = true;
 };
 
 // Replays `scenario` on `backend`. Throws ValidationError (a bad scenario

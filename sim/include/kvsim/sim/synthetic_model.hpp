@@ -35,8 +35,6 @@ class SyntheticModel {
   static constexpr uint64_t kEmptyHash = 0x243f6a8885a308d3ull;
   // The token a request samples after `position` (SPEC: a function of the request and position).
   static int32_t next_token(uint64_t request_seed, int64_t position);
-  // `n` prompt tokens drawn from `seed`.
-  static std::vector<int32_t> generate_tokens(uint64_t seed, int32_t n);
   // A request's seed: its own, or one derived from its id.
   static uint64_t request_seed(const RequestSpec& r);
 

@@ -1,0 +1,148 @@
+// `kvsim run [SCENARIO...] [--backend B] [--threads N] [--json] [--dump DIR]`:
+// replays scenario files (default: every built-in scenario) on a backend
+// through sim::replay() and reports each one's counters and invariants.
+// Exit 0 when every invariant held (or caught its fault) and every
+// expectation was met, 1 otherwise, 2 for bad input (a malformed file, a bad
+// flag). docs/run.md documents the table and the --json object.
+#include <unistd.h>
+
+#include <cstdio>
+#include <iostream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "backends/backend.hpp"
+#include "commands.hpp"
+#include "kvsim/sim/replay.hpp"
+#include "kvsim/sim/scenario_file.hpp"
+#include "numbers.hpp"
+
+namespace kvsim::cli {
+namespace {
+
+struct RunOptions {
+  std::vector<std::string> files;
+  std::string backend = "cpu";
+  int threads = 0;
+  bool json = false;
+  std::string dump_dir;
+};
+
+std::string invariants_cell(const sim::ScenarioReport& r) {
+  int passed = 0, applicable = 0, caught = 0, failed = 0;
+  for (const sim::InvariantReport& i : r.invariants) {
+    if (i.status == sim::InvariantStatus::not_applicable) continue;
+    ++applicable;
+    passed += i.status == sim::InvariantStatus::pass;
+    caught += i.status == sim::InvariantStatus::caught;
+    failed += i.status == sim::InvariantStatus::fail;
+  }
+  std::string s = std::to_string(passed) + "/" + std::to_string(applicable) + " pass";
+  if (caught) s += ", " + std::to_string(caught) + " caught";
+  if (failed) s += ", " + std::to_string(failed) + " FAIL";
+  return s;
+}
+
+void run(const RunOptions& o) {
+  std::vector<std::string> files = o.files.empty() ? sim::builtin_scenario_paths() : o.files;
+  if (files.empty())
+    throw ValidationError(ErrorCode::bad_argument, "no scenario given and no built-in scenarios found");
+  // Every file is checked before anything runs: a bad one is bad input (exit 2).
+  std::vector<sim::Scenario> scenarios;
+  for (const std::string& f : files) scenarios.push_back(sim::load_scenario_file(f));
+  BackendOptions bo;
+  bo.threads = o.threads;
+  std::unique_ptr<Backend> backend = make_backend(o.backend, bo);
+  const bool progress = isatty(STDERR_FILENO) != 0;
+
+  std::vector<sim::ScenarioReport> reports;
+  for (const sim::Scenario& s : scenarios) {
+    sim::ReplayOptions ro;
+    if (!o.dump_dir.empty()) ro.dump_dir = scenarios.size() == 1 ? o.dump_dir : o.dump_dir + "/" + s.name;
+    if (progress)
+      ro.after_step = [&](int64_t step, const sim::ReplayCounters& c) {
+        std::fprintf(stderr, "\r%-40s step %lld, %lld tokens", s.name.c_str(), static_cast<long long>(step),
+                     static_cast<long long>(c.prefill_tokens + c.decode_tokens));
+      };
+    reports.push_back(sim::replay(s, *backend, ro));
+    if (progress) std::fprintf(stderr, "\r%-40s checking invariants done%20s\r%80s\r", s.name.c_str(), "", "");
+  }
+
+  bool all_ok = true;
+  for (const auto& r : reports) all_ok = all_ok && r.ok;
+  if (o.json) {
+    nlohmann::json list = nlohmann::json::array();
+    for (const sim::ScenarioReport& r : reports) {
+      nlohmann::json inv = nlohmann::json::object();
+      for (const sim::InvariantReport& i : r.invariants)
+        if (i.status != sim::InvariantStatus::not_applicable)
+          inv[std::string(sim::invariant_name(i.invariant))] = std::string(sim::invariant_status_name(i.status));
+      list.push_back({{"name", r.name},
+                      {"steps", r.counters.steps},
+                      {"prefill_tokens", r.counters.prefill_tokens},
+                      {"decode_tokens", r.counters.decode_tokens},
+                      {"reuse_hit_tokens", r.counters.reuse_hit_tokens},
+                      {"evicted_blocks", r.counters.evicted_blocks},
+                      {"offloaded_blocks", r.counters.offloaded_blocks},
+                      {"preemptions", r.counters.preemptions},
+                      {"invariants", inv},
+                      {"ok", r.ok}});
+    }
+    std::cout << nlohmann::json{{"scenarios", list}, {"ok", all_ok}}.dump(2) << '\n';
+  } else {
+    std::printf("%-40s %6s %8s %7s %7s %6s %6s %6s  %s\n", "scenario", "steps", "prefill", "decode", "reused",
+                "evict", "offld", "preem", "invariants");
+    for (const sim::ScenarioReport& r : reports)
+      std::printf("%-40s %6lld %8lld %7lld %7lld %6lld %6lld %6lld  %s%s\n", r.name.c_str(),
+                  static_cast<long long>(r.counters.steps), static_cast<long long>(r.counters.prefill_tokens),
+                  static_cast<long long>(r.counters.decode_tokens), static_cast<long long>(r.counters.reuse_hit_tokens),
+                  static_cast<long long>(r.counters.evicted_blocks), static_cast<long long>(r.counters.offloaded_blocks),
+                  static_cast<long long>(r.counters.preemptions), invariants_cell(r).c_str(), r.ok ? "" : "  NOT OK");
+    double main_s = 0, total_s = 0;
+    int64_t token_layers = 0;
+    for (const sim::ScenarioReport& r : reports) {
+      main_s += r.main_seconds;
+      total_s += r.total_seconds;
+      token_layers += r.counters.token_layers;
+    }
+    std::printf("\n%zu scenarios on %s: %s; %.2f s in all (%.2f s replaying the scenarios, the rest re-running them "
+                "for the comparison invariants); replay throughput %.3g token-layers/s\n",
+                reports.size(), std::string(backend->name()).c_str(), all_ok ? "all ok" : "FAILURES", total_s, main_s,
+                main_s > 0 ? static_cast<double>(token_layers) / main_s : 0.0);
+  }
+  // What failed, and why (stderr under --json, so stdout stays one JSON object).
+  std::FILE* detail = o.json ? stderr : stdout;
+  for (const sim::ScenarioReport& r : reports) {
+    if (r.ok) continue;
+    for (const sim::InvariantReport& i : r.invariants)
+      if (i.status == sim::InvariantStatus::fail)
+        std::fprintf(detail, "%s: invariant %s failed: %s\n", r.name.c_str(),
+                     std::string(sim::invariant_name(i.invariant)).c_str(), i.detail.c_str());
+    for (const std::string& e : r.expectation_failures) std::fprintf(detail, "%s: %s\n", r.name.c_str(), e.c_str());
+  }
+  if (!all_ok) throw ExitStatus{kExitCheckFailed};
+}
+
+}  // namespace
+
+void register_run(CLI::App& app) {
+  auto opts = std::make_shared<RunOptions>();
+  CLI::App* cmd = app.add_subcommand("run", "Replay scenario files on a backend and check their invariants");
+  cmd->add_option("scenarios", opts->files, "Scenario files (default: every scenario in scenarios/)");
+  cmd->add_option("--backend", opts->backend, "Backend: " + [] {
+    std::string names;
+    for (const std::string& n : backend_names()) names += (names.empty() ? "" : ", ") + n;
+    return names;
+  }() + " (default cpu)");
+  add_int_option(*cmd, "--threads", opts->threads, "oneTBB threads for the cpu backend (0 = all cores)", 0, 1024);
+  cmd->add_flag("--json", opts->json, "Print one JSON object (docs/run.md)");
+  cmd->add_option("--dump", opts->dump_dir,
+                  "Write pools, scale pools, queries and attention outputs as .npy files plus manifest.json to DIR "
+                  "(DIR/SCENARIO/ for several scenarios)");
+  cmd->callback([opts] { run(*opts); });
+}
+
+}  // namespace kvsim::cli

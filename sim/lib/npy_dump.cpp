@@ -1,0 +1,61 @@
+// .npy files and their manifest: see npy_dump.hpp.
+#include "kvsim/sim/npy_dump.hpp"
+
+#include <filesystem>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+
+#include <kvsim/core/errors.hpp>
+
+namespace kvsim::sim {
+
+NpyDump::NpyDump(std::string dir) : dir_(std::move(dir)) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir_, ec);
+  if (ec) fail(ErrorCode::bad_argument, "--dump " + dir_ + ": cannot create the folder: " + ec.message());
+}
+
+std::string NpyDump::descr_for(CacheDtype t) {
+  switch (t) {
+    case CacheDtype::fp32: return "<f4";
+    case CacheDtype::fp16: return "<f2";
+    case CacheDtype::bf16: return "<u2";
+    case CacheDtype::int8: return "|i1";
+    default: return "|u1";  // fp8 codes, packed nvfp4
+  }
+}
+
+void NpyDump::write(const std::string& file, const void* data, size_t bytes, const std::string& descr,
+                    const std::vector<int64_t>& shape, int64_t step, const std::string& op, int32_t layer,
+                    CacheDtype kvsim_dtype) {
+  std::string shape_text = "(";
+  for (size_t i = 0; i < shape.size(); ++i) shape_text += std::to_string(shape[i]) + (shape.size() == 1 || i + 1 < shape.size() ? "," : "");
+  shape_text += ")";
+  std::string header = "{'descr': '" + descr + "', 'fortran_order': False, 'shape': " + shape_text + ", }";
+  // Magic (6) + version (2) + header length (2) + header, padded with spaces to a multiple of 64, ending in '\n'.
+  const size_t total = ((10 + header.size() + 1 + 63) / 64) * 64;
+  header.append(total - 10 - header.size() - 1, ' ');
+  header += '\n';
+  std::ofstream out(dir_ + "/" + file, std::ios::binary);
+  if (!out) fail(ErrorCode::bad_argument, "--dump: cannot write " + dir_ + "/" + file);
+  const char magic[8] = {'\x93', 'N', 'U', 'M', 'P', 'Y', 1, 0};
+  out.write(magic, 8);
+  const uint16_t len = static_cast<uint16_t>(header.size());
+  const char len_bytes[2] = {static_cast<char>(len & 0xFF), static_cast<char>(len >> 8)};
+  out.write(len_bytes, 2);
+  out.write(header.data(), static_cast<std::streamsize>(header.size()));
+  out.write(static_cast<const char*>(data), static_cast<std::streamsize>(bytes));
+  nlohmann::json e = {{"file", file}, {"step", step},   {"op", op},
+                      {"layer", layer}, {"dtype", std::string(dtype_name(kvsim_dtype))}, {"shape", shape}};
+  entries_.push_back(e.dump());
+}
+
+void NpyDump::write_manifest() const {
+  nlohmann::json files = nlohmann::json::array();
+  for (const std::string& e : entries_) files.push_back(nlohmann::json::parse(e));
+  std::ofstream out(dir_ + "/manifest.json");
+  out << nlohmann::json{{"files", files}}.dump(1) << '\n';
+}
+
+}  // namespace kvsim::sim

@@ -1,0 +1,345 @@
+// replay() (replay.hpp): one recorded run, then the comparison invariants
+// (each a second run with one setting changed), fault bookkeeping and the
+// scenario's expectations.
+#include "kvsim/sim/replay.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <set>
+
+#include "kvsim/sim/invariants.hpp"
+#include "kvsim/sim/scheduler.hpp"
+
+namespace kvsim::sim {
+
+std::string_view invariant_status_name(InvariantStatus s) {
+  switch (s) {
+    case InvariantStatus::pass: return "pass";
+    case InvariantStatus::fail: return "fail";
+    case InvariantStatus::caught: return "caught";
+    case InvariantStatus::not_applicable: return "n/a";
+  }
+  return "?";
+}
+
+namespace {
+std::string kind_name(OutputKind k) {
+  return k == OutputKind::attention ? "attention output" : k == OutputKind::k_cache ? "cached K" : "cached V";
+}
+std::string describe(const OutputKey& k) {
+  return kind_name(k.kind) + " of request " + k.request + ", layer " + std::to_string(k.layer) + ", position " +
+         std::to_string(k.position);
+}
+}  // namespace
+
+Comparison compare_outputs(const RunRecord& test, const RunRecord& reference,
+                           const std::function<bool(const OutputKey&)>& include) {
+  Comparison c;
+  for (const auto& [key, bytes] : test.outputs) {
+    if (include && !include(key)) continue;
+    const auto it = reference.outputs.find(key);
+    if (it == reference.outputs.end()) continue;
+    ++c.compared;
+    if (bytes == it->second || !c.first_difference.empty()) continue;
+    size_t i = 0;
+    while (i + 4 <= bytes.size() && std::memcmp(&bytes[i], &it->second[i], 4) == 0) i += 4;
+    float a = 0, b = 0;
+    std::memcpy(&a, &bytes[i], 4);
+    std::memcpy(&b, &it->second[i], 4);
+    char buf[128];
+    std::snprintf(buf, sizeof buf, ", element %zu: %.9g vs %.9g", i / 4, a, b);
+    c.first_difference = describe(key) + buf;
+  }
+  return c;
+}
+
+double quantization_bound(CacheDtype t) {
+  switch (t) {
+    case CacheDtype::fp8_e4m3: return 0.125;
+    case CacheDtype::fp8_e5m2: return 0.25;
+    case CacheDtype::int8: return 0.125;
+    case CacheDtype::nvfp4: return 0.5;
+    default: return 0.0;
+  }
+}
+
+QuantizationError quantization_error(const RunRecord& test, const RunRecord& ref) {
+  QuantizationError q;
+  double num = 0, den = 0;
+  for (const auto& [key, bytes] : test.outputs) {
+    if (key.kind != OutputKind::attention) continue;
+    const auto it = ref.outputs.find(key);
+    if (it == ref.outputs.end()) continue;
+    ++q.compared;
+    const size_t n = bytes.size() / 4;
+    std::vector<float> a(n), b(n);
+    std::memcpy(a.data(), bytes.data(), n * 4);
+    std::memcpy(b.data(), it->second.data(), n * 4);
+    for (size_t i = 0; i < n; ++i) {
+      const double d = static_cast<double>(a[i]) - b[i];
+      num += d * d;
+      den += static_cast<double>(b[i]) * b[i];
+      q.max_abs = std::max(q.max_abs, std::fabs(d));
+    }
+  }
+  q.rel_rms = den > 0 ? std::sqrt(num / den) : (num > 0 ? INFINITY : 0.0);
+  if (std::isnan(q.rel_rms)) q.rel_rms = INFINITY;
+  return q;
+}
+
+namespace {
+
+struct Outcome {
+  bool applicable = false;
+  bool violated = false;
+  std::string detail;
+};
+
+Outcome from_comparison(const Comparison& c, const std::string& what) {
+  Outcome o;
+  o.applicable = c.compared > 0;
+  o.violated = !c.first_difference.empty();
+  o.detail = o.applicable ? (o.violated ? "differs from " + what + ": " + c.first_difference
+                                        : std::to_string(c.compared) + " outputs bit-equal to " + what)
+                          : "no output in common with " + what;
+  return o;
+}
+
+std::string format_double(double x) {
+  char buf[48];
+  std::snprintf(buf, sizeof buf, "%.3g", x);
+  return buf;
+}
+
+}  // namespace
+
+ScenarioReport replay(const Scenario& s, Backend& backend, const ReplayOptions& options) {
+  const auto t0 = std::chrono::steady_clock::now();
+  ScenarioReport rep;
+  rep.name = s.name;
+  const RunRecord main = run_scenario(s, backend, options);
+  rep.counters = main.counters;
+  rep.content_hash = main.content_hash;
+  rep.main_seconds = main.seconds;
+
+  std::set<Invariant> targeted;
+  for (Fault f : s.faults) targeted.insert(invariant_for(f));
+  std::map<Invariant, InvariantReport> results;
+  auto settle = [&](Invariant inv, const Outcome& o) {
+    InvariantReport r;
+    r.invariant = inv;
+    r.detail = o.detail;
+    if (!o.applicable)
+      r.status = targeted.count(inv) ? InvariantStatus::fail : InvariantStatus::not_applicable;
+    else if (targeted.count(inv))
+      r.status = o.violated ? InvariantStatus::caught : InvariantStatus::fail;
+    else
+      r.status = o.violated ? InvariantStatus::fail : InvariantStatus::pass;
+    if (targeted.count(inv) && r.status == InvariantStatus::fail)
+      r.detail = "a fault for this invariant is on but was not caught (" + o.detail + ")";
+    results[inv] = r;
+  };
+
+  if (!main.op_rejection.empty()) {
+    // A fault made an op reject its input: validation caught it before any byte moved.
+    for (Invariant inv : targeted) settle(inv, {true, true, "the op rejected the faulty input: " + main.op_rejection});
+  } else {
+    settle(Invariant::conservation,
+           {true, !main.conservation_violation.empty(),
+            main.conservation_violation.empty()
+                ? "free + referenced + cached = size for both pools after all " + std::to_string(main.conservation_checks) + " steps"
+                : main.conservation_violation});
+    if (!s.mla.enabled)
+      settle(Invariant::dense, {main.dense_checked_rows > 0, !main.dense_violation.empty(),
+                                main.dense_violation.empty()
+                                    ? std::to_string(main.dense_checked_rows) +
+                                          " query heads within the bound; worst |err| / bound = " +
+                                          format_double(main.dense_worst_ratio)
+                                    : main.dense_violation});
+    if (main.poisoned)
+      settle(Invariant::no_nan, {true, !main.nan_found.empty(),
+                                 main.nan_found.empty() ? "pools poisoned with NaN; no attention output holds NaN"
+                                                        : main.nan_found});
+    if (main.offload_round_trips > 0)
+      settle(Invariant::offload,
+             {true, !main.offload_violation.empty(),
+              main.offload_violation.empty()
+                  ? std::to_string(main.offload_round_trips) + " offloads/onboards moved every byte unchanged"
+                  : main.offload_violation});
+
+    if (options.comparison_invariants) {
+      ReplayOptions inner;
+      inner.comparison_invariants = false;
+      inner.dense_check = false;
+      // With a fault on, only the invariants it targets are compared: the
+      // others would see the fault too and say nothing new.
+      auto wanted = [&](Invariant inv) { return s.faults.empty() || targeted.count(inv) != 0; };
+      auto rerun = [&](const Scenario& changed, Invariant inv, const std::function<Outcome(const RunRecord&)>& judge) {
+        try {
+          settle(inv, judge(run_scenario(changed, backend, inner)));
+        } catch (const ValidationError& e) {
+          settle(inv, {false, false, std::string("the comparison run was rejected: ") + e.what()});
+        }
+      };
+      if (wanted(Invariant::chunking)) {
+        Scenario c = s;
+        if (s.scheduler.chunk_size > 0) {
+          c.scheduler.chunk_size = 0;
+          c.scheduler.token_budget = 1 << 30;
+        } else {
+          c.scheduler.chunk_size = 5;  // odd chunks, against the scenario's whole-prompt prefill
+        }
+        const std::string what = s.scheduler.chunk_size > 0 ? "one-chunk prefill" : "prefill in chunks of 5";
+        rerun(c, Invariant::chunking, [&](const RunRecord& r) { return from_comparison(compare_outputs(main, r), what); });
+      }
+      if (s.reuse.enabled && wanted(Invariant::reuse)) {
+        Scenario c = s;
+        c.reuse.enabled = false;
+        rerun(c, Invariant::reuse, [&](const RunRecord& r) { return from_comparison(compare_outputs(main, r), "reuse off"); });
+      }
+      if (s.window.mode != WindowMode::none && wanted(Invariant::window)) {
+        Scenario c = s;
+        c.window = WindowSpec{};
+        // Without the window every token stays cached: give the pool room for all of them.
+        int64_t blocks = 1;
+        for (const RequestState& r : make_requests(s)) blocks += (r.final_len + s.cache.page_size - 1) / s.cache.page_size;
+        c.cache.primary_blocks = std::max(c.cache.primary_blocks, blocks);
+        const int64_t W = s.window.window;
+        // Queries at positions < W attend exactly what they would without a window.
+        rerun(c, Invariant::window, [&](const RunRecord& r) {
+          return from_comparison(compare_outputs(main, r, [&](const OutputKey& k) {
+                                   return k.kind != OutputKind::attention || k.position < W;
+                                 }),
+                                 "no window (positions < W = " + std::to_string(W) + ", and every cached token)");
+        });
+      }
+      if (wanted(Invariant::layout)) {
+        const BlockLayout layouts[3] = {BlockLayout::nhd, BlockLayout::hnd, BlockLayout::split_x};
+        int cur = 0;
+        while (layouts[cur] != s.cache.layout) ++cur;
+        const LayerPlacement other = s.cache.placement == LayerPlacement::in_block ? LayerPlacement::per_layer
+                                                                                   : LayerPlacement::in_block;
+        const std::pair<BlockLayout, LayerPlacement> alts[2] = {{layouts[(cur + 1) % 3], other},
+                                                                {layouts[(cur + 2) % 3], s.cache.placement}};
+        Outcome total{false, false, ""};
+        for (const auto& [layout, placement] : alts) {
+          if (layout == BlockLayout::split_x && s.cache.dtype == CacheDtype::nvfp4) continue;  // no split-x nvfp4
+          Scenario c = s;
+          c.cache.layout = layout;
+          c.cache.placement = placement;
+          c.cache.shared_kv_allocation = false;
+          const std::string what = std::string(layout_name(layout)) + " " + std::string(placement_name(placement));
+          try {
+            const Outcome o = from_comparison(compare_outputs(main, run_scenario(c, backend, inner)), what);
+            total.applicable = total.applicable || o.applicable;
+            if (o.violated && !total.violated) {
+              total.violated = true;
+              total.detail = o.detail;
+            } else if (!total.violated) {
+              total.detail += (total.detail.empty() ? "" : "; ") + o.detail;
+            }
+          } catch (const ValidationError& e) {
+            if (!total.violated) total.detail += (total.detail.empty() ? "" : "; ") + what + " rejected: " + e.what();
+          }
+        }
+        settle(Invariant::layout, total);
+      }
+      if (is_quantized(s.cache.dtype) && !s.mla.enabled && wanted(Invariant::quantization)) {
+        Scenario c = s;
+        c.cache.dtype = CacheDtype::bf16;
+        rerun(c, Invariant::quantization, [&](const RunRecord& r) {
+          const QuantizationError q = quantization_error(main, r);
+          const double bound = quantization_bound(s.cache.dtype);
+          return Outcome{q.compared > 0, !(q.rel_rms <= bound),
+                         "relative RMS error against bf16 " + format_double(q.rel_rms) + (q.rel_rms <= bound ? " <= " : " > ") +
+                             "bound " + format_double(bound) + " over " + std::to_string(q.compared) +
+                             " outputs (max |diff| " + format_double(q.max_abs) + ")"};
+        });
+      }
+      if (wanted(Invariant::batch)) {
+        Outcome total{false, false, ""};
+        Scenario reversed = s;
+        std::reverse(reversed.requests.begin(), reversed.requests.end());
+        Scenario alone = s;
+        alone.requests = {s.requests.front()};
+        const std::pair<const Scenario*, std::string> runs[2] = {{&reversed, "the batch in reverse order"},
+                                                                 {&alone, "request " + s.requests.front().id + " alone"}};
+        for (const auto& [c, what] : runs) {
+          if (s.requests.size() < 2) break;
+          try {
+            const Outcome o = from_comparison(compare_outputs(main, run_scenario(*c, backend, inner)), what);
+            total.applicable = total.applicable || o.applicable;
+            if (o.violated && !total.violated) {
+              total.violated = true;
+              total.detail = o.detail;
+            } else if (!total.violated) {
+              total.detail += (total.detail.empty() ? "" : "; ") + o.detail;
+            }
+          } catch (const ValidationError& e) {
+            if (!total.violated) total.detail += (total.detail.empty() ? "" : "; ") + what + " rejected: " + e.what();
+          }
+        }
+        if (s.requests.size() >= 2) settle(Invariant::batch, total);
+      }
+    }
+  }
+
+  for (Invariant inv : {Invariant::conservation, Invariant::chunking, Invariant::reuse, Invariant::window,
+                        Invariant::layout, Invariant::dense, Invariant::quantization, Invariant::no_nan,
+                        Invariant::offload, Invariant::batch}) {
+    auto it = results.find(inv);
+    if (it != results.end()) {
+      rep.invariants.push_back(it->second);
+    } else {
+      InvariantReport r;
+      r.invariant = inv;
+      if (targeted.count(inv)) {
+        r.status = InvariantStatus::fail;
+        r.detail = "a fault for this invariant is on but the invariant was not checked";
+      }
+      rep.invariants.push_back(r);
+    }
+  }
+
+  // Expectations.
+  auto expect_count = [&](const char* name, const std::optional<int64_t>& want, int64_t got) {
+    if (want && *want != got)
+      rep.expectation_failures.push_back(std::string("expected ") + name + " = " + std::to_string(*want) + ", got " +
+                                         std::to_string(got));
+  };
+  const Expectations& ex = s.expect;
+  expect_count("reuse_hit_tokens", ex.reuse_hit_tokens, main.counters.reuse_hit_tokens);
+  expect_count("evicted_blocks", ex.evicted_blocks, main.counters.evicted_blocks);
+  expect_count("offloaded_blocks", ex.offloaded_blocks, main.counters.offloaded_blocks);
+  expect_count("onboarded_blocks", ex.onboarded_blocks, main.counters.onboarded_blocks);
+  expect_count("preemptions", ex.preemptions, main.counters.preemptions);
+  if (!main.finished)
+    rep.expectation_failures.push_back("did not finish within scheduler.max_steps = " +
+                                       std::to_string(s.scheduler.max_steps));
+  auto status_of = [&](Invariant inv) {
+    for (const InvariantReport& r : rep.invariants)
+      if (r.invariant == inv) return r.status;
+    return InvariantStatus::not_applicable;
+  };
+  for (Invariant inv : ex.must_pass)
+    if (status_of(inv) != InvariantStatus::pass)
+      rep.expectation_failures.push_back("expected invariant " + std::string(invariant_name(inv)) + " to pass, got " +
+                                         std::string(invariant_status_name(status_of(inv))));
+  for (Fault f : ex.must_catch) {
+    if (std::find(s.faults.begin(), s.faults.end(), f) == s.faults.end())
+      rep.expectation_failures.push_back("expected fault " + std::string(fault_name(f)) +
+                                         " to be caught, but it is not switched on");
+    else if (status_of(invariant_for(f)) != InvariantStatus::caught)
+      rep.expectation_failures.push_back("expected fault " + std::string(fault_name(f)) + " to be caught by " +
+                                         std::string(invariant_name(invariant_for(f))) + ", got " +
+                                         std::string(invariant_status_name(status_of(invariant_for(f)))));
+  }
+  rep.total_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  rep.ok = rep.expectation_failures.empty();
+  for (const InvariantReport& r : rep.invariants) rep.ok = rep.ok && r.status != InvariantStatus::fail;
+  return rep;
+}
+
+}  // namespace kvsim::sim

@@ -1,0 +1,884 @@
+// One recorded replay (replay_run.hpp): the scheduler forms steps, the block
+// manager builds every page table, the synthetic model makes the inputs, and
+// each step becomes, for every layer, the scenario's write op
+// (qkv_preprocess_write / append_paged / reshape_and_cache / append_mla),
+// indexer_k_scatter when enabled, then prefill_attention over the step's
+// prefill chunks and decode_attention over its decodes (MLA latent pools have
+// no attention op in core; their requests are checked through read-backs).
+#include "kvsim/sim/replay_run.hpp"
+
+#include <Eigen/Dense>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <optional>
+
+#include "kvsim/sim/block_manager.hpp"
+#include "kvsim/sim/npy_dump.hpp"
+#include "kvsim/sim/scheduler.hpp"
+#include "kvsim/sim/synthetic_model.hpp"
+
+namespace kvsim::sim {
+
+uint64_t fnv1a(uint64_t h, const void* data, size_t bytes) {
+  const auto* p = static_cast<const uint8_t*>(data);
+  for (size_t i = 0; i < bytes; ++i) h = (h ^ p[i]) * 0x100000001b3ull;
+  return h;
+}
+
+namespace {
+
+constexpr int32_t kIndexerDim = 128;  // DeepSeek's indexer head_dim (fp8 bytes per token)
+
+int32_t element_bytes(CacheDtype t) { return bits_per_element(t) / 8; }
+
+bool has_fault(const Scenario& s, Fault f) { return std::find(s.faults.begin(), s.faults.end(), f) != s.faults.end(); }
+
+// The dtype the scenario's write op takes its K/V (or latent) input in.
+CacheDtype kv_input_dtype(const Scenario& s) {
+  const CacheDtype cache = s.cache.dtype;
+  if (cache == CacheDtype::nvfp4) return s.model.input_dtype;  // the op quantizes
+  if (s.cache.write_path == WritePath::qkv_preprocess) return is_float_input(cache) ? cache : s.model.input_dtype;
+  if (s.cache.write_path == WritePath::reshape_and_cache && (cache == CacheDtype::fp8_e4m3 || cache == CacheDtype::fp8_e5m2))
+    return s.model.input_dtype;  // vLLM's reshape_and_cache quantizes fp8 itself
+  return cache;  // same dtype as the cache: float values, or codes the engine's quantize kernel made
+}
+
+// Stores x as element `i` of a host buffer of dtype t. fp8 / int8 codes are
+// made with core's codecs the way vLLM's quantize kernels do: code(x / scale).
+void put_value(std::vector<uint8_t>& buf, CacheDtype t, int64_t i, float x, float scale) {
+  switch (t) {
+    case CacheDtype::fp32:
+    case CacheDtype::fp16:
+    case CacheDtype::bf16: store_float(buf.data(), t, i, x); break;
+    case CacheDtype::fp8_e4m3: buf[i] = codec::f32_to_e4m3(x / scale); break;
+    case CacheDtype::fp8_e5m2: buf[i] = codec::f32_to_e5m2(x / scale); break;
+    case CacheDtype::int8: buf[i] = static_cast<uint8_t>(codec::f32_to_int8(x / scale)); break;
+    case CacheDtype::nvfp4: break;  // never an input dtype
+  }
+}
+
+struct Entry {
+  const ScheduledEntry* e;
+  RequestState* r;
+  int64_t op_start;  // what the ops are told is already cached (the past_len_zero fault says 0)
+  int32_t cache_len() const { return static_cast<int32_t>(op_start + e->n); }
+};
+
+class Runner final : public BlockMover {
+ public:
+  Runner(const Scenario& s, Backend& be, const ReplayOptions& opt)
+      : s_(s), be_(be), opt_(opt), g_(pool_geometry(s)), model_(s.model), reqs_(make_requests(s)) {
+    past_len_zero_ = has_fault(s, Fault::past_len_zero);
+    k_scale_for_v_ = has_fault(s, Fault::k_scale_for_v);
+    stale_bad_page_ = has_fault(s, Fault::stale_bad_page);
+    const bool v_tail_fault = has_fault(s, Fault::v_tail_not_zeroed);
+    zero_v_tail_ = s.cache.zero_v_tail && !v_tail_fault;
+    rec_.poisoned = s.cache.poison_nan || v_tail_fault;
+    if (s.mla.enabled != (s.cache.write_path == WritePath::append_mla))
+      fail(ErrorCode::bad_scenario, "cache.write_path append_mla goes with mla.enabled (and only with it)");
+    if (s.cache.write_path == WritePath::reshape_and_cache && s.cache.dtype == CacheDtype::nvfp4)
+      fail(ErrorCode::bad_scenario, "reshape_and_cache does not write nvfp4 caches (vLLM has no such kernel)");
+    if (s.window.mode != WindowMode::none) {
+      write_map_ = WindowMapping::make(s.window.window, s.window.sinks, s.cache.page_size, s.window.one_more_block);
+      read_map_ = write_map_;
+      // The fault: the reader's mapping forgets the sinks (and with them the bubble).
+      if (has_fault(s, Fault::window_mismatch))
+        read_map_ = WindowMapping::make(s.window.window, 0, s.cache.page_size, s.window.one_more_block);
+    }
+    bm_ = std::make_unique<BlockManager>(BlockManagerConfig::from(s), this);
+    sched_ = std::make_unique<Scheduler>(s, *bm_, reqs_);
+    allocate_pools();
+    sm_scale_ = 1.0f / std::sqrt(static_cast<float>(g_.head_dim));
+    if (is_quantized(g_.dtype) && g_.dtype != CacheDtype::nvfp4) {
+      scales_.k_scale = s.cache.k_scale;
+      scales_.v_scale = s.cache.v_scale;
+    }
+    if (g_.dtype == CacheDtype::nvfp4) {
+      scales_.k_global_scale = s.cache.k_global_scale;
+      scales_.v_global_scale = s.cache.v_global_scale;
+    }
+    scales_.sm_scale = sm_scale_;
+    if (s.cache.write_path == WritePath::qkv_preprocess && s.model.rope != RopeStyle::none) {
+      rotary_dim_ = s.model.rotary_dim > 0 ? s.model.rotary_dim : s.model.head_dim;
+      int64_t max_len = 1;
+      for (const RequestState& r : reqs_) max_len = std::max(max_len, r.final_len);
+      const RopeTable t = build_rope_table(rotary_dim_, max_len, s.model.rope_theta);
+      rope_rows_ = max_len;
+      rope_ = BackendBuffer(be_, t.cos_sin.size() * 4);
+      rope_.upload(t.cos_sin.data(), t.cos_sin.size() * 4);
+    }
+    if (s.indexer_k_scatter) {
+      indexer_row_ = kIndexerDim + kIndexerScaleBytes;
+      for (int32_t l = 0; l < g_.layers; ++l) {
+        const size_t bytes = static_cast<size_t>(g_.primary_blocks * g_.tokens_per_block * indexer_row_);
+        indexer_.emplace_back(be_, bytes);
+        be_.fill(indexer_.back().get(), 0, bytes);
+      }
+    }
+    if (!opt.dump_dir.empty()) dump_ = std::make_unique<NpyDump>(opt.dump_dir);
+  }
+  ~Runner() override {
+    if (own_pools_) be_.release_pools(pools_);
+  }
+
+  RunRecord run();
+
+  // ---- BlockMover: the block manager's byte moves, with the offload round trip checked
+  void partial_copy(int32_t src, int32_t dst, int32_t tokens) override {
+    PartialCopyOp op;
+    op.src_block = src;
+    op.dst_block = dst;
+    op.num_tokens = tokens;
+    notify("partial_copy", 0, {});
+    be_.partial_copy(pools_, op);
+  }
+  void offload(int32_t primary, int32_t secondary) override { move(primary, secondary, true); }
+  void onboard(int32_t secondary, int32_t primary) override { move(primary, secondary, false); }
+
+ private:
+  void allocate_pools();
+  void move(int32_t primary, int32_t secondary, bool to_secondary);
+  std::vector<uint8_t> block_bytes(PoolKind kind, int32_t block);
+  void notify(const std::string& op, int32_t layer, const std::vector<Entry>& entries);
+  void execute(const StepPlan& plan);
+  void write_layer(int32_t layer, const std::vector<Entry>& es, int64_t nnz, BackendBuffer& q_buf, CacheDtype& q_dtype);
+  void attend(int32_t layer, const std::vector<Entry>& es, size_t first, size_t last, int64_t row0,
+              const BackendBuffer& q_buf, CacheDtype q_dtype, bool decode);
+  void check_dense(int32_t layer, const std::vector<Entry>& es, size_t first, size_t last,
+                   const std::vector<float>& q, const std::vector<float>& out, int32_t hq);
+  void read_back(RequestState& r);
+  std::vector<int32_t> table_row(const RequestState& r, int32_t columns) const;
+  void record_output(const OutputKey& key, const void* data, size_t bytes);
+  void hash_final_state();
+
+  const Scenario& s_;
+  Backend& be_;
+  const ReplayOptions& opt_;
+  PoolGeometry g_;
+  SyntheticModel model_;
+  std::vector<RequestState> reqs_;
+  std::unique_ptr<BlockManager> bm_;
+  std::unique_ptr<Scheduler> sched_;
+  KvPools pools_;
+  bool own_pools_ = false;
+  std::vector<BackendBuffer> pool_memory_;  // shared [pages, 2, ...] allocations
+  WindowMapping write_map_, read_map_;
+  AttentionScales scales_;
+  float sm_scale_ = 1.0f;
+  bool past_len_zero_ = false, k_scale_for_v_ = false, stale_bad_page_ = false, zero_v_tail_ = true;
+  int32_t rotary_dim_ = 0;
+  int64_t rope_rows_ = 0;
+  BackendBuffer rope_;
+  int64_t indexer_row_ = 0;
+  std::vector<BackendBuffer> indexer_;
+  std::map<int32_t, std::vector<int32_t>> previous_tables_;  // the stale_bad_page fault's reader tables
+  int64_t step_ = 0;
+  RunRecord rec_;
+  uint64_t hash_ = kFnvOffset;
+  std::unique_ptr<NpyDump> dump_;
+};
+
+void Runner::allocate_pools() {
+  const uint8_t fill = rec_.poisoned ? 0xFF : 0x00;  // 0xFF: NaN in fp32/fp16/bf16/fp8, -max in e2m1 with a NaN scale
+  if (!s_.cache.shared_kv_allocation) {
+    pools_ = be_.allocate_pools(g_, fill);
+    own_pools_ = true;
+    return;
+  }
+  // FlashInfer: one [pages, 2, P, H, D] tensor per layer, layers back to back;
+  // K and V are strided views into it. One spare page per layer shows that
+  // strides are checked against the allocation, not the pool's dense size.
+  const int64_t pages = g_.primary_blocks + 1;
+  SharedKvAllocation primary, secondary;
+  const int64_t elements = g_.layers * pages * 2 * g_.inner_elements();
+  pool_memory_.emplace_back(be_, static_cast<size_t>(g_.bytes_for(elements)));
+  be_.fill(pool_memory_.back().get(), fill, pool_memory_.back().bytes());
+  primary.data = pool_memory_.back().get();
+  primary.pages = pages;
+  if (g_.has_scale_pool()) {
+    const PoolGeometry sg = g_.scale_geometry();
+    pool_memory_.emplace_back(be_, static_cast<size_t>(sg.bytes_for(sg.layers * pages * 2 * sg.inner_elements())));
+    be_.fill(pool_memory_.back().get(), fill, pool_memory_.back().bytes());
+    primary.scales = pool_memory_.back().get();
+  }
+  if (g_.secondary_blocks > 0) {
+    secondary.pages = g_.secondary_blocks;
+    pool_memory_.emplace_back(be_, static_cast<size_t>(g_.bytes_for(g_.layers * secondary.pages * 2 * g_.inner_elements())));
+    be_.fill(pool_memory_.back().get(), fill, pool_memory_.back().bytes());
+    secondary.data = pool_memory_.back().get();
+    if (g_.has_scale_pool()) {
+      const PoolGeometry sg = g_.scale_geometry();
+      pool_memory_.emplace_back(be_, static_cast<size_t>(sg.bytes_for(sg.layers * secondary.pages * 2 * sg.inner_elements())));
+      be_.fill(pool_memory_.back().get(), fill, pool_memory_.back().bytes());
+      secondary.scales = pool_memory_.back().get();
+    }
+  }
+  pools_ = make_shared_kv_pools(g_, primary, secondary);
+}
+
+// Every byte of one block: each (layer, kv) sub-block, data and nvfp4 scales,
+// located by element_offset / scale_offset.
+std::vector<uint8_t> Runner::block_bytes(PoolKind kind, int32_t block) {
+  std::vector<uint8_t> out;
+  const int k = static_cast<int>(kind);
+  for (int32_t l = 0; l < g_.layers; ++l)
+    for (int32_t kv = 0; kv < g_.kv_factor; ++kv) {
+      const int64_t first = element_byte_offset(element_offset(pools_.strides[k], block, l, kv, 0, 0, 0), g_.dtype);
+      const size_t n = static_cast<size_t>(g_.bytes_for(g_.inner_elements()));
+      const size_t at = out.size();
+      out.resize(at + n);
+      be_.to_host(out.data() + at, static_cast<uint8_t*>(pools_.data[k]) + first, n);
+      if (g_.has_scale_pool()) {
+        const int64_t sfirst = scale_offset(pools_.scale_strides[k], block, l, kv, 0, 0, 0);
+        const size_t sn = static_cast<size_t>(g_.scale_geometry().inner_elements());
+        const size_t sat = out.size();
+        out.resize(sat + sn);
+        be_.to_host(out.data() + sat, static_cast<uint8_t*>(pools_.scales[k]) + sfirst, sn);
+      }
+    }
+  return out;
+}
+
+void Runner::move(int32_t primary, int32_t secondary, bool to_secondary) {
+  const std::vector<uint8_t> before = to_secondary ? block_bytes(PoolKind::primary, primary)
+                                                   : block_bytes(PoolKind::secondary, secondary);
+  MoveBlocksOp op;
+  op.primary = std::span<const int32_t>(&primary, 1);
+  op.secondary = std::span<const int32_t>(&secondary, 1);
+  notify(to_secondary ? "offload" : "onboard", 0, {});
+  if (to_secondary)
+    be_.offload(pools_, op);
+  else
+    be_.onboard(pools_, op);
+  const std::vector<uint8_t> after = to_secondary ? block_bytes(PoolKind::secondary, secondary)
+                                                  : block_bytes(PoolKind::primary, primary);
+  ++rec_.offload_round_trips;
+  if (after != before && rec_.offload_violation.empty()) {
+    size_t i = 0;
+    while (before[i] == after[i]) ++i;
+    rec_.offload_violation = std::string(to_secondary ? "offload" : "onboard") + " of primary block " +
+                             std::to_string(primary) + " <-> secondary block " + std::to_string(secondary) +
+                             " at step " + std::to_string(step_) + ": byte " + std::to_string(i) + " of the block is " +
+                             std::to_string(after[i]) + ", was " + std::to_string(before[i]);
+  }
+}
+
+void Runner::notify(const std::string& op, int32_t layer, const std::vector<Entry>& entries) {
+  ++rec_.counters.ops;
+  if (!opt_.before_op) return;
+  OpContext c;
+  c.step = step_;
+  c.layer = layer;
+  c.op = op;
+  for (const Entry& e : entries) c.sequence_ids.push_back(e.r->id);
+  opt_.before_op(c);
+}
+
+std::vector<int32_t> Runner::table_row(const RequestState& r, int32_t columns) const {
+  std::vector<int32_t> row(static_cast<size_t>(columns), kBadPage);
+  const auto& t = bm_->table(r.index);
+  std::copy(t.begin(), t.end(), row.begin());
+  return row;
+}
+
+void Runner::record_output(const OutputKey& key, const void* data, size_t bytes) {
+  const auto* p = static_cast<const uint8_t*>(data);
+  rec_.outputs[key].assign(p, p + bytes);
+}
+
+RunRecord Runner::run() {
+  const auto t0 = std::chrono::steady_clock::now();
+  try {
+    for (step_ = 0; !sched_->done(); ++step_) {
+      if (step_ >= s_.scheduler.max_steps) {
+        rec_.finished = false;
+        break;
+      }
+      const StepPlan plan = sched_->schedule(step_);
+      if (plan.empty()) {
+        const int64_t next = sched_->next_arrival(step_);
+        if (next < 0) fail(ErrorCode::bad_scenario, "no request can be scheduled and none is still to arrive");
+        step_ = next - 1;  // idle until the next arrival
+        continue;
+      }
+      execute(plan);
+      const std::vector<int32_t> finished = sched_->finish_step(plan);
+      for (int32_t i : finished) read_back(reqs_[i]);
+      sched_->free_finished(finished);
+      for (const auto* list : {&plan.prefill, &plan.decode})
+        for (const ScheduledEntry& e : *list)
+          if (bm_->has_sequence(e.request)) previous_tables_[e.request] = bm_->table(e.request);
+      ++rec_.counters.steps;
+      const std::string err = bm_->check_conservation();
+      ++rec_.conservation_checks;
+      if (!err.empty() && rec_.conservation_violation.empty())
+        rec_.conservation_violation = "step " + std::to_string(step_) + ": " + err;
+      rec_.counters.preemptions = sched_->preemptions;
+      rec_.counters.prefill_tokens = sched_->prefill_tokens;
+      rec_.counters.decode_tokens = sched_->decode_tokens;
+      if (opt_.after_step) opt_.after_step(step_, rec_.counters);
+    }
+  } catch (const ValidationError& e) {
+    if (s_.faults.empty() || e.code() == ErrorCode::bad_scenario) throw;
+    rec_.op_rejection = std::string("step ") + std::to_string(step_) + ": " + e.what();
+  }
+  const BlockManagerCounters& c = bm_->counters();
+  rec_.counters.preemptions = sched_->preemptions;
+  rec_.counters.prefill_tokens = sched_->prefill_tokens;
+  rec_.counters.decode_tokens = sched_->decode_tokens;
+  rec_.counters.reuse_hit_tokens = c.reuse_hit_tokens;
+  rec_.counters.partial_reuse_tokens = c.partial_reuse_tokens;
+  rec_.counters.evicted_blocks = c.evicted_blocks;
+  rec_.counters.offloaded_blocks = c.offloaded_blocks;
+  rec_.counters.onboarded_blocks = c.onboarded_blocks;
+  hash_final_state();
+  rec_.content_hash = hash_;
+  if (dump_) dump_->write_manifest();
+  rec_.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return std::move(rec_);
+}
+
+void Runner::execute(const StepPlan& plan) {
+  std::vector<Entry> es;
+  for (const auto* list : {&plan.prefill, &plan.decode})
+    for (const ScheduledEntry& e : *list) {
+      Entry x{&e, &reqs_[e.request], e.start};
+      if (past_len_zero_ && e.continuation) x.op_start = 0;  // the fault: the chunk is told nothing is cached
+      es.push_back(x);
+    }
+  int64_t nnz = 0;
+  for (const Entry& e : es) nnz += e.e->n;
+  const int64_t nnz_prefill = nnz - static_cast<int64_t>(plan.decode.size());
+  for (int32_t layer = 0; layer < g_.layers; ++layer) {
+    BackendBuffer q_buf;
+    CacheDtype q_dtype = s_.model.input_dtype;
+    write_layer(layer, es, nnz, q_buf, q_dtype);
+    if (s_.mla.enabled) continue;
+    if (!plan.prefill.empty()) attend(layer, es, 0, plan.prefill.size(), 0, q_buf, q_dtype, false);
+    if (!plan.decode.empty()) attend(layer, es, plan.prefill.size(), es.size(), nnz_prefill, q_buf, q_dtype, true);
+  }
+  rec_.counters.token_layers += nnz * g_.layers;
+}
+
+void Runner::write_layer(int32_t layer, const std::vector<Entry>& es, int64_t nnz, BackendBuffer& q_buf,
+                         CacheDtype& q_dtype) {
+  const int32_t H = g_.kv_heads, D = g_.head_dim, Hq = s_.model.q_heads, P = g_.tokens_per_block;
+  int32_t columns = 1;
+  for (const Entry& e : es) columns = std::max<int32_t>(columns, static_cast<int32_t>(bm_->table(e.r->index).size()));
+  std::vector<int32_t> table;
+  for (const Entry& e : es) {
+    const auto row = table_row(*e.r, columns);
+    table.insert(table.end(), row.begin(), row.end());
+  }
+  const CacheDtype in_t = kv_input_dtype(s_);
+  const int32_t in_b = element_bytes(in_t);
+  // Token t of the step: entry, true position, whether its K/V reach the cache, its cache slot.
+  struct Tok {
+    size_t entry;
+    int64_t position, op_position;
+    bool reaches;
+  };
+  std::vector<Tok> toks;
+  for (size_t i = 0; i < es.size(); ++i)
+    for (int32_t j = 0; j < es[i].e->n; ++j) {
+      const int64_t op_pos = es[i].op_start + j;
+      toks.push_back({i, es[i].e->start + j, op_pos, qkv_token_reaches_cache(write_map_, es[i].cache_len(), op_pos)});
+    }
+  auto value = [&](ModelTensor t, int32_t head, int32_t dim, const Tok& k) {
+    const RequestState& r = *es[k.entry].r;
+    return model_.value(t, layer, head, dim, k.position, r.hashes[k.position]);
+  };
+  auto slot_of = [&](const Tok& k, int64_t& block, int32_t& entry) {
+    const int64_t slot = write_map_.cache_token(k.op_position);
+    block = BlockRef{table[k.entry * columns + slot / P]}.block();
+    entry = static_cast<int32_t>(slot % P);
+  };
+  // Q for attention when the write op does not produce it.
+  auto host_q = [&]() {
+    q_dtype = s_.model.input_dtype;
+    std::vector<uint8_t> q(static_cast<size_t>(nnz * Hq * D * element_bytes(q_dtype)));
+    for (size_t t = 0; t < toks.size(); ++t)
+      for (int32_t h = 0; h < Hq; ++h)
+        for (int32_t d = 0; d < D; ++d)
+          put_value(q, q_dtype, (static_cast<int64_t>(t) * Hq + h) * D + d, value(ModelTensor::q, h, d, toks[t]), 1.0f);
+    q_buf = BackendBuffer(be_, q.size());
+    q_buf.upload(q.data(), q.size());
+  };
+
+  std::vector<int32_t> seq_lens, cache_lens;
+  for (const Entry& e : es) {
+    seq_lens.push_back(e.e->n);
+    cache_lens.push_back(e.cache_len());
+  }
+  // CSR view of the step's tables (FlashInfer ops): pages covering each sequence's cache slots.
+  std::vector<int32_t> indptr{0}, indices, last_page_len;
+  for (size_t i = 0; i < es.size(); ++i) {
+    const int64_t slots = write_map_.cache_length(es[i].cache_len());
+    const int32_t pages = static_cast<int32_t>((slots + P - 1) / P);
+    for (int32_t p = 0; p < pages; ++p) indices.push_back(table[i * columns + p]);
+    indptr.push_back(static_cast<int32_t>(indices.size()));
+    last_page_len.push_back(static_cast<int32_t>(slots - static_cast<int64_t>(pages - 1) * P));
+  }
+  const float k_code_scale = s_.cache.k_scale, v_code_scale = s_.cache.v_scale;
+
+  switch (s_.cache.write_path) {
+    case WritePath::qkv_preprocess: {
+      const int64_t width = static_cast<int64_t>(Hq + 2 * H) * D;
+      std::vector<uint8_t> qkv(static_cast<size_t>(nnz * width * in_b));
+      for (size_t t = 0; t < toks.size(); ++t) {
+        const int64_t row = static_cast<int64_t>(t) * width;
+        for (int32_t h = 0; h < Hq; ++h)
+          for (int32_t d = 0; d < D; ++d) put_value(qkv, in_t, row + h * D + d, value(ModelTensor::q, h, d, toks[t]), 1);
+        for (int32_t h = 0; h < H; ++h)
+          for (int32_t d = 0; d < D; ++d) {
+            put_value(qkv, in_t, row + (Hq + h) * D + d, value(ModelTensor::k, h, d, toks[t]), 1);
+            put_value(qkv, in_t, row + (Hq + H + h) * D + d, value(ModelTensor::v, h, d, toks[t]), 1);
+          }
+      }
+      BackendBuffer qkv_b(be_, qkv.size());
+      qkv_b.upload(qkv.data(), qkv.size());
+      q_dtype = in_t;
+      q_buf = BackendBuffer(be_, static_cast<size_t>(nnz * Hq * D * in_b));
+      QkvPreprocessOp op;
+      op.layer = layer;
+      op.num_q_heads = Hq;
+      op.qkv = contiguous_view(qkv_b.get(), in_t, {nnz, width});
+      op.q_out = contiguous_view(q_buf.get(), in_t, {nnz, Hq, D});
+      if (rotary_dim_ > 0) {
+        op.rope_style = s_.model.rope;
+        op.rotary_dim = rotary_dim_;
+        op.cos_sin = contiguous_view(rope_.get(), CacheDtype::fp32, {rope_rows_, rotary_dim_});
+      }
+      op.seq_lens = seq_lens;
+      op.cache_lens = cache_lens;
+      op.block_table = table;
+      op.max_blocks_per_seq = columns;
+      op.window = write_map_;
+      // kvsim zeroes the V tail at every write, decode included: its decode
+      // reads whole pages, so a block a decode opens needs it as much as a
+      // context step's last block (TensorRT-LLM's MMHA stops at the length).
+      op.context_phase = true;
+      op.zero_v_tail = zero_v_tail_;
+      if (is_quantized(g_.dtype) && g_.dtype != CacheDtype::nvfp4) {
+        op.scale_orig_quant[1] = 1.0f / k_code_scale;  // TensorRT-LLM encodes with the reciprocal of the decode scale
+        op.scale_orig_quant[2] = 1.0f / v_code_scale;
+      }
+      op.nvfp4_global_scale[1] = s_.cache.k_global_scale;
+      op.nvfp4_global_scale[2] = s_.cache.v_global_scale;
+      notify("qkv_preprocess_write", layer, es);
+      be_.qkv_preprocess_write(pools_, op);
+      break;
+    }
+    case WritePath::append_paged:
+    case WritePath::append_mla: {
+      const bool mla = s_.cache.write_path == WritePath::append_mla;
+      std::vector<int32_t> batch, positions;
+      std::vector<const Tok*> written;
+      for (const Tok& t : toks)
+        if (t.reaches) {
+          written.push_back(&t);
+          batch.push_back(static_cast<int32_t>(t.entry));
+          positions.push_back(static_cast<int32_t>(write_map_.cache_token(t.op_position)));
+        }
+      const int64_t n = static_cast<int64_t>(written.size());
+      const int32_t a_dim = mla ? s_.mla.d_ckv : D, b_dim = mla ? s_.mla.d_kpe : D, heads = mla ? 1 : H;
+      std::vector<uint8_t> a(static_cast<size_t>(n * heads * a_dim * in_b)), b(static_cast<size_t>(n * heads * b_dim * in_b));
+      for (int64_t i = 0; i < n; ++i)
+        for (int32_t h = 0; h < heads; ++h) {
+          for (int32_t d = 0; d < a_dim; ++d)
+            put_value(a, in_t, (i * heads + h) * a_dim + d, value(mla ? ModelTensor::ckv : ModelTensor::k, h, d, *written[i]),
+                      k_code_scale);
+          for (int32_t d = 0; d < b_dim; ++d)
+            put_value(b, in_t, (i * heads + h) * b_dim + d, value(mla ? ModelTensor::kpe : ModelTensor::v, h, d, *written[i]),
+                      mla ? k_code_scale : v_code_scale);
+        }
+      BackendBuffer a_b(be_, a.size()), b_b(be_, b.size());
+      a_b.upload(a.data(), a.size());
+      b_b.upload(b.data(), b.size());
+      if (mla) {
+        AppendMlaOp op;
+        op.layer = layer;
+        op.ckv = contiguous_view(a_b.get(), in_t, {n, a_dim});
+        op.kpe = contiguous_view(b_b.get(), in_t, {n, b_dim});
+        op.batch_indices = batch;
+        op.positions = positions;
+        op.indptr = indptr;
+        op.indices = indices;
+        op.last_page_len = last_page_len;
+        op.ckv_global_scale = s_.cache.k_global_scale;
+        op.kpe_scale = k_code_scale;
+        notify("append_mla", layer, es);
+        be_.append_mla(pools_, op);
+      } else {
+        AppendPagedOp op;
+        op.layer = layer;
+        op.k = contiguous_view(a_b.get(), in_t, {n, H, D});
+        op.v = contiguous_view(b_b.get(), in_t, {n, H, D});
+        op.batch_indices = batch;
+        op.positions = positions;
+        op.indptr = indptr;
+        op.indices = indices;
+        op.last_page_len = last_page_len;
+        op.k_global_scale = s_.cache.k_global_scale;
+        op.v_global_scale = s_.cache.v_global_scale;
+        notify("append_paged", layer, es);
+        be_.append_paged(pools_, op);
+        host_q();
+      }
+      break;
+    }
+    case WritePath::reshape_and_cache: {
+      std::vector<int64_t> slots;
+      for (const Tok& t : toks) {
+        int64_t block = 0;
+        int32_t entry = 0;
+        if (t.reaches) slot_of(t, block, entry);
+        slots.push_back(t.reaches ? block * P + entry : -1);
+      }
+      std::vector<uint8_t> k(static_cast<size_t>(nnz * H * D * in_b)), v(k.size());
+      for (size_t t = 0; t < toks.size(); ++t)
+        for (int32_t h = 0; h < H; ++h)
+          for (int32_t d = 0; d < D; ++d) {
+            const int64_t i = (static_cast<int64_t>(t) * H + h) * D + d;
+            put_value(k, in_t, i, value(ModelTensor::k, h, d, toks[t]), k_code_scale);
+            put_value(v, in_t, i, value(ModelTensor::v, h, d, toks[t]), v_code_scale);
+          }
+      BackendBuffer k_b(be_, k.size()), v_b(be_, v.size());
+      k_b.upload(k.data(), k.size());
+      v_b.upload(v.data(), v.size());
+      ReshapeAndCacheOp op;
+      op.layer = layer;
+      op.key = contiguous_view(k_b.get(), in_t, {nnz, H, D});
+      op.value = contiguous_view(v_b.get(), in_t, {nnz, H, D});
+      op.slot_mapping = slots;
+      op.k_scale = k_code_scale;
+      op.v_scale = v_code_scale;
+      notify("reshape_and_cache", layer, es);
+      be_.reshape_and_cache(pools_, op);
+      host_q();
+      break;
+    }
+  }
+
+  if (s_.indexer_k_scatter) {
+    // DeepSeek's indexer cache per layer: [blocks, P, 1, D + 4] bytes; a block
+    // holds its P tokens' fp8 bytes, then their P fp32 scales.
+    std::vector<uint8_t> kb, sb;
+    std::vector<int64_t> map_k, map_s;
+    for (const Tok& t : toks) {
+      if (!t.reaches) continue;
+      int64_t block = 0;
+      int32_t entry = 0;
+      slot_of(t, block, entry);
+      float amax = 0.0f;
+      float x[kIndexerDim];
+      for (int32_t d = 0; d < kIndexerDim; ++d) {
+        x[d] = value(ModelTensor::indexer_k, 0, d, t);
+        amax = std::max(amax, std::fabs(x[d]));
+      }
+      const float scale = amax > 0.0f ? amax / 448.0f : 1.0f;  // DeepSeek's per-token fp8 scale
+      for (int32_t d = 0; d < kIndexerDim; ++d) kb.push_back(codec::f32_to_e4m3(x[d] / scale));
+      uint8_t sbytes[4];
+      std::memcpy(sbytes, &scale, 4);
+      sb.insert(sb.end(), sbytes, sbytes + 4);
+      map_k.push_back(block * P * indexer_row_ + static_cast<int64_t>(entry) * kIndexerDim);
+      map_s.push_back(block * P * indexer_row_ + static_cast<int64_t>(P) * kIndexerDim + entry * 4);
+    }
+    const int64_t T = static_cast<int64_t>(map_k.size());
+    if (T > 0) {
+      BackendBuffer kb_b(be_, kb.size()), sb_b(be_, sb.size());
+      kb_b.upload(kb.data(), kb.size());
+      sb_b.upload(sb.data(), sb.size());
+      IndexerKScatterOp op;
+      op.k_fp8 = contiguous_view(kb_b.get(), CacheDtype::fp8_e4m3, {T, kIndexerDim});
+      op.k_scale = contiguous_view(sb_b.get(), CacheDtype::fp8_e4m3, {T, 4});
+      op.slot_mapping_fp8 = map_k;
+      op.slot_mapping_scale = map_s;
+      op.cache = contiguous_view(indexer_[layer].get(), CacheDtype::fp8_e4m3, {g_.primary_blocks, P, 1, indexer_row_});
+      notify("indexer_k_scatter", layer, es);
+      be_.indexer_k_scatter(op);
+    }
+  }
+}
+
+void Runner::attend(int32_t layer, const std::vector<Entry>& es, size_t first, size_t last, int64_t row0,
+                    const BackendBuffer& q_buf, CacheDtype q_dtype, bool decode) {
+  const int32_t Hq = s_.model.q_heads, D = g_.head_dim;
+  int32_t columns = 1;
+  for (size_t i = first; i < last; ++i)
+    columns = std::max<int32_t>(columns, static_cast<int32_t>(bm_->table(es[i].r->index).size()));
+  std::vector<int32_t> table, seq_lens, q_indptr{0};
+  std::vector<Entry> batch(es.begin() + static_cast<std::ptrdiff_t>(first), es.begin() + static_cast<std::ptrdiff_t>(last));
+  for (const Entry& e : batch) {
+    const auto row = table_row(*e.r, columns);
+    table.insert(table.end(), row.begin(), row.end());
+    seq_lens.push_back(e.cache_len());
+    q_indptr.push_back(q_indptr.back() + e.e->n);
+  }
+  const int64_t rows = q_indptr.back();
+  const int32_t qb = element_bytes(q_dtype);
+  void* q_data = static_cast<uint8_t*>(q_buf.get()) + row0 * Hq * D * qb;
+  BackendBuffer out_b(be_, static_cast<size_t>(rows * Hq * D * 4));
+  AttentionScales sc = scales_;
+  if (k_scale_for_v_) {  // the fault: V is dequantized with K's scale
+    sc.v_scale = sc.k_scale;
+    sc.v_global_scale = sc.k_global_scale;
+  }
+  const TensorView qv = contiguous_view(q_data, q_dtype, {rows, Hq, D});
+  const TensorView ov = contiguous_view(out_b.get(), CacheDtype::fp32, {rows, Hq, D});
+  if (decode) {
+    DecodeAttentionOp op;
+    op.layer = layer;
+    op.q = qv;
+    op.out = ov;
+    op.seq_lens = seq_lens;
+    op.block_table = table;
+    op.max_blocks_per_seq = columns;
+    op.scales = sc;
+    op.window = read_map_;
+    notify("decode_attention", layer, batch);
+    be_.decode_attention(pools_, op);
+  } else {
+    PrefillAttentionOp op;
+    op.layer = layer;
+    op.q = qv;
+    op.out = ov;
+    op.q_indptr = q_indptr;
+    op.seq_lens = seq_lens;
+    op.block_table = table;
+    op.max_blocks_per_seq = columns;
+    op.scales = sc;
+    op.window = read_map_;
+    notify("prefill_attention", layer, batch);
+    be_.prefill_attention(pools_, op);
+  }
+  std::vector<float> out(static_cast<size_t>(rows * Hq * D));
+  out_b.download(out.data(), out.size() * 4);
+  std::vector<uint8_t> q_bytes(static_cast<size_t>(rows * Hq * D * qb));
+  be_.to_host(q_bytes.data(), q_data, q_bytes.size());
+  hash_ = fnv1a(hash_, out.data(), out.size() * 4);
+  const std::string op_name = decode ? "decode_attention" : "prefill_attention";
+  if (dump_) {
+    const std::string stem = "step" + std::to_string(step_) + "_layer" + std::to_string(layer) + "_" + op_name;
+    dump_->write(stem + "_q.npy", q_bytes.data(), q_bytes.size(), NpyDump::descr_for(q_dtype), {rows, Hq, D}, step_,
+                 op_name, layer, q_dtype);
+    dump_->write(stem + "_out.npy", out.data(), out.size() * 4, "<f4", {rows, Hq, D}, step_, op_name, layer,
+                 CacheDtype::fp32);
+  }
+  const size_t row_elems = static_cast<size_t>(Hq) * D;
+  for (size_t b = 0; b < batch.size(); ++b)
+    for (int32_t i = 0; i < batch[b].e->n; ++i) {
+      const int64_t row = q_indptr[b] + i;
+      const int64_t position = batch[b].e->start + i;
+      const float* o = out.data() + row * row_elems;
+      record_output({batch[b].r->id, layer, OutputKind::attention, position}, o, row_elems * 4);
+      if (rec_.poisoned && rec_.nan_found.empty())
+        for (size_t k = 0; k < row_elems; ++k)
+          if (std::isnan(o[k])) {
+            rec_.nan_found = op_name + " at step " + std::to_string(step_) + ", layer " + std::to_string(layer) +
+                             ": request " + batch[b].r->id + ", position " + std::to_string(position) + ", head " +
+                             std::to_string(k / D) + ", dim " + std::to_string(k % D) + " is NaN";
+            break;
+          }
+    }
+  if (!opt_.dense_check) return;
+  std::vector<float> q(q_bytes.size() / qb);
+  for (size_t i = 0; i < q.size(); ++i) q[i] = load_float(q_bytes.data(), q_dtype, static_cast<int64_t>(i));
+  if (opt_.dense_check) check_dense(layer, batch, 0, batch.size(), q, out, Hq);
+}
+
+// dense: each query's output against attention in double (Eigen) over the
+// K/V that gather_paged reads back through the sequence's table, keys chosen
+// by core's make_key_list. Bound per element, for fp32 outputs:
+//   |out - ref| <= max|V| * (1e-5 + 4 * D * 2^-24 * sm_scale * max_j sum_d |q_d k_jd|)
+// (the fp32 dot product's error is <= D * 2^-24 * sum |q k| per score; a
+// score error e moves each softmax weight by a factor within exp(+-2e); 1e-5
+// covers exp (~1 ulp), the fp32 sums and the final division, as in
+// tests/oracle/attention_test.cpp). Rows whose output holds NaN are left to no_nan.
+void Runner::check_dense(int32_t layer, const std::vector<Entry>& es, size_t first, size_t last,
+                         const std::vector<float>& q, const std::vector<float>& out, int32_t hq) {
+  const int32_t H = g_.kv_heads, D = g_.head_dim, G = hq / H, P = g_.tokens_per_block;
+  int64_t row = 0;
+  AttentionScales sc = scales_;
+  if (k_scale_for_v_) {
+    sc.v_scale = sc.k_scale;
+    sc.v_global_scale = sc.k_global_scale;
+  }
+  for (size_t b = first; b < last; ++b) {
+    const Entry& e = es[b];
+    const int32_t len = e.cache_len();
+    const int64_t slots = read_map_.cache_length(len);
+    std::vector<int32_t> ids = bm_->table(e.r->index);
+    if (stale_bad_page_) {  // the fault: the reader's table is the previous step's, BAD_PAGE where a block now lives
+      const auto it = previous_tables_.find(e.r->index);
+      std::vector<int32_t> stale(ids.size(), kBadPage);
+      if (it != previous_tables_.end())
+        for (size_t i = 0; i < std::min(ids.size(), it->second.size()); ++i) stale[i] = it->second[i];
+      ids = stale;
+    }
+    const int64_t pages = (slots + P - 1) / P;
+    if (static_cast<int64_t>(ids.size()) < pages) ids.resize(static_cast<size_t>(pages), kBadPage);
+    Eigen::MatrixXd kv_rows[2];
+    for (int32_t kv = 0; kv < 2; ++kv) {
+      std::vector<float> g(static_cast<size_t>(slots * H * D));
+      BackendBuffer gb(be_, g.size() * 4);
+      GatherPagedOp op;
+      op.layer = layer;
+      op.kv = kv;
+      op.block_ids = ids;
+      op.num_tokens = slots;
+      op.out = contiguous_view(gb.get(), CacheDtype::fp32, {slots, H, D});
+      op.scale = kv == 0 ? sc.k_scale : sc.v_scale;
+      op.global_scale = kv == 0 ? sc.k_global_scale : sc.v_global_scale;
+      notify("gather_paged", layer, {e});
+      be_.gather_paged(pools_, op);
+      gb.download(g.data(), g.size() * 4);
+      kv_rows[kv] = Eigen::Map<Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>>(
+                        g.data(), slots * H, D)
+                        .cast<double>();
+    }
+    // Per KV head: K and V of every gathered slot, [slots, D] in double.
+    std::vector<Eigen::MatrixXd> k_head(static_cast<size_t>(H)), v_head(static_cast<size_t>(H));
+    for (int32_t h = 0; h < H; ++h) {
+      k_head[h] = kv_rows[0](Eigen::seqN(h, slots, H), Eigen::all);
+      v_head[h] = kv_rows[1](Eigen::seqN(h, slots, H), Eigen::all);
+    }
+    const int32_t n = e.e->n;
+    const int32_t stride = n > 16 ? n / 16 : 1;  // up to ~16 query rows per sequence, always the last
+    for (int32_t i = 0; i < n; ++i) {
+      if (i % stride != 0 && i != n - 1) continue;
+      const int64_t p = static_cast<int64_t>(len) - n + i;
+      const KeyList kl = make_key_list(p, read_map_, g_.page_divider());
+      std::vector<int64_t> key_slots;
+      for (int64_t j = 0; j < kl.n_attended; ++j) {
+        bool masked = false;
+        key_slots.push_back(kl.slot(j, read_map_, masked));
+      }
+      for (int32_t h = 0; h < hq; ++h) {
+        const int32_t kvh = h / G;
+        const float* o = out.data() + ((row + i) * hq + h) * D;
+        bool nan = false;
+        for (int32_t d = 0; d < D; ++d) nan = nan || std::isnan(o[d]);
+        if (nan) continue;
+        Eigen::VectorXd qd(D);
+        for (int32_t d = 0; d < D; ++d) qd[d] = q[((row + i) * hq + h) * D + d];
+        const Eigen::MatrixXd K = k_head[kvh](key_slots, Eigen::all);
+        const Eigen::MatrixXd V = v_head[kvh](key_slots, Eigen::all);
+        const Eigen::VectorXd s = (K * qd) * static_cast<double>(sm_scale_);
+        const Eigen::VectorXd w = (s.array() - s.maxCoeff()).exp();
+        const Eigen::VectorXd ref = (V.transpose() * w) / w.sum();
+        const double dot_abs = (K.cwiseAbs() * qd.cwiseAbs()).maxCoeff();
+        const double bound =
+            V.cwiseAbs().maxCoeff() * (1e-5 + 4.0 * D * std::ldexp(1.0, -24) * sm_scale_ * dot_abs) + 1e-30;
+        ++rec_.dense_checked_rows;
+        for (int32_t d = 0; d < D; ++d) {
+          const double err = std::fabs(static_cast<double>(o[d]) - ref[d]);
+          const double ratio = std::isnan(ref[d]) ? 1e300 : err / bound;
+          rec_.dense_worst_ratio = std::max(rec_.dense_worst_ratio, ratio);
+          if (ratio > 1.0 && rec_.dense_violation.empty()) {
+            char buf[160];
+            std::snprintf(buf, sizeof buf, ": out %.9g, Eigen double %.9g, |diff| %.3g > bound %.3g", o[d], ref[d], err,
+                          bound);
+            rec_.dense_violation = "step " + std::to_string(step_) + ", layer " + std::to_string(layer) + ", request " +
+                                   e.r->id + ", position " + std::to_string(p) + ", head " + std::to_string(h) +
+                                   ", dim " + std::to_string(d) + buf;
+          }
+        }
+      }
+    }
+    row += n;
+  }
+}
+
+// A finished request's cache, read back through its table with gather_paged:
+// each token still in the cache (sinks and the ring's tokens; not the blocks
+// release mode gave back), by position.
+void Runner::read_back(RequestState& r) {
+  const int32_t H = g_.kv_heads, D = g_.head_dim, P = g_.tokens_per_block;
+  const std::vector<int32_t>& ids = bm_->table(r.index);
+  const int64_t slots = write_map_.cache_length(r.final_len);
+  const bool release = s_.window.mode == WindowMode::release;
+  for (int32_t layer = 0; layer < g_.layers; ++layer)
+    for (int32_t kv = 0; kv < g_.kv_factor; ++kv) {
+      std::vector<int32_t> readable(ids);
+      if (release)
+        for (int32_t& id : readable)
+          if (id == BlockManager::kNullBlock) id = kBadPage;  // reads as zeros; never recorded
+      std::vector<float> g(static_cast<size_t>(slots * H * D));
+      BackendBuffer gb(be_, g.size() * 4);
+      GatherPagedOp op;
+      op.layer = layer;
+      op.kv = kv;
+      op.block_ids = readable;
+      op.num_tokens = slots;
+      op.out = contiguous_view(gb.get(), CacheDtype::fp32, {slots, H, D});
+      op.scale = kv == 0 ? scales_.k_scale : scales_.v_scale;
+      op.global_scale = kv == 0 ? scales_.k_global_scale : scales_.v_global_scale;
+      notify("gather_paged", layer, {});
+      be_.gather_paged(pools_, op);
+      gb.download(g.data(), g.size() * 4);
+      for (int64_t t = 0; t < r.final_len; ++t) {
+        if (!qkv_token_reaches_cache(write_map_, r.final_len, t)) continue;
+        const int64_t slot = write_map_.cache_token(t);
+        if (readable[slot / P] == kBadPage) continue;
+        const float* row = g.data() + slot * H * D;
+        record_output({r.id, layer, kv == 0 ? OutputKind::k_cache : OutputKind::v_cache, t}, row,
+                      static_cast<size_t>(H * D) * 4);
+        hash_ = fnv1a(hash_, row, static_cast<size_t>(H * D) * 4);
+      }
+    }
+}
+
+void Runner::hash_final_state() {
+  for (PoolKind kind : {PoolKind::primary, PoolKind::secondary}) {
+    const int k = static_cast<int>(kind);
+    const char* name = kind == PoolKind::primary ? "primary" : "secondary";
+    auto add = [&](void* data, int64_t bytes, CacheDtype t, const std::string& file, const std::string& what) {
+      if (!data || bytes <= 0) return;
+      std::vector<uint8_t> host(static_cast<size_t>(bytes));
+      be_.to_host(host.data(), data, host.size());
+      hash_ = fnv1a(hash_, host.data(), host.size());
+      if (dump_)
+        dump_->write(file, host.data(), host.size(), NpyDump::descr_for(t),
+                     {t == CacheDtype::nvfp4 ? bytes : bytes / element_bytes(t)}, step_, what, -1, t);
+    };
+    if (own_pools_) {
+      add(pools_.data[k], g_.pool_bytes(kind), g_.dtype, std::string("pool_") + name + ".npy", "pool");
+      if (g_.has_scale_pool())
+        add(pools_.scales[k], scale_pool_bytes(g_, kind), CacheDtype::fp8_e4m3, std::string("scales_") + name + ".npy",
+            "scale_pool");
+    }
+  }
+  if (!own_pools_)
+    for (size_t i = 0; i < pool_memory_.size(); ++i)
+      if (pool_memory_[i].get()) {
+          std::vector<uint8_t> host(pool_memory_[i].bytes());
+          be_.to_host(host.data(), pool_memory_[i].get(), host.size());
+          hash_ = fnv1a(hash_, host.data(), host.size());
+          if (dump_)
+            dump_->write("allocation" + std::to_string(i) + ".npy", host.data(), host.size(), "|u1",
+                         {static_cast<int64_t>(host.size())}, step_, "shared_kv_allocation", -1, CacheDtype::fp8_e4m3);
+        }
+  for (size_t l = 0; l < indexer_.size(); ++l) {
+    std::vector<uint8_t> host(indexer_[l].bytes());
+    be_.to_host(host.data(), indexer_[l].get(), host.size());
+    hash_ = fnv1a(hash_, host.data(), host.size());
+    if (dump_)
+      dump_->write("indexer_layer" + std::to_string(l) + ".npy", host.data(), host.size(), "|u1",
+                   {g_.primary_blocks, g_.tokens_per_block, 1, indexer_row_}, step_, "indexer_k_cache",
+                   static_cast<int32_t>(l), CacheDtype::fp8_e4m3);
+  }
+}
+
+}  // namespace
+
+RunRecord run_scenario(const Scenario& s, Backend& backend, const ReplayOptions& options) {
+  Runner runner(s, backend, options);
+  return runner.run();
+}
+
+}  // namespace kvsim::sim
