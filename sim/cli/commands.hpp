@@ -33,5 +33,6 @@ void register_explain(CLI::App& app);
 void register_codec(CLI::App& app);
 void register_bench(CLI::App& app);
 void register_validate(CLI::App& app);
+void register_run(CLI::App& app);
 
 }  // namespace kvsim::cli

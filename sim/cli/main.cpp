@@ -26,6 +26,7 @@ int main(int argc, char** argv) {
   register_codec(app);
   register_bench(app);
   register_validate(app);
+  register_run(app);
 
   int status = kExitOk;
   try {
