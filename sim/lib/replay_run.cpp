@@ -821,8 +821,14 @@ void Runner::read_back(RequestState& r) {
       notify("gather_paged", layer, {});
       be_.gather_paged(pools_, op);
       gb.download(g.data(), g.size() * 4);
+      // Release mode may have given a page back and taken a fresh block for
+      // it since an old token was written: only the last query's window (and
+      // the sinks) is certainly still there.
+      const int64_t recent = static_cast<int64_t>(s_.window.window) - s_.window.sinks;
+      const int64_t kept_from = release ? r.final_len - recent : 0;
       for (int64_t t = 0; t < r.final_len; ++t) {
         if (!qkv_token_reaches_cache(write_map_, r.final_len, t)) continue;
+        if (release && t >= s_.window.sinks && t < kept_from) continue;
         const int64_t slot = write_map_.cache_token(t);
         if (readable[slot / P] == kBadPage) continue;
         const float* row = g.data() + slot * H * D;

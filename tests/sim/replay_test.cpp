@@ -1,0 +1,356 @@
+// Replays of small scenarios built in C++ (sim/include/kvsim/sim/replay.hpp):
+// counters, every invariant of SPEC §6 holding over page sizes 1, 3, 7, 17,
+// odd batch sizes, every write path and both window modes; each fault caught
+// by its invariant (and the same invariant passing with the fault off);
+// determinism across runs and thread counts; the --dump files.
+#include <doctest/doctest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <numeric>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "backends/backend.hpp"
+#include "kvsim/sim/invariants.hpp"
+#include "kvsim/sim/replay.hpp"
+
+using namespace kvsim;
+using namespace kvsim::sim;
+
+namespace {
+
+Backend& cpu() {
+  static std::unique_ptr<Backend> be = make_backend("cpu");
+  return *be;
+}
+
+RequestSpec request(const std::string& id, int32_t generated, int32_t decode, int32_t arrival = 0,
+                    std::vector<std::string> prefixes = {}) {
+  RequestSpec r;
+  r.id = id;
+  r.generated = generated;
+  r.decode_tokens = decode;
+  r.arrival_step = arrival;
+  r.prefixes = std::move(prefixes);
+  return r;
+}
+
+// Three requests (odd batch), ragged prompts spanning several pages, chunked prefill.
+Scenario small(int32_t page_size) {
+  Scenario s;
+  s.name = "small_p" + std::to_string(page_size);
+  s.model.layers = 2;
+  s.model.q_heads = 6;
+  s.model.kv_heads = 3;
+  s.model.head_dim = 32;
+  s.cache.page_size = page_size;
+  s.cache.primary_blocks = 200;
+  s.scheduler.chunk_size = 7;
+  s.scheduler.token_budget = 24;
+  s.requests = {request("a", 29, 4), request("b", 11, 6), request("c", 40, 3, 1)};
+  return s;
+}
+
+InvariantStatus status(const ScenarioReport& r, Invariant inv) {
+  for (const InvariantReport& i : r.invariants)
+    if (i.invariant == inv) return i.status;
+  FAIL("invariant missing from the report");
+  return InvariantStatus::fail;
+}
+
+std::string details(const ScenarioReport& r) {
+  std::string s;
+  for (const InvariantReport& i : r.invariants)
+    s += std::string(invariant_name(i.invariant)) + "=" + std::string(invariant_status_name(i.status)) + " (" +
+         i.detail + ")\n";
+  for (const std::string& e : r.expectation_failures) s += e + "\n";
+  return s;
+}
+
+void all_hold(const ScenarioReport& r, std::initializer_list<Invariant> must_be_checked) {
+  INFO(details(r));
+  CHECK(r.ok);
+  for (const InvariantReport& i : r.invariants) CHECK(i.status != InvariantStatus::fail);
+  for (Invariant inv : must_be_checked) CHECK(status(r, inv) == InvariantStatus::pass);
+}
+
+}  // namespace
+
+TEST_CASE("replay: counters and every invariant, page sizes 1, 3, 7, 17") {
+  for (int32_t P : {1, 3, 7, 17}) {
+    INFO("P = " << P);
+    const Scenario s = small(P);
+    const ScenarioReport r = replay(s, cpu());
+    all_hold(r, {Invariant::conservation, Invariant::chunking, Invariant::layout, Invariant::dense, Invariant::batch});
+    CHECK(r.counters.prefill_tokens == 29 + 11 + 40);
+    CHECK(r.counters.decode_tokens == 4 + 6 + 3);
+    CHECK(r.counters.token_layers == (29 + 11 + 40 + 4 + 6 + 3) * 2);
+    CHECK(r.counters.reuse_hit_tokens == 0);
+    CHECK(r.counters.preemptions == 0);
+    // Prefill of 40 tokens in chunks of 7 takes 6 steps, plus 3 decodes, after arriving at step 1.
+    CHECK(r.counters.steps >= 1 + 6 + 3);
+  }
+}
+
+TEST_CASE("replay: every write path and dtype keeps the invariants") {
+  struct Case {
+    WritePath path;
+    CacheDtype dtype;
+    BlockLayout layout;
+  } cases[] = {{WritePath::append_paged, CacheDtype::bf16, BlockLayout::hnd},
+               {WritePath::append_paged, CacheDtype::nvfp4, BlockLayout::nhd},
+               {WritePath::reshape_and_cache, CacheDtype::fp8_e4m3, BlockLayout::split_x},
+               {WritePath::reshape_and_cache, CacheDtype::fp16, BlockLayout::nhd},
+               {WritePath::qkv_preprocess, CacheDtype::int8, BlockLayout::hnd},
+               {WritePath::qkv_preprocess, CacheDtype::fp8_e4m3, BlockLayout::nhd}};
+  for (const Case& c : cases) {
+    INFO(write_path_name(c.path) << " " << dtype_name(c.dtype));
+    Scenario s = small(7);
+    s.model.input_dtype = c.dtype == CacheDtype::fp16 ? CacheDtype::fp16 : CacheDtype::bf16;
+    s.cache.write_path = c.path;
+    s.cache.dtype = c.dtype;
+    s.cache.layout = c.layout;
+    s.cache.k_scale = c.dtype == CacheDtype::int8 ? 0.03f : 0.02f;
+    s.cache.v_scale = s.cache.k_scale;
+    s.cache.k_global_scale = s.cache.v_global_scale = 0.01f;
+    const ScenarioReport r = replay(s, cpu());
+    all_hold(r, {Invariant::dense, Invariant::layout, Invariant::chunking});
+    if (is_quantized(c.dtype)) CHECK(status(r, Invariant::quantization) == InvariantStatus::pass);
+  }
+}
+
+TEST_CASE("replay: prefix reuse hits, last-token recompute, eviction, offload and onboard") {
+  Scenario s = small(4);
+  s.cache.primary_blocks = 14;
+  s.cache.secondary_blocks = 8;
+  s.reuse.enabled = true;
+  s.reuse.offload = true;
+  PrefixSpec sys;
+  sys.name = "system";
+  sys.tokens.resize(12);
+  std::iota(sys.tokens.begin(), sys.tokens.end(), 300);
+  s.prefixes = {sys};
+  // "second" arrives after "first" finished: its 3 prefix blocks are cached.
+  // "filler" then needs the whole pool, evicting (and offloading) them; "third" onboards them.
+  s.requests = {request("first", 5, 2, 0, {"system"}), request("second", 9, 2, 8, {"system"}),
+                request("filler", 52, 1, 16), request("third", 3, 2, 30, {"system"})};
+  const ScenarioReport r = replay(s, cpu());
+  all_hold(r, {Invariant::reuse, Invariant::offload, Invariant::conservation, Invariant::dense});
+  CHECK(r.counters.reuse_hit_tokens == 12 + 12);
+  CHECK(r.counters.offloaded_blocks >= 3);
+  CHECK(r.counters.onboarded_blocks == 3);
+  CHECK(r.counters.evicted_blocks >= 3);
+  // A prompt that is exactly the cached blocks still recomputes its last token.
+  Scenario exact = s;
+  exact.requests = {request("first", 0, 1, 0, {"system"}), request("again", 0, 1, 5, {"system"})};
+  const ScenarioReport e = replay(exact, cpu());
+  all_hold(e, {Invariant::reuse});
+  CHECK(e.counters.reuse_hit_tokens == 8);
+  CHECK(e.counters.prefill_tokens == 12 + 4);
+}
+
+TEST_CASE("replay: partial-block reuse copies the matching head") {
+  Scenario s = small(5);
+  s.reuse.enabled = true;
+  s.reuse.partial = true;
+  PrefixSpec sys;
+  sys.name = "system";
+  sys.tokens.resize(13);  // two full blocks and 3 tokens of a third
+  std::iota(sys.tokens.begin(), sys.tokens.end(), 40);
+  s.prefixes = {sys};
+  s.requests = {request("first", 9, 1, 0, {"system"}), request("second", 6, 1, 10, {"system"})};
+  const ScenarioReport r = replay(s, cpu());
+  all_hold(r, {Invariant::reuse});
+  CHECK(r.counters.reuse_hit_tokens == 13);
+  CHECK(r.counters.partial_reuse_tokens == 3);
+}
+
+TEST_CASE("replay: preemption by recompute under pool pressure keeps outputs bit-equal") {
+  Scenario s = small(3);
+  s.cache.primary_blocks = 24;
+  s.scheduler.token_budget = 64;
+  s.scheduler.chunk_size = 0;
+  s.requests = {request("a", 20, 20), request("b", 21, 19), request("c", 22, 18)};
+  const ScenarioReport r = replay(s, cpu());
+  all_hold(r, {Invariant::chunking, Invariant::batch, Invariant::conservation});
+  CHECK(r.counters.preemptions > 0);
+  CHECK(r.counters.decode_tokens == 57);
+  CHECK(r.counters.prefill_tokens > 63);  // recomputed tokens count again
+}
+
+TEST_CASE("replay: both window modes, sinks with a bubble, window >= lengths") {
+  for (WindowMode mode : {WindowMode::cyclic, WindowMode::release}) {
+    for (bool one_more : {false, true}) {
+      INFO(window_mode_name(mode) << " one_more_block " << one_more);
+      Scenario s = small(4);
+      s.window.mode = mode;
+      s.window.window = 18;
+      s.window.sinks = 3;  // bubble 1
+      s.window.one_more_block = one_more;
+      s.cache.primary_blocks = 30;
+      const ScenarioReport r = replay(s, cpu());
+      all_hold(r, {Invariant::window, Invariant::dense, Invariant::chunking});
+    }
+  }
+  Scenario wide = small(7);
+  wide.window.mode = WindowMode::cyclic;
+  wide.window.window = 64;  // >= every length: every output compared with no window
+  wide.window.sinks = 2;
+  all_hold(replay(wide, cpu()), {Invariant::window});
+}
+
+TEST_CASE("replay: MLA latent cache and indexer-K scatter") {
+  Scenario s = small(3);
+  s.mla.enabled = true;
+  s.mla.d_ckv = 64;
+  s.mla.d_kpe = 16;
+  s.model.head_dim = 80;
+  s.cache.write_path = WritePath::append_mla;
+  s.indexer_k_scatter = true;
+  const ScenarioReport r = replay(s, cpu());
+  all_hold(r, {Invariant::chunking, Invariant::layout, Invariant::batch});
+  CHECK(status(r, Invariant::dense) == InvariantStatus::not_applicable);  // core has no latent attention op
+}
+
+TEST_CASE("replay: determinism across runs and thread counts; content hash covers the pools") {
+  const Scenario s = small(3);
+  ReplayOptions fast;
+  fast.comparison_invariants = false;
+  const auto be1 = make_backend("cpu", BackendOptions{1});
+  const auto be3 = make_backend("cpu", BackendOptions{3});
+  const ScenarioReport a = replay(s, *be1, fast), b = replay(s, *be3, fast), c = replay(s, cpu(), fast);
+  CHECK(a.content_hash == b.content_hash);
+  CHECK(a.content_hash == c.content_hash);
+  Scenario other = s;
+  other.model.seed = 2;
+  CHECK(replay(other, cpu(), fast).content_hash != a.content_hash);
+}
+
+TEST_CASE("replay: each fault is caught by its invariant, which passes with the fault off") {
+  struct Case {
+    Fault fault;
+    Scenario s;
+  };
+  std::vector<Case> cases;
+  {
+    Scenario s = small(3);  // chunks of 7 over prompts of 29 and 40 tokens
+    cases.push_back({Fault::past_len_zero, s});
+  }
+  {
+    Scenario s = small(4);
+    s.window.mode = WindowMode::cyclic;
+    s.window.window = 20;
+    s.window.sinks = 3;  // bubble 1: the reader that forgets the sinks reads the wrong slots
+    cases.push_back({Fault::window_mismatch, s});
+  }
+  {
+    Scenario s = small(7);
+    s.cache.dtype = CacheDtype::fp8_e4m3;
+    s.cache.k_scale = 0.04f;
+    s.cache.v_scale = 0.01f;  // 4x apart: V dequantized with K's scale is 4x too large
+    cases.push_back({Fault::k_scale_for_v, s});
+  }
+  {
+    Scenario s = small(4);
+    s.reuse.enabled = true;
+    PrefixSpec sys;
+    sys.name = "system";
+    sys.tokens.resize(12);
+    std::iota(sys.tokens.begin(), sys.tokens.end(), 7);
+    s.prefixes = {sys};
+    s.requests = {request("first", 6, 2, 0, {"system"}), request("second", 5, 2, 6, {"system"})};
+    cases.push_back({Fault::reused_block_mismatch, s});
+  }
+  {
+    Scenario s = small(4);  // prompts end inside a page: the V tail is read
+    cases.push_back({Fault::v_tail_not_zeroed, s});
+  }
+  {
+    Scenario s = small(3);  // decodes open new pages: the previous step's table lacks them
+    cases.push_back({Fault::stale_bad_page, s});
+  }
+  for (Case& c : cases) {
+    INFO("fault " << fault_name(c.fault));
+    const Invariant inv = invariant_for(c.fault);
+    Scenario on = c.s;
+    on.faults = {c.fault};
+    on.expect.must_catch = {c.fault};
+    const ScenarioReport r_on = replay(on, cpu());
+    INFO(details(r_on));
+    CHECK(status(r_on, inv) == InvariantStatus::caught);
+    CHECK(r_on.ok);
+    // The same scenario without the fault: the invariant is checked and holds.
+    Scenario off = c.s;
+    if (c.fault == Fault::v_tail_not_zeroed) off.cache.poison_nan = true;  // no_nan needs the poison
+    const ScenarioReport r_off = replay(off, cpu());
+    INFO(details(r_off));
+    CHECK(status(r_off, inv) == InvariantStatus::pass);
+    CHECK(r_off.ok);
+    // A fault nobody expected is a failure of the scenario, not a pass.
+    Scenario unexpected = on;
+    unexpected.expect.must_catch.clear();
+    unexpected.expect.must_pass = {inv};
+    CHECK_FALSE(replay(unexpected, cpu()).ok);
+  }
+}
+
+TEST_CASE("replay: a scenario that cannot fit is bad input, not a hang") {
+  Scenario s = small(4);
+  s.cache.primary_blocks = 3;
+  s.requests = {request("huge", 40, 0)};
+  CHECK_THROWS_AS(replay(s, cpu()), ValidationError);
+  Scenario slow = small(4);
+  slow.scheduler.max_steps = 3;
+  const ScenarioReport r = replay(slow, cpu());
+  CHECK_FALSE(r.ok);
+  REQUIRE(!r.expectation_failures.empty());
+  CHECK(r.expectation_failures.back().find("max_steps") != std::string::npos);
+}
+
+TEST_CASE("replay: counter expectations are compared") {
+  Scenario s = small(7);
+  s.expect.preemptions = 0;
+  s.expect.reuse_hit_tokens = 5;  // wrong on purpose
+  const ScenarioReport r = replay(s, cpu());
+  CHECK_FALSE(r.ok);
+  REQUIRE(r.expectation_failures.size() == 1);
+  CHECK(r.expectation_failures[0] == "expected reuse_hit_tokens = 5, got 0");
+}
+
+TEST_CASE("replay: --dump writes .npy files and a manifest naming step, op, layer, dtype, shape") {
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() / "kvsim_dump_test";
+  std::filesystem::remove_all(dir);
+  Scenario s = small(7);
+  s.requests = {request("a", 9, 1)};
+  ReplayOptions o;
+  o.comparison_invariants = false;
+  o.dump_dir = dir.string();
+  replay(s, cpu(), o);
+  std::ifstream mf(dir / "manifest.json");
+  REQUIRE(mf.good());
+  const nlohmann::json m = nlohmann::json::parse(mf);
+  bool saw_pool = false, saw_out = false;
+  for (const auto& f : m["files"]) {
+    std::ifstream npy(dir / f["file"].get<std::string>(), std::ios::binary);
+    REQUIRE(npy.good());
+    char magic[6];
+    npy.read(magic, 6);
+    CHECK(std::string(magic + 1, 5) == "NUMPY");
+    if (f["op"] == "pool") {
+      saw_pool = true;
+      CHECK(f["dtype"] == "bf16");
+    }
+    if (f["file"] == "step0_layer1_prefill_attention_out.npy") {
+      saw_out = true;
+      CHECK(f["op"] == "prefill_attention");
+      CHECK(f["layer"] == 1);
+      CHECK(f["dtype"] == "fp32");
+      CHECK(f["shape"] == nlohmann::json::array({7, 6, 32}));  // the first chunk of 7 of a 9-token prompt
+    }
+  }
+  CHECK(saw_pool);
+  CHECK(saw_out);
+  std::filesystem::remove_all(dir);
+}
