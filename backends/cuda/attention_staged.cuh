@@ -22,34 +22,39 @@ using canon::kPartitionSize;
 using canon::kWarp;
 inline constexpr unsigned kFullMask = 0xFFFFFFFFu;
 inline constexpr int kWarps = 2;     // warps per CTA (each with its own ring)
-inline constexpr int kTileKeys = 32;  // keys per ring slot
 inline constexpr int kMaxRowBytes = 256;
 
-// Exact fp32 value of a stored code (per-tensor scales applied by the caller).
+// Exact fp32 values of stored codes (per-tensor scales applied by the
+// caller), decoded a 32-bit word at a time with core's decoders.
 template <CacheDtype kDtype> struct Code;
 template <> struct Code<CacheDtype::fp32> {
   using T = float;
-  __device__ static float value(T c) { return c; }
+  __device__ static void decode(uint32_t w, float* v) { v[0] = bits_float(w); }
 };
 template <> struct Code<CacheDtype::fp16> {
   using T = uint16_t;
-  __device__ static float value(T c) { return codec::f16_to_f32(c); }
+  __device__ static void decode(uint32_t w, float* v) { canon::decode_f16x2(w, v); }
 };
 template <> struct Code<CacheDtype::bf16> {
   using T = uint16_t;
-  __device__ static float value(T c) { return codec::bf16_to_f32(c); }
+  __device__ static void decode(uint32_t w, float* v) {
+    v[0] = codec::bf16_to_f32(static_cast<uint16_t>(w & 0xFFFFu));
+    v[1] = codec::bf16_to_f32(static_cast<uint16_t>(w >> 16));
+  }
 };
 template <> struct Code<CacheDtype::fp8_e4m3> {
   using T = uint8_t;
-  __device__ static float value(T c) { return codec::e4m3_to_f32(c); }
+  __device__ static void decode(uint32_t w, float* v) { canon::decode_e4m3x4(w, v); }
 };
 template <> struct Code<CacheDtype::fp8_e5m2> {
   using T = uint8_t;
-  __device__ static float value(T c) { return codec::e5m2_to_f32(c); }
+  __device__ static void decode(uint32_t w, float* v) { canon::decode_e5m2x4(w, v); }
 };
 template <> struct Code<CacheDtype::int8> {
   using T = uint8_t;
-  __device__ static float value(T c) { return codec::int8_to_f32(static_cast<int8_t>(c)); }
+  __device__ static void decode(uint32_t w, float* v) {
+    for (int i = 0; i < 4; ++i) v[i] = codec::int8_to_f32(static_cast<int8_t>(w >> (8 * i)));
+  }
 };
 
 __device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
@@ -73,7 +78,7 @@ struct Rows {
 struct Item {
   int64_t index = 0;
   bool valid = false;
-  int32_t rp = 0, kv_head = 0, row = 0, seq = 0, count = 0, tiles = 0;  // tiles: K tiles (= V tiles)
+  int32_t rp = 0, kv_head = 0, row = 0, seq = 0, count = 0, tiles = 0;  // tiles: K tiles (= V tiles), set by the kernel
   int64_t first = 0;
   KeyList keys;
 };
@@ -92,19 +97,23 @@ __device__ __forceinline__ Item load_item(const AttentionArgs& a, const Rows& ro
   it.first = static_cast<int64_t>(it.rp - rows.part_base[it.row]) * kPartitionSize;
   const int64_t left = it.keys.size() - it.first;
   it.count = static_cast<int32_t>(left < kPartitionSize ? left : kPartitionSize);
-  it.tiles = (it.count + kTileKeys - 1) / kTileKeys;
   return it;
 }
 
-// Ring geometry of one (dtype, C): slots of kTileKeys rows.
-template <CacheDtype kDtype, int C>
+// Ring geometry of one (dtype, C, G): slots of kTileKeys rows. Small tiles
+// (16 keys unless a score pass over 32 / G keys needs more) keep a warp's
+// ring small, so more warps fit on an SM; smaller rows get more slots so
+// each warp keeps a similar number of bytes in flight.
+template <CacheDtype kDtype, int C, int G>
 struct Ring {
   static constexpr int kElemBytes = static_cast<int>(sizeof(typename Code<kDtype>::T));
   static constexpr int kRowBytes = C * kWarp * kElemBytes;
   static constexpr int kChunksPerRow = kRowBytes / 16;
+  static constexpr int kTileKeys = kWarp / G > 16 ? kWarp / G : 16;
   static constexpr int kTileBytes = kTileKeys * kRowBytes;
-  static constexpr int kSlots = kTileBytes <= 4096 ? 4 : 3;
+  static constexpr int kSlots = kTileBytes <= 2048 ? 6 : 4;
   static_assert(kRowBytes % 16 == 0 && kRowBytes <= kMaxRowBytes);
+  static_assert(kTileKeys * kChunksPerRow % kWarp == 0 && kPartitionSize % kTileKeys == 0);
 };
 
 template <int G>
@@ -116,9 +125,10 @@ __host__ __device__ constexpr int warp_smem_bytes(int tile_bytes, int slots) {
 // into `dst`. Lane k computes the row of key k of the tile through
 // element_offset(); the row is contiguous (checked on the host), so its
 // 16-byte pieces follow it.
-template <CacheDtype kDtype, int C>
+template <CacheDtype kDtype, int C, int G>
 __device__ __forceinline__ void issue_tile(const AttentionArgs& a, const Item& it, int32_t t, uint8_t* dst, int lane) {
-  using R = Ring<kDtype, C>;
+  using R = Ring<kDtype, C, G>;
+  constexpr int kTileKeys = R::kTileKeys;
   const int32_t kv = t < it.tiles ? 0 : 1;
   const int32_t t0 = (kv == 0 ? t : t - it.tiles) * kTileKeys;
   const int32_t n = it.count - t0 < kTileKeys ? it.count - t0 : kTileKeys;
@@ -132,7 +142,7 @@ __device__ __forceinline__ void issue_tile(const AttentionArgs& a, const Item& i
   }
   const uint8_t* pool = a.pools.bytes(PoolKind::primary);
 #pragma unroll
-  for (int i = 0; i < R::kChunksPerRow; ++i) {
+  for (int i = 0; i < kTileKeys * R::kChunksPerRow / kWarp; ++i) {
     const int chunk = lane + i * kWarp;
     const int key = chunk / R::kChunksPerRow;
     const int piece = chunk % R::kChunksPerRow;
@@ -144,23 +154,27 @@ __device__ __forceinline__ void issue_tile(const AttentionArgs& a, const Item& i
 // Lane's C codes of one row in the ring, decoded.
 template <CacheDtype kDtype, int C>
 __device__ __forceinline__ void load_codes(const uint8_t* row, int lane, float* v) {
-  using T = typename Code<kDtype>::T;
-  constexpr int kBytes = C * static_cast<int>(sizeof(T));
-  T codes[C];
-  if constexpr (kBytes % 16 == 0) {
+  constexpr int kBytes = C * static_cast<int>(sizeof(typename Code<kDtype>::T));
+  constexpr int kPerWord = 4 / static_cast<int>(sizeof(typename Code<kDtype>::T));
+  const uint8_t* src = row + lane * kBytes;
+  if constexpr (kBytes < 4) {  // two fp8 codes: the word's upper bytes decode to unused values
+    float w[4];
+    Code<kDtype>::decode(*reinterpret_cast<const uint16_t*>(src), w);
 #pragma unroll
-    for (int w = 0; w < kBytes / 16; ++w)
-      reinterpret_cast<uint4*>(codes)[w] = reinterpret_cast<const uint4*>(row + lane * kBytes)[w];
-  } else if constexpr (kBytes % 8 == 0) {
-    reinterpret_cast<uint2*>(codes)[0] = *reinterpret_cast<const uint2*>(row + lane * kBytes);
-  } else if constexpr (kBytes % 4 == 0) {
-    reinterpret_cast<uint32_t*>(codes)[0] = *reinterpret_cast<const uint32_t*>(row + lane * kBytes);
+    for (int i = 0; i < C; ++i) v[i] = w[i];
   } else {
+    uint32_t words[kBytes / 4];
+    if constexpr (kBytes % 16 == 0) {
 #pragma unroll
-    for (int i = 0; i < C; ++i) codes[i] = reinterpret_cast<const T*>(row + lane * kBytes)[i];
+      for (int i = 0; i < kBytes / 16; ++i) reinterpret_cast<uint4*>(words)[i] = reinterpret_cast<const uint4*>(src)[i];
+    } else if constexpr (kBytes == 8) {
+      reinterpret_cast<uint2*>(words)[0] = *reinterpret_cast<const uint2*>(src);
+    } else {
+      words[0] = *reinterpret_cast<const uint32_t*>(src);
+    }
+#pragma unroll
+    for (int i = 0; i < kBytes / 4; ++i) Code<kDtype>::decode(words[i], v + i * kPerWord);
   }
-#pragma unroll
-  for (int i = 0; i < C; ++i) v[i] = Code<kDtype>::value(codes[i]);
 }
 
 // Reduce-scatter form of canon::butterfly_sum32 over 32 columns: at level
@@ -204,7 +218,8 @@ __device__ __forceinline__ float warp_ordered_max(float m, int lane) {
 template <CacheDtype kDtype, int C, int G>
 __global__ void __launch_bounds__(kWarps * kWarp)
     attention_staged_kernel(AttentionArgs a, Rows rows, int64_t items, float* part_stats, float* part_acc) {
-  using R = Ring<kDtype, C>;
+  using R = Ring<kDtype, C, G>;
+  constexpr int kTileKeys = R::kTileKeys;
   constexpr int kD = C * kWarp;
   constexpr int kPassKeys = kWarp / G;
   extern __shared__ __align__(16) uint8_t smem[];
@@ -217,15 +232,20 @@ __global__ void __launch_bounds__(kWarps * kWarp)
   const float score_scale = a.scales.sm_scale * a.scales.k_scale;
 
   // Producer cursor: runs up to kSlots - 1 tiles ahead, across items.
-  Item next = load_item(a, rows, items, static_cast<int64_t>(blockIdx.x) * kWarps + warp);
+  auto item_at = [&](int64_t index) {
+    Item it = load_item(a, rows, items, index);
+    it.tiles = (it.count + kTileKeys - 1) / kTileKeys;
+    return it;
+  };
+  Item next = item_at(static_cast<int64_t>(blockIdx.x) * kWarps + warp);
   int32_t next_t = 0;
   uint32_t issued = 0;
   auto issue_next = [&]() {
     if (next.valid) {
-      issue_tile<kDtype, C>(a, next, next_t, ring + (issued % R::kSlots) * R::kTileBytes, lane);
+      issue_tile<kDtype, C, G>(a, next, next_t, ring + (issued % R::kSlots) * R::kTileBytes, lane);
       ++issued;
       if (++next_t == 2 * next.tiles) {
-        next = load_item(a, rows, items, next.index + stride);
+        next = item_at(next.index + stride);
         next_t = 0;
       }
     }
@@ -234,8 +254,7 @@ __global__ void __launch_bounds__(kWarps * kWarp)
   for (int s = 0; s < R::kSlots - 1; ++s) issue_next();
 
   uint32_t consumed = 0;
-  for (Item it = load_item(a, rows, items, static_cast<int64_t>(blockIdx.x) * kWarps + warp); it.valid;
-       it = load_item(a, rows, items, it.index + stride)) {
+  for (Item it = item_at(static_cast<int64_t>(blockIdx.x) * kWarps + warp); it.valid; it = item_at(it.index + stride)) {
     float q[G][C];
 #pragma unroll
     for (int g = 0; g < G; ++g)
@@ -337,7 +356,7 @@ __global__ void __launch_bounds__(kWarps * kWarp)
 // Launches the staged kernel for one (dtype, C, G).
 template <CacheDtype kDtype, int C, int G>
 void launch(const AttentionPlan& plan, cudaStream_t stream) {
-  using R = Ring<kDtype, C>;
+  using R = Ring<kDtype, C, G>;
   const auto kernel = attention_staged_kernel<kDtype, C, G>;
   const int smem = kWarps * warp_smem_bytes<G>(R::kTileBytes, R::kSlots);
   KVSIM_CUDA_CHECK(plan.op, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));

@@ -254,3 +254,57 @@ TEST_CASE("OneTokenPrefillIsEquivalentToDecodeOnTheGpu") {
   REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
   CHECK(d1.download_out(decode) == d2.download_out(prefill));
 }
+
+namespace {
+// Every code of the packed decoders in every position of its word, with
+// neighbours that are finite and Inf/NaN codes alike.
+__global__ void packed_decode_kernel(const uint32_t* words, int64_t n, float* e4m3, float* e5m2, float* f16) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    canon::decode_e4m3x4(words[i], e4m3 + 4 * i);
+    canon::decode_e5m2x4(words[i], e5m2 + 4 * i);
+    canon::decode_f16x2(words[i], f16 + 2 * i);
+  }
+}
+}  // namespace
+
+TEST_CASE("PackedDecodersAreEquivalentToCoreCodecsForEveryCode (device and host)") {
+  SKIP_WITHOUT_GPU();
+  std::vector<uint32_t> words;
+  for (uint32_t a = 0; a < 256; ++a)
+    for (uint32_t b = 0; b < 256; ++b) {
+      words.push_back(a | b << 8 | a << 16 | b << 24);
+      words.push_back(b | a << 8 | (a ^ 0x5A) << 16 | (b ^ 0xC3) << 24);
+    }
+  for (uint32_t h = 0; h < 65536; ++h) words.push_back(h | (h ^ 0x7C01u) << 16);
+  const int64_t n = static_cast<int64_t>(words.size());
+  uint32_t* d_words = nullptr;
+  float* d_out = nullptr;
+  REQUIRE(cudaMalloc(&d_words, n * 4) == cudaSuccess);
+  REQUIRE(cudaMalloc(&d_out, n * 10 * 4) == cudaSuccess);
+  REQUIRE(cudaMemcpy(d_words, words.data(), n * 4, cudaMemcpyHostToDevice) == cudaSuccess);
+  packed_decode_kernel<<<256, 256>>>(d_words, n, d_out, d_out + 4 * n, d_out + 8 * n);
+  REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+  std::vector<float> dev(n * 10);
+  REQUIRE(cudaMemcpy(dev.data(), d_out, n * 40, cudaMemcpyDeviceToHost) == cudaSuccess);
+  cudaFree(d_words);
+  cudaFree(d_out);
+  int64_t differ = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    float host[10];
+    canon::decode_e4m3x4(words[i], host);
+    canon::decode_e5m2x4(words[i], host + 4);
+    canon::decode_f16x2(words[i], host + 8);
+    for (int k = 0; k < 4; ++k) {
+      const uint32_t w = words[i];
+      differ += float_bits(host[k]) != float_bits(codec::e4m3_to_f32(static_cast<uint8_t>(w >> (8 * k))));
+      differ += float_bits(host[4 + k]) != float_bits(codec::e5m2_to_f32(static_cast<uint8_t>(w >> (8 * k))));
+      differ += float_bits(dev[4 * i + k]) != float_bits(host[k]);
+      differ += float_bits(dev[4 * n + 4 * i + k]) != float_bits(host[4 + k]);
+    }
+    for (int k = 0; k < 2; ++k) {
+      differ += float_bits(host[8 + k]) != float_bits(codec::f16_to_f32(static_cast<uint16_t>(words[i] >> (16 * k))));
+      differ += float_bits(dev[8 * n + 2 * i + k]) != float_bits(host[8 + k]);
+    }
+  }
+  CHECK(differ == 0);
+}

@@ -23,6 +23,7 @@
 #pragma once
 
 #include "bits.hpp"
+#include "codecs.hpp"
 
 namespace kvsim::canon {
 
@@ -129,6 +130,72 @@ KVSIM_HD inline float partition_sum(const float* p, int n) {
 KVSIM_HD inline float merge_weight(float m_p, float global_max) {
   if (m_p == neg_inf()) return 0.0f;
   return exp_f32(m_p - global_max);
+}
+
+}  // namespace kvsim::canon
+
+// ---------------------------------------------------------------- packed decoders
+// Cache codes packed little-endian in a 32-bit word (code i in bits
+// [8i, 8i + 8) for fp8, [16i, 16i + 16) for fp16), decoded to their exact fp32
+// values: bit-identical to codec::e4m3_to_f32 / e5m2_to_f32 / f16_to_f32 for
+// every code (tests/cuda/attention_differential_test.cu checks every code in
+// every position on the device). On the device, finite codes go through the
+// hardware's exact conversions (fp8 -> f16 -> f32: every fp8 value is a
+// normal f16); a word holding an Inf or NaN code takes core's codec instead,
+// so NaN payloads and signs are core's too.
+namespace kvsim::canon {
+
+namespace detail {
+// True when some byte (or, for halves, some 16-bit half) of v is zero.
+KVSIM_HD constexpr bool has_zero_byte(uint32_t v) { return ((v - 0x01010101u) & ~v & 0x80808080u) != 0; }
+KVSIM_HD constexpr bool has_zero_half(uint32_t v) { return ((v - 0x00010001u) & ~v & 0x80008000u) != 0; }
+#if defined(__CUDA_ARCH__)
+__device__ __forceinline__ float f16_bits_to_f32(uint16_t h) {
+  float f;
+  asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+  return f;
+}
+__device__ __forceinline__ void f16x2_to_f32(uint32_t pair, float* out) {
+  out[0] = f16_bits_to_f32(static_cast<uint16_t>(pair & 0xFFFFu));
+  out[1] = f16_bits_to_f32(static_cast<uint16_t>(pair >> 16));
+}
+#endif
+}  // namespace detail
+
+KVSIM_HD inline void decode_e4m3x4(uint32_t word, float* out) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+  if (!detail::has_zero_byte(~(word | 0x80808080u))) {  // no byte is NaN (magnitude 0x7F)
+    uint32_t lo, hi;
+    asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(lo) : "h"(static_cast<uint16_t>(word & 0xFFFFu)));
+    asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(hi) : "h"(static_cast<uint16_t>(word >> 16)));
+    detail::f16x2_to_f32(lo, out);
+    detail::f16x2_to_f32(hi, out + 2);
+    return;
+  }
+#endif
+  for (int i = 0; i < 4; ++i) out[i] = codec::e4m3_to_f32(static_cast<uint8_t>(word >> (8 * i)));
+}
+
+KVSIM_HD inline void decode_e5m2x4(uint32_t word, float* out) {
+#if defined(__CUDA_ARCH__)
+  if (!detail::has_zero_byte(~(word | 0x83838383u))) {  // no byte is Inf/NaN (exponent all ones)
+    // An e5m2 code is the high byte of the f16 with the same value.
+    detail::f16x2_to_f32(__byte_perm(word, 0, 0x1404), out);      // bytes 0, 1 -> high bytes of halves
+    detail::f16x2_to_f32(__byte_perm(word, 0, 0x3424), out + 2);  // bytes 2, 3
+    return;
+  }
+#endif
+  for (int i = 0; i < 4; ++i) out[i] = codec::e5m2_to_f32(static_cast<uint8_t>(word >> (8 * i)));
+}
+
+KVSIM_HD inline void decode_f16x2(uint32_t word, float* out) {
+#if defined(__CUDA_ARCH__)
+  if (!detail::has_zero_half(~(word | 0x83FF83FFu))) {  // no half is Inf/NaN
+    detail::f16x2_to_f32(word, out);
+    return;
+  }
+#endif
+  for (int i = 0; i < 2; ++i) out[i] = codec::f16_to_f32(static_cast<uint16_t>(word >> (16 * i)));
 }
 
 }  // namespace kvsim::canon
