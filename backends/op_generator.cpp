@@ -78,6 +78,21 @@ std::vector<int32_t> ragged_lengths(Rng& rng, int32_t batch, int32_t P, int64_t 
   return len;
 }
 
+// Shortens the longest sequences until the pages their cache slots occupy
+// (a window's bubble can add one) fit in `blocks`.
+void fit_lengths(std::vector<int32_t>& len, const WindowMapping& w, int32_t P, int64_t blocks, int32_t min_len) {
+  auto pages = [&] {
+    int64_t n = 0;
+    for (int32_t l : len) n += (w.cache_length(l) + P - 1) / P;
+    return n;
+  };
+  while (pages() > blocks) {
+    auto longest = std::max_element(len.begin(), len.end());
+    if (*longest <= min_len) break;  // cannot shrink further (tiny pools; validation will say so)
+    --*longest;
+  }
+}
+
 WindowMapping random_window(Rng& rng, int32_t P, int32_t want) {
   if (want == 0 || (want < 0 && coin(rng))) return WindowMapping{};
   const int32_t W = uniform(rng, 2, 3 * P + 8);
@@ -321,6 +336,7 @@ std::string OpGenerator::run(GeneratedOp op, const OpKnobs& knobs) {
       o.window = random_window(rng_, P, knobs.window);
       // Cache lengths whose occupied slots fit the pool; chunks of them are new.
       std::vector<int32_t> len = ragged_lengths(rng_, batch, P, g.primary_blocks, 4 * P + 9, 0);
+      fit_lengths(len, o.window, P, g.primary_blocks, 0);
       std::vector<int32_t> seq_lens(len.size());
       std::vector<int64_t> slots(len.size());
       int64_t tokens = 0;
@@ -420,6 +436,7 @@ std::string OpGenerator::run(GeneratedOp op, const OpKnobs& knobs) {
       const WindowMapping window = random_window(rng_, P, knobs.window);
       std::vector<int32_t> len = ragged_lengths(rng_, batch, P, g.primary_blocks, 5 * P + 40, 1);
       for (int32_t& l : len) l = std::max(l, 1);
+      fit_lengths(len, window, P, g.primary_blocks, 1);
       std::vector<int64_t> slots(len.size());
       for (size_t b = 0; b < len.size(); ++b) slots[b] = window.cache_length(len[b]);
       int32_t max_blocks = 0;
@@ -446,7 +463,8 @@ std::string OpGenerator::run(GeneratedOp op, const OpKnobs& knobs) {
         backend_.decode_attention(pools_, o);
       } else {
         std::vector<int32_t> q_indptr{0};
-        for (int32_t l : len) q_indptr.push_back(q_indptr.back() + uniform(rng_, 0, std::min(l, 6)));
+        for (int32_t l : len)  // the first sequence has >= 1 query, so q/out are never empty
+          q_indptr.push_back(q_indptr.back() + uniform(rng_, q_indptr.size() == 1 ? 1 : 0, std::min(l, 6)));
         const int64_t rows = q_indptr.back();
         PrefillAttentionOp o;
         o.layer = layer;
@@ -459,7 +477,6 @@ std::string OpGenerator::run(GeneratedOp op, const OpKnobs& knobs) {
         o.scales = sc;
         o.window = window;
         what << ", queries " << rows;
-        if (rows == 0) break;  // validation wants q/out with data
         backend_.prefill_attention(pools_, o);
       }
       break;

@@ -1,0 +1,230 @@
+// DifferentialBackend (backends/differential_backend.hpp) without a GPU: the
+// CPU oracle against itself reports no difference over every op, and a
+// candidate that flips one byte after an op is caught, with the byte mapped
+// back to its pool coordinates, sequence and token, and the offset arithmetic.
+#include <doctest/doctest.h>
+
+#include <cstring>
+#include <memory>
+#include <string>
+
+#include "backends/cpu/cpu_backend.hpp"
+#include "backends/differential_backend.hpp"
+#include "backends/op_generator.hpp"
+
+using namespace kvsim;
+
+namespace {
+
+// The CPU backend, except that after every op named `corrupt_op` it flips the
+// bits of one byte: `pool_byte` of the primary pool, or `out_byte` of the op's
+// output tensor (gather_paged).
+class CorruptingBackend final : public Backend {
+ public:
+  std::string corrupt_op;
+  int64_t pool_byte = -1;
+  int64_t out_byte = -1;
+
+  std::string_view name() const override { return "corrupting-cpu"; }
+  void* allocate(size_t bytes) override { return cpu_.allocate(bytes); }
+  void release(void* p) noexcept override { cpu_.release(p); }
+  void to_backend(void* dst, const void* src, size_t bytes) override { cpu_.to_backend(dst, src, bytes); }
+  void to_host(void* dst, const void* src, size_t bytes) override { cpu_.to_host(dst, src, bytes); }
+  void fill(void* dst, uint8_t byte, size_t bytes) override { cpu_.fill(dst, byte, bytes); }
+
+ protected:
+  void corrupt(const char* op, const KvPools* pools, const TensorView* out) {
+    if (corrupt_op != op) return;
+    if (pools && pool_byte >= 0) pools->bytes(PoolKind::primary)[pool_byte] ^= 0xFF;
+    if (out && out_byte >= 0) static_cast<uint8_t*>(out->data)[out_byte] ^= 0xFF;
+  }
+  void run_append_paged(const KvPools& p, const AppendPagedOp& o) override {
+    cpu_.append_paged(p, o);
+    corrupt("append_paged", &p, nullptr);
+  }
+  void run_reshape_and_cache(const KvPools& p, const ReshapeAndCacheOp& o) override {
+    cpu_.reshape_and_cache(p, o);
+    corrupt("reshape_and_cache", &p, nullptr);
+  }
+  void run_qkv_preprocess_write(const KvPools& p, const QkvPreprocessOp& o) override {
+    cpu_.qkv_preprocess_write(p, o);
+    corrupt("qkv_preprocess_write", &p, &o.q_out);
+  }
+  void run_append_mla(const KvPools& p, const AppendMlaOp& o) override {
+    cpu_.append_mla(p, o);
+    corrupt("append_mla", &p, nullptr);
+  }
+  void run_indexer_k_scatter(const IndexerKScatterOp& o) override {
+    cpu_.indexer_k_scatter(o);
+    corrupt("indexer_k_scatter", nullptr, &o.cache);
+  }
+  void run_gather_paged(const KvPools& p, const GatherPagedOp& o) override {
+    cpu_.gather_paged(p, o);
+    corrupt("gather_paged", nullptr, &o.out);
+  }
+  void run_decode_attention(const KvPools& p, const DecodeAttentionOp& o) override {
+    cpu_.decode_attention(p, o);
+    corrupt("decode_attention", nullptr, &o.out);
+  }
+  void run_prefill_attention(const KvPools& p, const PrefillAttentionOp& o) override {
+    cpu_.prefill_attention(p, o);
+    corrupt("prefill_attention", nullptr, &o.out);
+  }
+  void run_partial_copy(const KvPools& p, const PartialCopyOp& o) override {
+    cpu_.partial_copy(p, o);
+    corrupt("partial_copy", &p, nullptr);
+  }
+  void run_copy_blocks(const KvPools& p, const CopyBlocksOp& o) override {
+    cpu_.copy_blocks(p, o);
+    corrupt("copy_blocks", &p, nullptr);
+  }
+  void run_move_blocks(const KvPools& p, const MoveBlocksOp& o, bool to_secondary) override {
+    to_secondary ? cpu_.offload(p, o) : cpu_.onboard(p, o);
+    corrupt(to_secondary ? "offload" : "onboard", &p, nullptr);
+  }
+
+ private:
+  CpuBackend cpu_{2};
+};
+
+}  // namespace
+
+TEST_CASE("DifferentialBackend: cpu against cpu reports no difference over every generated op") {
+  DifferentialBackend diff(std::make_unique<CpuBackend>(2), std::make_unique<CpuBackend>(3));
+  CHECK(diff.name() == "diff(cpu,cpu)");
+  std::mt19937_64 rng(7);
+  int64_t ops = 0;
+  for (GeneratedOp op : kGeneratedOps)
+    for (int rep = 0; rep < 4; ++rep) {
+      OpGenerator gen(diff, rng());
+      gen.set_geometry(OpGenerator::random_geometry(op, rng));
+      CAPTURE(generated_op_name(op));
+      for (int i = 0; i < 3; ++i) {
+        const std::string what = gen.run(op);
+        CAPTURE(what);
+        REQUIRE_FALSE(diff.first_difference().has_value());
+        ++ops;
+      }
+    }
+  CHECK(diff.counters().ops == ops);
+  CHECK(diff.counters().bytes_compared > 0);
+  const int64_t seq_ops = run_generated_sequences(diff, 3, 11, 14, [&](const std::string& s) { diff.set_context(s); });
+  CHECK(seq_ops == 3 * 15);
+  CHECK_FALSE(diff.first_difference().has_value());
+}
+
+TEST_CASE("DifferentialBackend: one flipped pool byte is reported with its coordinates, sequence and token") {
+  auto corrupting = std::make_unique<CorruptingBackend>();
+  CorruptingBackend& bad = *corrupting;
+  DifferentialBackend diff(std::make_unique<CpuBackend>(2), std::move(corrupting));
+
+  PoolGeometry g;
+  g.layers = 2;
+  g.kv_heads = 2;
+  g.tokens_per_block = 3;
+  g.head_dim = 8;
+  g.dtype = CacheDtype::fp16;
+  g.layout = BlockLayout::hnd;
+  g.placement = LayerPlacement::per_layer;
+  g.primary_blocks = 10;
+  KvPools pools = diff.allocate_pools(g, 0x11);
+
+  // Sequence 1 (5 tokens) lives in blocks {7, 2}; its token 4 is block 2, entry 1.
+  const PoolStrides& s = pools.strides[0];
+  const int64_t elem = element_offset(s, 2, 1, 1, 1, 1, 5);  // V of head 1, dim 5
+  bad.corrupt_op = "append_paged";
+  bad.pool_byte = elem * 2 + 1;
+
+  const int32_t indptr[] = {0, 1, 3}, indices[] = {4, 7, 2}, last[] = {2, 2};
+  const int32_t batch_indices[] = {0, 1, 1, 1, 1, 1}, positions[] = {1, 0, 1, 2, 3, 4};
+  std::vector<uint16_t> kv(6 * 2 * 8);
+  for (size_t i = 0; i < kv.size(); ++i) kv[i] = codec::f32_to_f16(0.25f * static_cast<float>(i));
+  BackendBuffer k(diff, kv.size() * 2), v(diff, kv.size() * 2);
+  k.upload(kv.data(), kv.size() * 2);
+  v.upload(kv.data(), kv.size() * 2);
+  AppendPagedOp op;
+  op.layer = 1;
+  op.k = contiguous_view(k.get(), CacheDtype::fp16, {6, 2, 8});
+  op.v = contiguous_view(v.get(), CacheDtype::fp16, {6, 2, 8});
+  op.batch_indices = batch_indices;
+  op.positions = positions;
+  op.indptr = indptr;
+  op.indices = indices;
+  op.last_page_len = last;
+
+  diff.set_context("step 3 layer 1 append_paged", {"req-a", "req-b"});
+  diff.append_paged(pools, op);
+  REQUIRE(diff.first_difference().has_value());
+  const DiffReport& r = *diff.first_difference();
+  INFO(r.text());
+  CHECK(r.op == "append_paged");
+  CHECK(r.context == "step 3 layer 1 append_paged");
+  CHECK(r.buffer == "primary pool");
+  CHECK(r.dtype == CacheDtype::fp16);
+  CHECK(r.byte_offset == elem * 2 + 1);
+  CHECK(r.element == elem);
+  REQUIRE(r.pool_at.has_value());
+  CHECK(r.pool_at->block == 2);
+  CHECK(r.pool_at->layer == 1);
+  CHECK(r.pool_at->kv == 1);
+  CHECK(r.pool_at->head == 1);
+  CHECK(r.pool_at->entry == 1);
+  CHECK(r.pool_at->dim == 5);
+  CHECK(r.sequence == 1);
+  CHECK(r.sequence_id == "req-b");
+  CHECK(r.token == 4);
+  CHECK(r.head == 1);
+  CHECK(r.dim == 5);
+  // Token 4 of sequence 1 is input row 5: value 0.25 * ((5 * 2 + 1) * 8 + 5).
+  const uint16_t expected = codec::f32_to_f16(0.25f * 93.0f);
+  char hex[16];
+  std::snprintf(hex, sizeof hex, "0x%04X", expected);
+  CHECK(r.reference_hex == hex);
+  std::snprintf(hex, sizeof hex, "0x%04X", expected ^ 0xFF00);
+  CHECK(r.candidate_hex == hex);
+  CHECK(r.reference_value == "23.25");
+  CHECK(r.explain.find("= " + std::to_string(elem)) != std::string::npos);
+  CHECK(r.text().find("sequence 1 (req-b), token position 4") != std::string::npos);
+
+  // Later ops keep the first report and still count.
+  diff.append_paged(pools, op);
+  CHECK(diff.counters().ops == 2);
+  CHECK(diff.first_difference()->context == "step 3 layer 1 append_paged");
+  diff.release_pools(pools);
+}
+
+TEST_CASE("DifferentialBackend: one flipped output byte of gather_paged is reported with its index") {
+  auto corrupting = std::make_unique<CorruptingBackend>();
+  CorruptingBackend& bad = *corrupting;
+  DifferentialBackend diff(std::make_unique<CpuBackend>(1), std::move(corrupting));
+  PoolGeometry g;
+  g.kv_heads = 3;
+  g.tokens_per_block = 7;
+  g.head_dim = 16;
+  g.dtype = CacheDtype::fp8_e4m3;
+  g.primary_blocks = 4;
+  KvPools pools = diff.allocate_pools(g, 0x38);  // e4m3 1.0 everywhere
+  const int32_t ids[] = {3, 1};
+  BackendBuffer out(diff, 9 * 3 * 16 * 4);
+  GatherPagedOp op;
+  op.block_ids = ids;
+  op.num_tokens = 9;
+  op.out = contiguous_view(out.get(), CacheDtype::fp32, {9, 3, 16});
+  op.scale = 0.5f;
+  const int64_t flipped = ((8 * 3 + 2) * 16 + 11) * 4 + 3;  // out[8, 2, 11], top byte
+  bad.corrupt_op = "gather_paged";
+  bad.out_byte = flipped;
+  diff.gather_paged(pools, op);
+  REQUIRE(diff.first_difference().has_value());
+  const DiffReport& r = *diff.first_difference();
+  INFO(r.text());
+  CHECK(r.buffer == "out");
+  CHECK(r.byte_offset == flipped);
+  CHECK(r.tensor_index == std::vector<int64_t>{8, 2, 11});
+  CHECK(r.head == 2);
+  CHECK(r.dim == 11);
+  CHECK(r.reference_hex == "0x3F000000");
+  CHECK(r.reference_value == "0.5");
+  CHECK(r.candidate_hex == "0xC0000000");
+  diff.release_pools(pools);
+}
