@@ -1,0 +1,135 @@
+// `kvsim run` end to end (sim/cli/cmd_run.cpp): the --json object's exact
+// shape (docs/run.md), the terminal table and its throughput line, and the
+// exit codes: 0 all ok, 1 a failed invariant or expectation, 2 bad input.
+#include <doctest/doctest.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <string>
+#include <sys/wait.h>
+
+#include <nlohmann/json.hpp>
+
+namespace {
+
+struct Result {
+  int code = -1;
+  std::string out;
+};
+
+Result run(const std::string& args) {
+  const std::string cmd = std::string(KVSIM_BINARY) + " " + args + " 2>/dev/null";
+  Result r;
+  FILE* p = popen(cmd.c_str(), "r");
+  REQUIRE(p != nullptr);
+  char buf[4096];
+  size_t n = 0;
+  while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, n);
+  const int status = pclose(p);
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+std::string scenario(const std::string& name) { return std::string(KVSIM_SOURCE_DIR) + "/scenarios/" + name; }
+
+std::string write_temp(const std::string& name, const std::string& text) {
+  const auto path = std::filesystem::temp_directory_path() / name;
+  std::ofstream(path) << text;
+  return path.string();
+}
+
+}  // namespace
+
+TEST_CASE("kvsim run --json: one object of the documented shape, exit 0") {
+  const Result r = run("run --json " + scenario("chunked_prefill_page_one.toml") + " " +
+                       scenario("fault_past_len_zero.toml"));
+  CHECK(r.code == 0);
+  const nlohmann::json j = nlohmann::json::parse(r.out);
+  CHECK(j.size() == 2);
+  CHECK(j.at("ok") == true);
+  REQUIRE(j.at("scenarios").size() == 2);
+  const std::vector<std::string> keys{"decode_tokens",  "evicted_blocks",   "invariants", "name",
+                                      "offloaded_blocks", "ok",             "preemptions", "prefill_tokens",
+                                      "reuse_hit_tokens", "steps"};
+  for (const auto& s : j["scenarios"]) {
+    std::vector<std::string> got;
+    for (const auto& [k, v] : s.items()) got.push_back(k);
+    CHECK(got == keys);
+    for (const char* k : {"steps", "prefill_tokens", "decode_tokens", "reuse_hit_tokens", "evicted_blocks",
+                          "offloaded_blocks", "preemptions"})
+      CHECK(s[k].is_number_integer());
+    for (const auto& [name, status] : s["invariants"].items())
+      CHECK((status == "pass" || status == "fail" || status == "caught"));
+  }
+  CHECK(j["scenarios"][0]["name"] == "chunked_prefill_page_one");
+  CHECK(j["scenarios"][0]["invariants"]["conservation"] == "pass");
+  CHECK(j["scenarios"][1]["invariants"]["chunking"] == "caught");
+}
+
+TEST_CASE("kvsim run: the table and the throughput line") {
+  const Result r = run("run --threads 2 " + scenario("chunked_prefill_page_one.toml"));
+  CHECK(r.code == 0);
+  CHECK(r.out.find("scenario") == 0);
+  CHECK(r.out.find("chunked_prefill_page_one") != std::string::npos);
+  CHECK(r.out.find("token-layers/s") != std::string::npos);
+  CHECK(r.out.find("all ok") != std::string::npos);
+}
+
+TEST_CASE("kvsim run: exit 1 when an expectation fails, 2 for bad input") {
+  const std::string unmet = write_temp("kvsim_run_unmet.toml",
+                                       "[[request]]\nid = \"a\"\ngenerated = 9\n\n[expect]\npreemptions = 3\n");
+  const Result r1 = run("run --json " + unmet);
+  CHECK(r1.code == 1);
+  const nlohmann::json j = nlohmann::json::parse(r1.out);
+  CHECK(j["ok"] == false);
+  CHECK(j["scenarios"][0]["ok"] == false);
+
+  const std::string bad = write_temp("kvsim_run_bad.toml", "[cache]\npage_size = \"sixteen\"\n");
+  CHECK(run("run " + bad).code == 2);
+  CHECK(run("run /nonexistent/scenario.toml").code == 2);
+  CHECK(run("run --threads -1 " + scenario("chunked_prefill_page_one.toml")).code == 2);
+  CHECK(run("run --backend nosuch " + scenario("chunked_prefill_page_one.toml")).code == 2);
+}
+
+TEST_CASE("kvsim run --dump: files numpy can load and a manifest") {
+  const auto dir = std::filesystem::temp_directory_path() / "kvsim_run_dump";
+  std::filesystem::remove_all(dir);
+  const Result r = run("run --dump " + dir.string() + " " + scenario("chunked_prefill_page_one.toml"));
+  CHECK(r.code == 0);
+  std::ifstream m(dir / "manifest.json");
+  REQUIRE(m.good());
+  const nlohmann::json j = nlohmann::json::parse(m);
+  CHECK(j["files"].size() > 2);
+  for (const auto& f : j["files"]) {
+    CHECK(f.contains("step"));
+    CHECK(f.contains("op"));
+    CHECK(f.contains("layer"));
+    CHECK(f.contains("dtype"));
+    CHECK(f.contains("shape"));
+    // The .npy format numpy.load reads (version 1.0): magic, header length,
+    // a dict padded so the data starts at a multiple of 64, then the data.
+    std::ifstream npy(dir / f["file"].get<std::string>(), std::ios::binary);
+    REQUIRE(npy.good());
+    std::string bytes((std::istreambuf_iterator<char>(npy)), std::istreambuf_iterator<char>());
+    REQUIRE(bytes.size() > 10);
+    CHECK(bytes.substr(0, 8) == std::string("\x93NUMPY\x01\x00", 8));
+    const size_t header_len = static_cast<uint8_t>(bytes[8]) | (static_cast<uint8_t>(bytes[9]) << 8);
+    CHECK((10 + header_len) % 64 == 0);
+    const std::string header = bytes.substr(10, header_len);
+    CHECK(header.back() == '\n');
+    std::string shape = "(";
+    int64_t elements = 1;
+    for (size_t i = 0; i < f["shape"].size(); ++i) {
+      shape += std::to_string(f["shape"][i].get<int64_t>()) + (f["shape"].size() == 1 || i + 1 < f["shape"].size() ? "," : "");
+      elements *= f["shape"][i].get<int64_t>();
+    }
+    shape += ")";
+    CHECK(header.find("'shape': " + shape) != std::string::npos);
+    CHECK(header.find("'fortran_order': False") != std::string::npos);
+    const size_t item = header.find("<f4") != std::string::npos ? 4 : header.find("<u2") != std::string::npos ? 2 : 1;
+    CHECK(bytes.size() - 10 - header_len == static_cast<size_t>(elements) * item);
+  }
+  std::filesystem::remove_all(dir);
+}
