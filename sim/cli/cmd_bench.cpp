@@ -15,13 +15,18 @@
 // (bytes read + written), the ceiling the ratios are quoted against.
 #include <algorithm>
 #include <chrono>
+#include <cmath>
+#include <cstdio>
 #include <cstring>
+#include <fstream>
 #include <functional>
 #include <iostream>
 #include <numeric>
 #include <string>
 #include <thread>
 #include <vector>
+
+#include <unistd.h>
 
 #include <nlohmann/json.hpp>
 #include <tbb/blocked_range.h>
@@ -30,9 +35,12 @@
 
 #include "backends/backend.hpp"
 #include "commands.hpp"
+#include "numbers.hpp"
 
 namespace kvsim::cli {
 namespace {
+
+int machine_threads() { return static_cast<int>(std::max(1u, std::thread::hardware_concurrency())); }
 
 struct BenchOptions {
   std::string backend = "cpu";
@@ -296,9 +304,42 @@ std::vector<Row> bench_backend(Backend& be, int threads, const BenchOptions& o) 
   return rows;
 }
 
+// Bytes the largest step of bench_backend holds at once (pools, inputs and
+// their host copies, outputs, the copy-bandwidth buffers), estimated from the
+// same workload formulas, so sizes beyond memory fail before anything runs.
+double bench_bytes_needed(const BenchOptions& o) {
+  const double P = 16, row = 8 * 128, hq_row = 4 * row;  // kv_heads 8, head_dim 128, GQA 4
+  const double nnz = static_cast<double>(o.sequences) * o.tokens;
+  const double blocks = o.sequences * std::ceil(o.tokens / P) + 16;
+  const double pools = 1.5 * blocks * 2 * P * row * 2;       // primary + secondary/2, K and V, bf16
+  const double kv_inputs = 3 * nnz * row * 2;                // host copy + K and V buffers
+  const double qkv = 2 * nnz * (hq_row + 2 * row) * 2 + nnz * hq_row * 2;  // host + device fused QKV, Q out
+  const double latent = blocks * P * 576 * 2 + 2 * nnz * 576 * 2;
+  const double indexer = nnz * (132 + 128 + 4 + 16);
+  const double copy_buffers = 512.0 * (1 << 20);
+  return pools + kv_inputs + qkv + latent + indexer + copy_buffers;
+}
+
+double available_memory_bytes() {
+  std::ifstream meminfo("/proc/meminfo");
+  std::string key;
+  double kib = 0;
+  while (meminfo >> key >> kib)
+    if (key == "MemAvailable:") return kib * 1024.0;
+  return static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGE_SIZE));
+}
+
 void run_bench(const BenchOptions& o) {
   std::vector<int> threads = o.threads;
-  const int max_threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const int max_threads = machine_threads();
+  const double needed = bench_bytes_needed(o), available = available_memory_bytes();
+  if (needed > available) {
+    char text[200];
+    std::snprintf(text, sizeof text, "needs about %.0f bytes (%.1f GiB) but %.0f bytes (%.1f GiB) are available",
+                  needed, needed / (1u << 30), available, available / (1u << 30));
+    fail(ErrorCode::bad_argument, "--sequences " + std::to_string(o.sequences) + " x --tokens " +
+                                      std::to_string(o.tokens) + ": the benchmark " + text);
+  }
   if (threads.empty()) {
     for (int t = 1; t < max_threads; t *= 2) threads.push_back(t);
     threads.push_back(max_threads);
@@ -340,19 +381,17 @@ void register_bench(CLI::App& app) {
   auto opts = std::make_shared<BenchOptions>();
   CLI::App* cmd = app.add_subcommand("bench", "Measure op throughput (GB/s, % of copy bandwidth) and thread scaling");
   cmd->add_option("--backend", opts->backend, "cpu or cuda")->check(CLI::IsMember({"cpu", "cuda"}));
-  cmd->add_option("--threads", opts->threads, "oneTBB thread counts to measure (default 1, 2, 4, ..., all)");
-  cmd->add_option("--sequences", opts->sequences, "sequences in the batch")->check(CLI::Range(1, 4096));
-  cmd->add_option("--tokens", opts->tokens, "tokens per sequence")->check(CLI::Range(1, 1 << 20));
-  cmd->add_option("--min-seconds", opts->min_seconds, "time spent per measurement");
+  // Numbers through numbers.hpp: thread counts 1..this machine's cores (oneTBB
+  // cannot build an arena of millions of threads), a finite time >= 0.
+  add_int_list_option(*cmd, "--threads", opts->threads,
+                      "oneTBB thread counts to measure, 1.." + std::to_string(machine_threads()) +
+                          " (default 1, 2, 4, ..., all)",
+                      1, machine_threads());
+  add_int_option(*cmd, "--sequences", opts->sequences, "sequences in the batch", 1, 4096);
+  add_int_option(*cmd, "--tokens", opts->tokens, "tokens per sequence", 1, 1 << 20);
+  add_float_option(*cmd, "--min-seconds", opts->min_seconds, "time spent per measurement, 0..3600", 0.0, 3600.0);
   cmd->add_flag("--json", opts->json, "print one JSON object");
-  cmd->callback([opts] {
-    try {
-      run_bench(*opts);
-    } catch (const BackendUnavailable& e) {
-      std::cerr << "kvsim: error: " << e.what() << '\n';
-      throw ExitStatus{kExitUsage};
-    }
-  });
+  cmd->callback([opts] { run_bench(*opts); });  // BackendUnavailable: main's backend_unavailable, exit 2
 }
 
 }  // namespace kvsim::cli

@@ -4,13 +4,12 @@
 //                                 nan, inf, -inf, -0 spelled out)
 //   nvfp4 --global-scale G V1..V16   the E4M3 scale byte and 8 packed bytes
 // With no values on the command line they are read one per line from stdin.
-// Values parse with strtof (nan, inf, hex floats). A value starting with '-'
+// Values parse with strtof syntax (nan, inf, hex floats), codes as decimal or
+// 0x-hex, both through numbers.hpp. A value starting with '-'
 // followed by a letter (-inf, -nan) looks like a flag to CLI11: put `--`
 // before the values.
-#include <cerrno>
 #include <cmath>
 #include <cstdio>
-#include <cstdlib>
 #include <iostream>
 #include <memory>
 #include <string>
@@ -18,6 +17,7 @@
 
 #include "commands.hpp"
 #include "kvsim/core.hpp"
+#include "numbers.hpp"
 
 namespace kvsim::cli {
 namespace {
@@ -57,28 +57,28 @@ std::string trim(const std::string& s) {
   return s.substr(first, last - first + 1);
 }
 
-// The command-line values, or one per non-blank stdin line when none were given.
-std::vector<std::string> inputs_or_stdin(const std::vector<std::string>& args) {
-  if (!args.empty()) return args;
-  std::vector<std::string> lines;
-  std::string line;
-  while (std::getline(std::cin, line)) {
-    const std::string t = trim(line);
-    if (!t.empty()) lines.push_back(t);
-  }
-  return lines;
-}
+// One input and the name its errors use: "value 2" (command line) or
+// "stdin line 7".
+struct Input {
+  std::string label;
+  std::string text;
+};
 
-// strtof semantics: decimal (correctly rounded), hex floats, nan, inf; the
-// whole string must be consumed. Overflow gives +-inf, as strtof does.
-float parse_value(const std::string& raw) {
-  const std::string text = trim(raw);
-  char* end = nullptr;
-  errno = 0;
-  const float v = std::strtof(text.c_str(), &end);
-  if (text.empty() || end == text.c_str() || *end != '\0')
-    fail(ErrorCode::bad_argument, "value '" + raw + "' is not a number (strtof syntax: 1.5, -2e3, 0x1p-3, nan, inf)");
-  return v;
+// The command-line values, or one per non-blank stdin line when none were
+// given (blanks around a line are ignored; a NUL byte inside one is an error
+// of the number parser, never a silent cut).
+std::vector<Input> inputs_or_stdin(const std::vector<std::string>& args) {
+  std::vector<Input> inputs;
+  if (!args.empty()) {
+    for (size_t i = 0; i < args.size(); ++i) inputs.push_back({"value " + std::to_string(i + 1), args[i]});
+    return inputs;
+  }
+  std::string line;
+  for (int64_t n = 1; std::getline(std::cin, line); ++n) {
+    const std::string t = trim(line);
+    if (!t.empty()) inputs.push_back({"stdin line " + std::to_string(n), t});
+  }
+  return inputs;
 }
 
 std::string hex(uint32_t code, int digits) {
@@ -88,20 +88,9 @@ std::string hex(uint32_t code, int digits) {
 }
 
 // A code: 0x-hex or decimal, in [0, max_code]; int8 also takes -128..-1.
-uint32_t parse_code(const std::string& raw, const FormatInfo& f) {
-  const std::string text = trim(raw);
-  const bool neg = !text.empty() && text[0] == '-';
-  const size_t digits = neg ? 1 : 0;
-  const bool is_hex =
-      text.size() > digits + 1 && text[digits] == '0' && (text[digits + 1] == 'x' || text[digits + 1] == 'X');
-  char* end = nullptr;
-  errno = 0;
-  const long long v = std::strtoll(text.c_str(), &end, is_hex ? 16 : 10);
-  const long long lo = f.format == Format::int8 ? -128 : 0;
-  if (text.empty() || end == text.c_str() || *end != '\0' || errno != 0 || v < lo || v > f.max_code)
-    fail(ErrorCode::bad_argument, "code '" + raw + "' is not a " + f.name + " code (0.." + hex(f.max_code, 0) +
-                                      (lo < 0 ? " or -128..-1" : "") + ")");
-  return static_cast<uint32_t>(v) & f.max_code;
+uint32_t parse_code(const Input& in, const FormatInfo& f) {
+  const int64_t lo = f.format == Format::int8 ? -128 : 0;
+  return static_cast<uint32_t>(parse_int(in.label, in.text, lo, f.max_code, IntSyntax::decimal_or_hex)) & f.max_code;
 }
 
 // Round-trippable fp32 text: 9 significant digits, special values spelled out.
@@ -167,9 +156,11 @@ void register_codec(CLI::App& app) {
   add_values(encode_cmd, *enc, "fp32 values (strtof syntax)");
   encode_cmd->callback([enc]() {
     const FormatInfo& f = format_info(enc->format);
-    for (const std::string& text : inputs_or_stdin(enc->values))
-      std::cout << hex(encode(parse_value(text), f.format), f.hex_digits) << '\n';
-    std::cout.flush();
+    // Every input is parsed before anything is printed: a failing command prints nothing on stdout.
+    std::string out;
+    for (const Input& in : inputs_or_stdin(enc->values))
+      out += hex(encode(parse_fp32(in.label, in.text), f.format), f.hex_digits) + '\n';
+    std::cout << out;
   });
 
   auto dec = std::make_shared<CodecOptions>();
@@ -178,9 +169,9 @@ void register_codec(CLI::App& app) {
   add_values(decode_cmd, *dec, "codes (0x-hex or decimal)");
   decode_cmd->callback([dec]() {
     const FormatInfo& f = format_info(dec->format);
-    for (const std::string& text : inputs_or_stdin(dec->values))
-      std::cout << format_value(decode(parse_code(text, f), f.format)) << '\n';
-    std::cout.flush();
+    std::string out;
+    for (const Input& in : inputs_or_stdin(dec->values)) out += format_value(decode(parse_code(in, f), f.format)) + '\n';
+    std::cout << out;
   });
 
   auto fp4 = std::make_shared<CodecOptions>();
@@ -190,16 +181,16 @@ void register_codec(CLI::App& app) {
       ->required();
   add_values(nvfp4_cmd, *fp4, "exactly 16 fp32 values");
   nvfp4_cmd->callback([fp4]() {
-    const float g = parse_value(fp4->global_scale);
+    const float g = parse_fp32("--global-scale", fp4->global_scale);
     if (!std::isfinite(g) || !(g > 0.0f))
       fail(ErrorCode::bad_global_scale,
            "global scale " + format_value(g) + ": rule: the nvfp4 global scale must be finite and > 0");
-    const std::vector<std::string> texts = inputs_or_stdin(fp4->values);
-    if (texts.size() != static_cast<size_t>(codec::kNvfp4BlockElems))
-      fail(ErrorCode::shape_mismatch, "got " + std::to_string(texts.size()) + " values: rule: one nvfp4 block is " +
+    const std::vector<Input> inputs = inputs_or_stdin(fp4->values);
+    if (inputs.size() != static_cast<size_t>(codec::kNvfp4BlockElems))
+      fail(ErrorCode::shape_mismatch, "got " + std::to_string(inputs.size()) + " values: rule: one nvfp4 block is " +
                                           std::to_string(codec::kNvfp4BlockElems) + " values");
     float x[codec::kNvfp4BlockElems];
-    for (int i = 0; i < codec::kNvfp4BlockElems; ++i) x[i] = parse_value(texts[i]);
+    for (int i = 0; i < codec::kNvfp4BlockElems; ++i) x[i] = parse_fp32(inputs[i].label, inputs[i].text);
     uint8_t packed[codec::kNvfp4BlockElems / 2];
     const uint8_t scale = codec::nvfp4_quantize16(x, g, packed);
     std::cout << "scale " << hex(scale, 2) << '\n' << "packed";

@@ -13,8 +13,7 @@
 // --seq, FlashInfer). A token on a BAD_PAGE (-1) entry, beyond the table or
 // the sequence length, or on a secondary-pool block (it must be onboarded
 // first; explain does not show secondary-pool offsets) is an error: exit 2.
-#include <cerrno>
-#include <cstdlib>
+#include <cstdint>
 #include <iostream>
 #include <memory>
 #include <optional>
@@ -23,16 +22,18 @@
 
 #include "commands.hpp"
 #include "geometry_options.hpp"
+#include "numbers.hpp"
 
 namespace kvsim::cli {
 namespace {
 
 struct ExplainOptions {
   GeometryOptions geometry;
-  std::string block_table;
-  std::string indptr;
-  std::string indices;
-  std::string last_page_len;
+  // Absent or given (possibly empty, which the number parser rejects).
+  std::optional<std::string> block_table;
+  std::optional<std::string> indptr;
+  std::optional<std::string> indices;
+  std::optional<std::string> last_page_len;
   int32_t seq = 0;
   int64_t token = 0;
   int32_t layer = 0;
@@ -46,53 +47,27 @@ struct ExplainOptions {
 
 // ---------------------------------------------------------------- parsing
 
-std::string trim(const std::string& s) {
-  const auto first = s.find_first_not_of(" \t");
-  if (first == std::string::npos) return {};
-  const auto last = s.find_last_not_of(" \t");
-  return s.substr(first, last - first + 1);
-}
-
-// Decimal or 0x-hex integer, whole string.
-std::optional<long long> parse_integer(const std::string& text) {
-  if (text.empty()) return std::nullopt;
-  size_t digits = (text[0] == '-' || text[0] == '+') ? 1 : 0;
-  const bool hex = text.size() > digits + 1 && text[digits] == '0' && (text[digits + 1] == 'x' || text[digits + 1] == 'X');
-  errno = 0;
-  char* end = nullptr;
-  const long long value = std::strtoll(text.c_str(), &end, hex ? 16 : 10);
-  if (errno != 0 || end == text.c_str() || *end != '\0') return std::nullopt;
-  return value;
-}
-
-// "a,b,c" -> int32 values. Block references (`refs`) also accept raw 32-bit
-// patterns such as 0x80000003 and the shorthand sN for BlockRef::secondary(N).
-std::vector<int32_t> parse_int_list(const std::string& text, const std::string& flag, bool refs) {
+// "a,b,c" -> int32 values through the command line's number parser
+// (numbers.hpp). Block references (`refs`) also accept raw 32-bit patterns in
+// hex such as 0x80000003 and the shorthand sN for BlockRef::secondary(N).
+std::vector<int32_t> parse_table(const std::string& text, const std::string& flag, bool refs) {
   std::vector<int32_t> values;
-  std::stringstream stream(text);
-  std::string item;
-  int64_t index = 0;
-  auto bad = [&](const std::string& entry, const std::string& rule) {
-    fail(ErrorCode::bad_argument,
-         flag + " entry " + std::to_string(index) + " = '" + entry + "': " + rule);
-  };
-  while (std::getline(stream, item, ',')) {
-    const std::string entry = trim(item);
-    if (refs && !entry.empty() && (entry[0] == 's' || entry[0] == 'S')) {
-      const auto block = parse_integer(entry.substr(1));
-      if (!block || *block < 0 || *block > 0x7FFFFFFFLL) bad(entry, "sN needs a block id N in [0, 2^31)");
-      values.push_back(BlockRef::secondary(static_cast<int32_t>(*block)).raw);
-    } else {
-      const auto value = parse_integer(entry);
-      const long long hi = refs ? 0xFFFFFFFFLL : 0x7FFFFFFFLL;
-      if (!value || *value < -0x80000000LL || *value > hi)
-        bad(entry, refs ? "expected a block id, -1 (BAD_PAGE), sN (secondary N) or a raw 32-bit reference"
-                        : "expected a 32-bit integer");
-      values.push_back(static_cast<int32_t>(static_cast<uint32_t>(*value)));
-    }
-    ++index;
+  if (!refs) {
+    for (int64_t v : parse_int_list(flag, text, INT32_MIN, INT32_MAX)) values.push_back(static_cast<int32_t>(v));
+    return values;
   }
-  if (values.empty()) fail(ErrorCode::bad_argument, flag + " is empty: expected comma-separated integers");
+  const std::vector<std::string_view> items = split_list(flag, text);
+  for (size_t i = 0; i < items.size(); ++i) {
+    const std::string label = flag + " entry " + std::to_string(i);
+    const std::string_view item = items[i];
+    if (!item.empty() && (item[0] == 's' || item[0] == 'S')) {
+      values.push_back(BlockRef::secondary(static_cast<int32_t>(parse_int(label, item.substr(1), 0, INT32_MAX))).raw);
+    } else {
+      // -1 (BAD_PAGE), a block id, or a raw 32-bit reference (0x80000003).
+      const int64_t v = parse_int(label, item, INT32_MIN, 0xFFFFFFFFLL, IntSyntax::decimal_or_hex);
+      values.push_back(static_cast<int32_t>(static_cast<uint32_t>(v)));
+    }
+  }
   return values;
 }
 
@@ -212,8 +187,8 @@ Explanation explain(const ExplainOptions& o) {
 
   // Steps 2-3: page divide and table lookup.
   std::string where;
-  if (!o.block_table.empty()) {
-    e.block_table = parse_int_list(o.block_table, "--block-table", true);
+  if (o.block_table) {
+    e.block_table = parse_table(*o.block_table, "--block-table", true);
     const DenseBlockTable table{e.block_table.data(), 1, static_cast<int32_t>(e.block_table.size())};
     e.linear_token = e.cache_token;
     e.logical_page = e.divider.div(e.cache_token);
@@ -228,9 +203,9 @@ Explanation explain(const ExplainOptions& o) {
             "): block_table[" + std::to_string(e.page_slot) + "]";
   } else {
     e.csr = true;
-    e.indptr = parse_int_list(o.indptr, "--indptr", false);
-    e.indices = parse_int_list(o.indices, "--indices", true);
-    e.last_page_len = parse_int_list(o.last_page_len, "--last-page-len", false);
+    e.indptr = parse_table(*o.indptr, "--indptr", false);
+    e.indices = parse_table(*o.indices, "--indices", true);
+    e.last_page_len = parse_table(*o.last_page_len, "--last-page-len", false);
     validate_csr(e.indptr, e.indices, e.last_page_len, g, /*for_write=*/false);
     const CsrPageTable csr = make_csr_view(e.indptr, e.indices, e.last_page_len, g);
     if (o.seq < 0 || o.seq >= csr.batch) out_of_range("seq", o.seq, csr.batch, "batch");
@@ -251,6 +226,12 @@ Explanation explain(const ExplainOptions& o) {
   // BAD_PAGE, out-of-range ids and secondary (not onboarded) references all
   // stop here with core's named error.
   validate_block_ref(e.ref, g, where, /*is_write=*/true);
+  // The rest of a dense table is checked as validate_csr checks every CSR
+  // entry (a read: BAD_PAGE allowed), so one table is accepted or rejected
+  // the same in either form, whichever page the token is on.
+  if (!e.csr)
+    for (size_t i = 0; i < e.block_table.size(); ++i)
+      validate_block_ref(BlockRef{e.block_table[i]}, g, "block_table[" + std::to_string(i) + "]", /*is_write=*/false);
   const int64_t block = e.ref.block();
   e.slot = block * g.tokens_per_block + e.entry;
   const SlotLocation back = locate_slot(e.slot, e.divider);
@@ -537,14 +518,21 @@ void register_explain(CLI::App& app) {
   add_geometry_options(*cmd, opts->geometry);
 
   const std::string table_group = "Page table (one of)";
-  auto* dense = cmd->add_option("--block-table", opts->block_table,
-                                "Dense block table of the sequence: b0,b1,... (-1 = BAD_PAGE, sN = secondary block N)")
-                    ->group(table_group);
-  auto* indptr = cmd->add_option("--indptr", opts->indptr, "CSR indptr: 0,p1,...,pn")->group(table_group);
-  auto* indices = cmd->add_option("--indices", opts->indices, "CSR indices (block references)")->group(table_group);
-  auto* last = cmd->add_option("--last-page-len", opts->last_page_len, "CSR last_page_len per sequence")
-                   ->group(table_group);
-  auto* seq = cmd->add_option("--seq", opts->seq, "CSR sequence b")->capture_default_str()->group(table_group);
+  // Lists are kept as text and parsed by numbers.hpp in explain(); "--flag="
+  // reaches it as "" (an error naming the flag) instead of eating the next flag.
+  const auto list_option = [&](const std::string& name, std::optional<std::string>& target, const std::string& help) {
+    return cmd
+        ->add_option_function<std::string>(name, [&target](const std::string& text) { target = text; }, help)
+        ->expected(0, 1)
+        ->group(table_group);
+  };
+  auto* dense = list_option("--block-table", opts->block_table,
+                            "Dense block table of the sequence: b0,b1,... (-1 = BAD_PAGE, sN = secondary block N, "
+                            "0xHEX = a raw 32-bit reference)");
+  auto* indptr = list_option("--indptr", opts->indptr, "CSR indptr: 0,p1,...,pn");
+  auto* indices = list_option("--indices", opts->indices, "CSR indices (block references, as --block-table)");
+  auto* last = list_option("--last-page-len", opts->last_page_len, "CSR last_page_len per sequence");
+  auto* seq = add_int_option(*cmd, "--seq", opts->seq, "CSR sequence b", 0, INT32_MAX)->group(table_group);
   indptr->needs(indices)->needs(last);
   indices->needs(indptr);
   last->needs(indptr);
@@ -552,27 +540,31 @@ void register_explain(CLI::App& app) {
   dense->excludes(indptr)->excludes(indices)->excludes(last)->excludes(seq);
 
   const std::string coord_group = "Coordinates";
-  cmd->add_option("--token", opts->token, "Token position t in the sequence")->required()->group(coord_group);
-  cmd->add_option("--layer", opts->layer, "Layer")->capture_default_str()->group(coord_group);
-  cmd->add_option("--head", opts->head, "KV head")->capture_default_str()->group(coord_group);
-  cmd->add_option("--dim", opts->dim, "Element of head_dim")->capture_default_str()->group(coord_group);
+  add_int_option(*cmd, "--token", opts->token, "Token position t in the sequence", INT64_MIN, INT64_MAX)
+      ->required()
+      ->group(coord_group);
+  add_int_option(*cmd, "--layer", opts->layer, "Layer", INT32_MIN, INT32_MAX)->group(coord_group);
+  add_int_option(*cmd, "--head", opts->head, "KV head", INT32_MIN, INT32_MAX)->group(coord_group);
+  add_int_option(*cmd, "--dim", opts->dim, "Element of head_dim", INT32_MIN, INT32_MAX)->group(coord_group);
 
   const std::string window_group = "Sliding window (TensorRT-LLM getKVTokenIdx)";
-  cmd->add_option("--window", opts->window, "Attention window W (0 = none)")->capture_default_str()->group(window_group);
-  cmd->add_option("--sinks", opts->sinks, "Sink tokens S")->capture_default_str()->group(window_group);
+  add_int_option(*cmd, "--window", opts->window, "Attention window W (0 = none)", INT32_MIN, INT32_MAX)
+      ->group(window_group);
+  add_int_option(*cmd, "--sinks", opts->sinks, "Sink tokens S", INT32_MIN, INT32_MAX)->group(window_group);
   cmd->add_flag("--one-more-block", opts->one_more_block, "cyclic_len = W + P - S instead of W - S")
       ->group(window_group);
 
   cmd->add_flag("--json", opts->json, "Print one JSON object (schema in docs/index-arithmetic.md)");
   cmd->callback([opts]() {
-    if (opts->block_table.empty() && opts->indptr.empty())
+    if (!opts->block_table && !opts->indptr)
       throw CLI::ValidationError("page table", "give --block-table or --indptr/--indices/--last-page-len");
     const Explanation e = explain(*opts);
+    std::ostringstream out;  // printed whole, so a failure prints nothing on stdout
     if (opts->json)
-      std::cout << explanation_json(e).dump(2) << '\n';
+      out << explanation_json(e).dump(2) << '\n';
     else
-      print_text(std::cout, e);
-    std::cout.flush();
+      print_text(out, e);
+    std::cout << out.str();
   });
 }
 

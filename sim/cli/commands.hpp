@@ -13,6 +13,8 @@
 //     when an invariant or comparison failed) after printing the report.
 #pragma once
 
+#include <string>
+
 #include <CLI/CLI.hpp>
 
 namespace kvsim::cli {
@@ -26,6 +28,11 @@ inline constexpr int kExitInternal = 3;     // an unexpected exception (a kvsim 
 // Thrown by a subcommand callback that wants main() to return `code`.
 struct ExitStatus {
   int code = kExitOk;
+};
+
+// A word where a subcommand belongs that names none (main.cpp): exit kExitUsage.
+struct UnknownSubcommand {
+  std::string message;
 };
 
 void register_layout(CLI::App& app);

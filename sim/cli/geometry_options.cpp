@@ -2,6 +2,8 @@
 
 #include <optional>
 
+#include "numbers.hpp"
+
 namespace kvsim::cli {
 namespace {
 
@@ -30,22 +32,20 @@ void add_geometry_options(CLI::App& cmd, GeometryOptions& opts) {
                                   "in_block|per_layer"))
       ->capture_default_str()
       ->group(group);
-  cmd.add_option("--layers", opts.layers, "Layers L")->capture_default_str()->group(group);
-  cmd.add_option("--kv-factor", opts.kv_factor, "2 = separate K and V, 1 = one latent tensor (MLA)")
-      ->capture_default_str()
-      ->group(group);
-  cmd.add_option("--kv-heads", opts.kv_heads, "KV heads H")->capture_default_str()->group(group);
-  cmd.add_option("--head-dim", opts.head_dim, "Head dimension D")->capture_default_str()->group(group);
-  cmd.add_option("--page-size", opts.page_size, "Tokens per block P (1..1024)")->capture_default_str()->group(group);
+  // Numbers go through numbers.hpp (decimal only); their ranges are core's
+  // validate_geometry, which names the field and the rule.
+  add_int_option(cmd, "--layers", opts.layers, "Layers L")->group(group);
+  add_int_option(cmd, "--kv-factor", opts.kv_factor, "2 = separate K and V, 1 = one latent tensor (MLA)")->group(group);
+  add_int_option(cmd, "--kv-heads", opts.kv_heads, "KV heads H")->group(group);
+  add_int_option(cmd, "--head-dim", opts.head_dim, "Head dimension D")->group(group);
+  add_int_option(cmd, "--page-size", opts.page_size, "Tokens per block P (1..1024)")->group(group);
   cmd.add_option("--dtype", opts.dtype, "Cache dtype")
       ->check(core_name_validator([](const std::string& s) { return parse_dtype(s).has_value(); },
                                   "fp32|fp16|bf16|fp8_e4m3|fp8_e5m2|int8|nvfp4"))
       ->capture_default_str()
       ->group(group);
-  cmd.add_option("--blocks", opts.blocks, "Primary pool blocks")->capture_default_str()->group(group);
-  cmd.add_option("--secondary-blocks", opts.secondary_blocks, "Secondary (offload) pool blocks")
-      ->capture_default_str()
-      ->group(group);
+  add_int_option(cmd, "--blocks", opts.blocks, "Primary pool blocks")->group(group);
+  add_int_option(cmd, "--secondary-blocks", opts.secondary_blocks, "Secondary (offload) pool blocks")->group(group);
 }
 
 PoolGeometry make_geometry(const GeometryOptions& opts) {

@@ -1,14 +1,48 @@
 // kvsim: the command line. Each subcommand lives in its own cmd_*.cpp and
 // registers itself here; main() only parses and maps errors to exit codes
 // (see commands.hpp for the protocol).
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
 #include <exception>
 #include <iostream>
 #include <string>
+#include <vector>
 
 #include <CLI/CLI.hpp>
 
+#include "backends/backend.hpp"
 #include "commands.hpp"
 #include "kvsim/core.hpp"
+
+namespace {
+
+// CLI11 reports an unknown subcommand as an unexpected extra argument without
+// naming it as such; kvsim names it and lists the choices. Walks the leading
+// words of argv down the subcommand tree (`kvsim codec encode ...`) and stops
+// at the first flag or at a command without subcommands.
+void reject_unknown_subcommand(CLI::App& app, int argc, char** argv) {
+  CLI::App* level = &app;
+  std::string path = "kvsim";
+  for (int i = 1; i < argc; ++i) {
+    const std::string word = argv[i];
+    if (word.empty() || word[0] == '-') return;
+    const std::vector<CLI::App*> subs = level->get_subcommands([](CLI::App*) { return true; });
+    if (subs.empty()) return;
+    CLI::App* next = nullptr;
+    std::string names;
+    for (CLI::App* sub : subs) {
+      if (sub->check_name(word)) next = sub;
+      names += (names.empty() ? "" : ", ") + sub->get_name();
+    }
+    if (!next)
+      throw kvsim::cli::UnknownSubcommand{"'" + word + "' is not a subcommand of " + path + " (one of: " + names + ")"};
+    level = next;
+    path += " " + word;
+  }
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   using namespace kvsim::cli;
@@ -16,9 +50,11 @@ int main(int argc, char** argv) {
   CLI::App app{"kvsim: a CPU-first reference simulator of paged LLM KV caches", "kvsim"};
   app.set_version_flag("--version", std::string("kvsim ") + kvsim::kVersion);
   app.require_subcommand(1);
-  // Same prefix as kvsim's own errors, so every failure reads alike on stderr.
+  // Same form as kvsim's own errors (docs/errors.md): CLI11's parse errors
+  // (unknown flag, missing required flag, a value not among its choices,
+  // extra arguments) are the error named bad_usage.
   app.failure_message([](const CLI::App*, const CLI::Error& e) {
-    return "kvsim: error: " + std::string(e.what()) + "\nRun with --help for more information.\n";
+    return "kvsim: error: bad_usage: " + std::string(e.what()) + "\nRun with --help for more information.\n";
   });
 
   register_layout(app);
@@ -30,13 +66,21 @@ int main(int argc, char** argv) {
 
   int status = kExitOk;
   try {
+    reject_unknown_subcommand(app, argc, argv);
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     // --help / --version are "errors" with exit code 0 that print to stdout.
     status = app.exit(e, std::cout, std::cerr) == 0 ? kExitOk : kExitUsage;
+  } catch (const UnknownSubcommand& e) {
+    std::cerr << "kvsim: error: unknown_subcommand: " << e.message << "\nRun with --help for more information.\n";
+    status = kExitUsage;
   } catch (const kvsim::ValidationError& e) {
     std::cout.flush();  // keep whatever was already reported ahead of the error
     std::cerr << "kvsim: error: " << e.what() << '\n';
+    status = kExitUsage;
+  } catch (const kvsim::BackendUnavailable& e) {
+    std::cout.flush();
+    std::cerr << "kvsim: error: backend_unavailable: " << e.what() << '\n';
     status = kExitUsage;
   } catch (const ExitStatus& e) {
     status = e.code;
@@ -46,8 +90,15 @@ int main(int argc, char** argv) {
     status = kExitInternal;
   }
   // Output may go to a pipe (block buffered): flush both before exit so a
-  // caller reading with popen sees everything, in order.
+  // caller reading with popen sees everything, in order. A write that failed
+  // (a full disk, > /dev/full, a closed pipe) is an error, never exit 0.
   std::cout.flush();
+  if (std::fflush(stdout) != 0 || std::ferror(stdout) || std::cout.fail()) {
+    const int err = errno;
+    std::cerr << "kvsim: error: output_failed: writing to stdout failed"
+              << (err ? std::string(": ") + std::strerror(err) : std::string()) << '\n';
+    if (status == kExitOk) status = kExitUsage;
+  }
   std::cerr.flush();
   return status;
 }

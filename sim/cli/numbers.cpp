@@ -91,22 +91,29 @@ int64_t parse_int(std::string_view flag, std::string_view text, int64_t min, int
   return value;
 }
 
-std::vector<int64_t> parse_int_list(std::string_view flag, std::string_view text, int64_t min, int64_t max,
-                                    IntSyntax syntax) {
+std::vector<std::string_view> split_list(std::string_view flag, std::string_view text) {
   reject_empty_or_nul(flag, text);
-  std::vector<int64_t> values;
+  std::vector<std::string_view> items;
   size_t start = 0;
   for (;;) {
     const size_t comma = text.find(',', start);
     const std::string_view item = trim_blanks(text.substr(start, comma == std::string_view::npos ? text.npos : comma - start));
-    const std::string label = std::string(flag) + " entry " + std::to_string(values.size());
     if (item.empty())
-      reject(label, item, "empty entry in '" + printable(text) +
-                              "': expected comma-separated integers (no leading, trailing or doubled commas)");
-    values.push_back(parse_int(label, item, min, max, syntax));
+      reject(std::string(flag) + " entry " + std::to_string(items.size()), item,
+             "empty entry in '" + printable(text) +
+                 "': expected comma-separated integers (no leading, trailing or doubled commas)");
+    items.push_back(item);
     if (comma == std::string_view::npos) break;
     start = comma + 1;
   }
+  return items;
+}
+
+std::vector<int64_t> parse_int_list(std::string_view flag, std::string_view text, int64_t min, int64_t max,
+                                    IntSyntax syntax) {
+  std::vector<int64_t> values;
+  for (std::string_view item : split_list(flag, text))
+    values.push_back(parse_int(std::string(flag) + " entry " + std::to_string(values.size()), item, min, max, syntax));
   return values;
 }
 

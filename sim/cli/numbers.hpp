@@ -49,6 +49,11 @@ std::string printable(std::string_view text);
 int64_t parse_int(std::string_view flag, std::string_view text, int64_t min, int64_t max,
                   IntSyntax syntax = IntSyntax::decimal);
 
+// The items of a comma-separated list, blanks around each trimmed; an empty
+// list or an empty item is an error naming `flag` and the item's index. For
+// lists whose items are not plain integers (explain's sN block references).
+std::vector<std::string_view> split_list(std::string_view flag, std::string_view text);
+
 // A comma-separated list of integers, each in [min, max]; at least one item.
 std::vector<int64_t> parse_int_list(std::string_view flag, std::string_view text, int64_t min, int64_t max,
                                     IntSyntax syntax = IntSyntax::decimal);
@@ -108,14 +113,16 @@ template <typename Int>
 CLI::Option* add_int_list_option(CLI::App& cmd, const std::string& name, std::vector<Int>& target,
                                  const std::string& description, int64_t min, int64_t max, IntSyntax syntax) {
   const std::string label = numbers_detail::flag_label(name);
-  CLI::Option* opt = cmd.add_option_function<std::string>(
-      name, [&target, label, min, max, syntax](const std::string& text) {
+  // "--threads 1,2" and "--threads 1 --threads 2" give the same list.
+  CLI::Option* opt = cmd.add_option_function<std::vector<std::string>>(
+      name, [&target, label, min, max, syntax](const std::vector<std::string>& texts) {
         target.clear();
-        for (int64_t v : parse_int_list(label, text, min, max, syntax)) target.push_back(static_cast<Int>(v));
+        for (const std::string& text : texts)
+          for (int64_t v : parse_int_list(label, text, min, max, syntax)) target.push_back(static_cast<Int>(v));
       },
       target.empty() ? description
                      : description + " (default " + numbers_detail::list_text({target.begin(), target.end()}) + ")");
-  opt->expected(0, 1);
+  opt->expected(0, 1)->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
   return opt;
 }
 

@@ -144,4 +144,6 @@ TEST_CASE("CLI11 adapters: values go through the strict parser, defaults are kep
   CHECK(contains(error_of([&] { parse({"--token="}); }), "--token = '': empty value"));
   CHECK(contains(error_of([&] { parse({"--block-table", "1,2,"}); }), "--block-table entry 2"));
   CHECK(contains(error_of([&] { parse({"--min-seconds", "nan"}); }), "--min-seconds = 'nan'"));
+  parse({"--block-table", "1", "--block-table", "2,3"});  // repeated list flags append
+  CHECK(table == std::vector<int32_t>{1, 2, 3});
 }

@@ -241,3 +241,62 @@ TEST_CASE("validate_window: named bad_window errors") {
   CHECK_NOTHROW(validate_window(WindowMapping::make(8, 7, 16, false)));  // cyclic_len 1
   CHECK_NOTHROW(validate_window(WindowMapping::make(8, 0, 3, true)));
 }
+
+// Regression (issue 9): S + bubble + ... was summed in 32 bits, so an accepted
+// window with sinks near 2^31 wrapped negative and attention read outside the
+// block table. Every accepted (W, S, P) now maps in 64 bits: checked against
+// 128-bit arithmetic at the extremes of int32.
+TEST_CASE("accepted windows near 2^31 map without overflow (64-bit slots, 128-bit reference)") {
+  const int32_t kMax = INT32_MAX;
+  const int32_t windows[] = {kMax, kMax - 1, (1 << 30) + 7, 1025};
+  for (int32_t W : windows)
+    for (int32_t S : {W - 1, W - 2, W / 2, 1, 0})
+      for (int32_t P : {1, 3, 7, 16, 17, 1024})
+        for (bool more : {false, true}) {
+          if (S < 0) continue;
+          const WindowMapping m = WindowMapping::make(W, S, P, more);
+          CAPTURE(W);
+          CAPTURE(S);
+          CAPTURE(P);
+          CAPTURE(more);
+          REQUIRE_NOTHROW(validate_window(m));
+          const __int128 bubble = S % P == 0 ? 0 : P - S % P;
+          const __int128 cyclic = more ? static_cast<__int128>(W) + P - S : static_cast<__int128>(W) - S;
+          CHECK(m.cyclic_len == static_cast<int64_t>(cyclic));
+          for (int64_t t : {int64_t{0}, static_cast<int64_t>(S) - 1, static_cast<int64_t>(S), static_cast<int64_t>(S) + 1,
+                            static_cast<int64_t>(kMax), static_cast<int64_t>(kMax) * 3 + 5, INT64_MAX / 2}) {
+            if (t < 0) continue;
+            const __int128 expected = t < S ? t : S + bubble + (t - S) % cyclic;
+            CHECK(m.cache_token(t) == static_cast<int64_t>(expected));
+            CHECK(m.cache_token(t) >= 0);
+            CHECK(m.cache_token(t) < static_cast<int64_t>(S + bubble + cyclic));
+          }
+          const int64_t len = kMax;
+          const __int128 ring = len - S < cyclic ? len - S : cyclic;
+          const __int128 expected_len = len <= S ? len : S + bubble + ring;
+          CHECK(m.cache_length(len) == static_cast<int64_t>(expected_len));
+        }
+  // The issue's reproduction: W = 2^31 - 1, S = 2^31 - 2, P = 16, token 2^31 - 1.
+  const WindowMapping m = WindowMapping::make(kMax, kMax - 1, 16, false);
+  CHECK(m.bubble == 2);
+  CHECK(m.cache_token(kMax) == 2147483648LL);
+  CHECK(m.cache_length(kMax) == 2147483649LL);
+}
+
+TEST_CASE("validate_window rejects a hand-built mapping whose derived fields disagree (no division by zero)") {
+  WindowMapping m = WindowMapping::make(64, 4, 16, false);
+  REQUIRE_NOTHROW(validate_window(m));
+  m.cyclic_len = 0;  // cache_token would divide by zero
+  auto err = catch_validation([&] { validate_window(m); });
+  REQUIRE(err.has_value());
+  CHECK(err->code() == ErrorCode::bad_window);
+  CHECK(std::string(err->what()).find("cyclic_len = 0") != std::string::npos);
+  m = WindowMapping::make(64, 4, 16, false);
+  m.bubble = 3;
+  CHECK(catch_validation([&] { validate_window(m); }).has_value());
+  m = WindowMapping::make(64, 4, 16, false);
+  m.tokens_per_block = 0;
+  err = catch_validation([&] { validate_window(m); });
+  REQUIRE(err.has_value());
+  CHECK(err->code() == ErrorCode::bad_window);
+}

@@ -164,6 +164,7 @@ class TestPools {
       PoolStrides& s = pools.strides[0];
       s.block = ref.block_stride();
       if (g.placement == LayerPlacement::per_layer) s.layer = g.primary_blocks * s.block;
+      pools.allocation_elements[0] = ref.primary_elements();  // strides are checked against the allocation
     }
   }
   ~TestPools() { backend_->release_pools(pools); }

@@ -292,9 +292,14 @@ inline void validate_strides(const PoolGeometry& g, const PoolStrides& s, PoolKi
                 {in.token, g.tokens_per_block, "token"},
                 {in.dim_outer, g.head_dim / in.x, "dim/x"},
                 {in.dim_inner, in.x, "dim%x"}};
+    // Checked sums: caller strides may be anything, and a wrapped max_offset
+    // would pass the bound below.
     int64_t max_offset = 0;
     for (const Dim& d : dims) {
       if (d.stride < 0) fail(ErrorCode::bad_strides, std::string("stride of ") + d.name + " is negative");
+      if (d.extent > 1 && d.stride > (INT64_MAX - max_offset) / (d.extent - 1))
+        fail(ErrorCode::bad_strides, std::string("stride of ") + d.name + " = " + std::to_string(d.stride) +
+                                         " overflows 64-bit offsets");
       if (d.extent > 0) max_offset += d.stride * (d.extent - 1);
     }
     if (blocks > 0 && max_offset >= pool_elements)

@@ -202,7 +202,12 @@ inline AppendCoordinates append_coordinates(std::span<const int32_t> append_indp
       fail(ErrorCode::non_monotone_indptr, "sequence " + std::to_string(b) + ": append_indptr[" +
                                                std::to_string(b + 1) + "] = " + std::to_string(append_indptr[b + 1]) +
                                                " < append_indptr[" + std::to_string(b) + "]: rule: non-decreasing");
-    const int64_t appended = append_indptr[b + 1] - append_indptr[b];
+    // positions are int32 (FlashInfer's): a longer sequence would wrap them.
+    if (seq_lens_after[b] > INT32_MAX)
+      fail(ErrorCode::position_beyond_sequence, "sequence " + std::to_string(b) + ": length after append " +
+                                                    std::to_string(seq_lens_after[b]) +
+                                                    ": rule: positions are 32-bit, length <= 2^31 - 1");
+    const int64_t appended = static_cast<int64_t>(append_indptr[b + 1]) - append_indptr[b];
     if (appended > seq_lens_after[b])
       fail(ErrorCode::position_beyond_sequence,
            "sequence " + std::to_string(b) + " appends " + std::to_string(appended) + " tokens but its length after append is " +

@@ -7,6 +7,7 @@
 
 #include <cstdio>
 #include <string>
+#include <type_traits>
 
 #include "codecs.hpp"
 #include "errors.hpp"
@@ -74,6 +75,9 @@ KVSIM_HD constexpr bool is_float_input(CacheDtype t) {
   return t == CacheDtype::fp32 || t == CacheDtype::fp16 || t == CacheDtype::bf16;
 }
 
+// allocation_elements value meaning "the pool's own dense size".
+inline constexpr int64_t kPoolOwnSize = -1;
+
 // Primary and secondary pools of one geometry, with nvfp4 block-scale pools.
 struct KvPools {
   PoolGeometry geometry;
@@ -81,13 +85,29 @@ struct KvPools {
   void* scales[2] = {nullptr, nullptr};  // [PoolKind], nvfp4 only
   PoolStrides strides[2];
   PoolStrides scale_strides[2];
+  // Elements (nibbles for nvfp4; one byte each for scales) of the allocation
+  // that data[k] / scales[k] point into, counted from that pointer. Strides
+  // are checked against it, not against the pool's dense size, so a pool may
+  // be a strided view into a larger tensor (FlashInfer's [pages, 2, P, H, D]
+  // per layer, see make_shared_kv_pools). kPoolOwnSize = the dense size.
+  int64_t allocation_elements[2] = {kPoolOwnSize, kPoolOwnSize};
+  int64_t scale_allocation_elements[2] = {kPoolOwnSize, kPoolOwnSize};
 
   KVSIM_HD constexpr const PoolStrides& strides_of(PoolKind k) const { return strides[static_cast<int>(k)]; }
   KVSIM_HD constexpr uint8_t* bytes(PoolKind k) const { return static_cast<uint8_t*>(data[static_cast<int>(k)]); }
   KVSIM_HD constexpr uint8_t* scale_bytes(PoolKind k) const {
     return static_cast<uint8_t*>(scales[static_cast<int>(k)]);
   }
+  KVSIM_HD constexpr int64_t data_allocation(PoolKind k) const {
+    const int64_t n = allocation_elements[static_cast<int>(k)];
+    return n == kPoolOwnSize ? geometry.pool_elements(k) : n;
+  }
+  KVSIM_HD constexpr int64_t scale_allocation(PoolKind k) const {
+    const int64_t n = scale_allocation_elements[static_cast<int>(k)];
+    return n == kPoolOwnSize ? (geometry.has_scale_pool() ? geometry.scale_geometry().pool_elements(k) : 0) : n;
+  }
 };
+static_assert(std::is_trivially_copyable_v<KvPools>, "kernels take KvPools by value");
 
 // An nvfp4 global decode scale g must be finite and > 0 (SPEC §4); every op
 // that takes one checks it here. `name` says which (e.g. "decode_attention:
@@ -104,6 +124,94 @@ inline void validate_layer(const PoolGeometry& g, int32_t layer, const std::stri
   if (layer < 0 || layer >= g.layers)
     fail(ErrorCode::bad_argument, op + "layer = " + std::to_string(layer) + ": rule: layer is in [0, layers = " +
                                       std::to_string(g.layers) + ")");
+}
+
+// Everything an op needs of one pool kind before it touches it, so that every
+// offset it computes lands inside memory the caller owns: a valid geometry,
+// the data (and nvfp4 scale) pointers, a known allocation size, and strides
+// that keep every element of the pool inside that allocation without two
+// coordinates sharing an element. Every op's validation calls this for each
+// pool kind it reads or writes; `op` prefixes the message ("copy_blocks: ").
+inline void validate_pool(const KvPools& pools, PoolKind kind, const std::string& op) {
+  const PoolGeometry& g = pools.geometry;
+  validate_geometry(g);
+  const int k = static_cast<int>(kind);
+  const std::string name = kind == PoolKind::primary ? "primary" : "secondary";
+  if (g.blocks(kind) == 0) return;  // an empty pool is never addressed (block refs are checked against 0 blocks)
+  if (pools.data[k] == nullptr) fail(ErrorCode::bad_argument, op + "the " + name + " data pool is not allocated");
+  // Element counts times 8 bits must stay a valid 64-bit bit offset (nvfp4 byte = element >> 1).
+  const auto check_allocation = [&](int64_t n, const char* what) {
+    if ((n < 0 && n != kPoolOwnSize) || n > (int64_t{1} << 59))
+      fail(ErrorCode::bad_argument, op + "the " + name + " " + what + " allocation of " + std::to_string(n) +
+                                        " elements: rule: kPoolOwnSize (-1) or a count in [0, 2^59]");
+  };
+  check_allocation(pools.allocation_elements[k], "data");
+  validate_strides(g, pools.strides[k], kind, pools.data_allocation(kind));
+  if (g.has_scale_pool()) {
+    if (pools.scales[k] == nullptr)
+      fail(ErrorCode::bad_argument, op + "the " + name + " nvfp4 scale pool is not allocated");
+    check_allocation(pools.scale_allocation_elements[k], "scale");
+    validate_strides(g.scale_geometry(), pools.scale_strides[k], kind, pools.scale_allocation(kind));
+  }
+}
+
+// FlashInfer's paged KV cache: per layer one tensor [pages, 2, P, H, D] (NHD)
+// or [pages, 2, H, P, D] (HND); K is t[:, 0] and V is t[:, 1], two strided
+// views with a page stride of 2*H*P*D, V starting H*P*D elements in. Here the
+// layers' tensors lie back to back in one allocation of
+// layers * allocation_pages * 2*H*P*D elements (torch.empty(L, pages, 2, ...)),
+// of which the pool uses the first g.primary_blocks pages of each layer
+// (FlashInfer sizes the tensor for its max pages; the pool may use fewer).
+// nvfp4 scales (one byte per 16 elements) follow the same arrangement with
+// D / 16 in `scale_allocation`. The secondary pool is not part of FlashInfer's
+// tensor: give it its own dense allocation (or none, with secondary_blocks 0).
+struct SharedKvAllocation {
+  void* data = nullptr;
+  void* scales = nullptr;     // nvfp4 only
+  int64_t pages = 0;          // pages per layer in the allocation, >= the pool's blocks
+};
+
+inline PoolStrides shared_kv_strides(const PoolGeometry& g, int64_t allocation_pages) {
+  PoolStrides s{};
+  s.kv = g.inner_elements();
+  s.block = 2 * s.kv;
+  s.layer = allocation_pages * s.block;
+  s.inner[0] = contiguous_inner_strides(g, 0);
+  s.inner[1] = contiguous_inner_strides(g, 1);
+  return s;
+}
+
+inline KvPools make_shared_kv_pools(const PoolGeometry& g, const SharedKvAllocation& primary,
+                                    const SharedKvAllocation& secondary = {}) {
+  validate_geometry(g);
+  if (g.kv_factor != 2 || g.layout == BlockLayout::split_x || g.placement != LayerPlacement::per_layer)
+    fail(ErrorCode::bad_geometry, "FlashInfer's shared [pages, 2, ...] allocation needs kv_factor 2, layout nhd or hnd "
+                                  "and per_layer placement (" + geometry_summary(g) + ")");
+  KvPools pools;
+  pools.geometry = g;
+  const SharedKvAllocation* alloc[2] = {&primary, &secondary};
+  for (int k = 0; k < 2; ++k) {
+    const PoolKind kind = static_cast<PoolKind>(k);
+    const SharedKvAllocation& a = *alloc[k];
+    if (g.blocks(kind) == 0 && a.data == nullptr) continue;
+    if (a.pages < g.blocks(kind))
+      fail(ErrorCode::bad_argument, std::string(k == 0 ? "primary" : "secondary") + " allocation has " +
+                                        std::to_string(a.pages) + " pages per layer for a pool of " +
+                                        std::to_string(g.blocks(kind)) + " blocks: rule: pages >= blocks");
+    if (a.pages > (int64_t{1} << 59) / (g.layers * 2 * g.inner_elements()))
+      fail(ErrorCode::bad_argument, std::to_string(a.pages) + " pages per layer overflow 64-bit offsets");
+    pools.data[k] = a.data;
+    pools.strides[k] = shared_kv_strides(g, a.pages);
+    pools.allocation_elements[k] = g.layers * a.pages * 2 * g.inner_elements();
+    if (g.has_scale_pool()) {
+      const PoolGeometry sg = g.scale_geometry();
+      pools.scales[k] = a.scales;
+      pools.scale_strides[k] = shared_kv_strides(sg, a.pages);
+      pools.scale_allocation_elements[k] = sg.layers * a.pages * 2 * sg.inner_elements();
+    }
+    validate_pool(pools, kind, "make_shared_kv_pools: ");
+  }
+  return pools;
 }
 
 inline int64_t scale_pool_bytes(const PoolGeometry& g, PoolKind k) {

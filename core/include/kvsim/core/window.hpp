@@ -43,13 +43,14 @@ struct WindowMapping {
   KVSIM_HD constexpr bool is_sink(int64_t t) const { return t < sinks; }
   KVSIM_HD constexpr int64_t cache_token(int64_t t) const {
     if (!enabled() || is_sink(t)) return t;
-    return sinks + bubble + (t - sinks) % cyclic_len;
+    // 64-bit throughout: S + bubble alone can pass 2^31 for an accepted S.
+    return static_cast<int64_t>(sinks) + bubble + (t - sinks) % cyclic_len;
   }
   // Cache slots a sequence of `length` tokens occupies (its table must cover them).
   KVSIM_HD constexpr int64_t cache_length(int64_t length) const {
     if (!enabled() || length <= sinks) return length;
     const int64_t ring = length - sinks < cyclic_len ? length - sinks : cyclic_len;
-    return sinks + bubble + ring;
+    return static_cast<int64_t>(sinks) + bubble + ring;
   }
 };
 
@@ -61,6 +62,18 @@ inline void validate_window(const WindowMapping& m) {
                                     std::to_string(m.window) + ": rule: cyclic_len = W - S > 0");
   if (m.window == 0 && m.sinks > 0)
     fail(ErrorCode::bad_window, "sinks = " + std::to_string(m.sinks) + " given without a window");
+  if (m.window > 0 && (m.tokens_per_block < 1 || m.tokens_per_block > 1024))
+    fail(ErrorCode::bad_window, "tokens_per_block = " + std::to_string(m.tokens_per_block) +
+                                    ": rule: a window mapping is built for a page size in 1..1024");
+  // bubble and cyclic_len are derived: a descriptor assembled by hand must
+  // carry exactly what make() computes (a zero cyclic_len would divide by 0).
+  const WindowMapping derived = WindowMapping::make(m.window, m.sinks, m.tokens_per_block, m.one_more_block);
+  if (m.bubble != derived.bubble || m.cyclic_len != derived.cyclic_len)
+    fail(ErrorCode::bad_window, "bubble = " + std::to_string(m.bubble) + ", cyclic_len = " + std::to_string(m.cyclic_len) +
+                                    " but W = " + std::to_string(m.window) + ", S = " + std::to_string(m.sinks) +
+                                    ", P = " + std::to_string(m.tokens_per_block) + " give bubble = " +
+                                    std::to_string(derived.bubble) + ", cyclic_len = " +
+                                    std::to_string(derived.cyclic_len) + ": rule: build it with WindowMapping::make");
 }
 
 }  // namespace kvsim

@@ -243,12 +243,14 @@ inline void validate_attention_common(const KvPools& pools, int32_t layer, const
   const std::string o = std::string(op) + ": ";
   if (g.kv_factor != 2) fail(ErrorCode::bad_argument, o + "needs separate K and V (kv_factor 2)");
   validate_layer(g, layer, o);
+  validate_pool(pools, PoolKind::primary, o);
   if (g.head_dim > canon::kMaxHeadDim)
     fail(ErrorCode::unsupported_head_dim, o + "head_dim = " + std::to_string(g.head_dim) + " > " + std::to_string(canon::kMaxHeadDim));
   for (const TensorView* t : {&q, &out}) {
     const char* name = t == &q ? "q" : "out";
     if (t->data == nullptr || t->rank != 3 || !is_float_input(t->dtype) || t->shape[0] != rows ||
-        t->shape[2] != g.head_dim || t->shape[1] < g.kv_heads || t->shape[1] % g.kv_heads != 0)
+        t->shape[2] != g.head_dim || t->shape[1] < g.kv_heads || t->shape[1] % g.kv_heads != 0 ||
+        t->shape[1] > INT32_MAX)  // head indices are 32-bit
       fail(ErrorCode::shape_mismatch, o + name + " must be [" + std::to_string(rows) + ", Hq, " +
                                           std::to_string(g.head_dim) + "] fp32/fp16/bf16 with Hq a multiple of H = " +
                                           std::to_string(g.kv_heads));

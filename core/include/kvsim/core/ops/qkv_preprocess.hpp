@@ -334,10 +334,7 @@ inline void validate_qkv_preprocess(const KvPools& pools, const QkvPreprocessOp&
     fail(ErrorCode::unsupported_head_dim, "head_dim = " + std::to_string(g.head_dim) +
                                               ": rule: qkv_preprocess_write supports head_dim <= " +
                                               std::to_string(kQkvMaxHeadDim));
-  if (pools.bytes(PoolKind::primary) == nullptr)
-    fail(ErrorCode::bad_argument, "primary pool is not allocated");
-  if (g.has_scale_pool() && pools.scale_bytes(PoolKind::primary) == nullptr)
-    fail(ErrorCode::bad_argument, "nvfp4 primary scale pool is not allocated");
+  validate_pool(pools, PoolKind::primary, "qkv_preprocess_write: ");
   if (g.dtype == CacheDtype::nvfp4) {
     // Two nibbles share a byte: a row must start on a byte so no byte is
     // shared by two work items.
@@ -359,9 +356,9 @@ inline void validate_qkv_preprocess(const KvPools& pools, const QkvPreprocessOp&
     fail(ErrorCode::shape_mismatch, "cache dtype " + std::string(dtype_name(g.dtype)) + " with qkv dtype " +
                                         std::string(dtype_name(op.qkv.dtype)) +
                                         ": rule: a fp32/fp16/bf16 cache takes the input dtype");
-  if (Hq < 1 || Hq % H != 0)
+  if (Hq < 1 || Hq % H != 0 || static_cast<int64_t>(Hq) + 2 * static_cast<int64_t>(H) > INT32_MAX)
     fail(ErrorCode::shape_mismatch, "num_q_heads = " + std::to_string(Hq) + " with kv_heads = " + std::to_string(H) +
-                                        ": rule: num_q_heads is a positive multiple of kv_heads (GQA)");
+                                        ": rule: num_q_heads is a positive multiple of kv_heads (GQA), Hq + 2H < 2^31");
 
   // ---- per-sequence arrays
   const size_t batch = op.seq_lens.size();
@@ -391,7 +388,7 @@ inline void validate_qkv_preprocess(const KvPools& pools, const QkvPreprocessOp&
   }
 
   // ---- tensors
-  const int64_t width = static_cast<int64_t>(Hq + 2 * H) * D;
+  const int64_t width = (static_cast<int64_t>(Hq) + 2 * static_cast<int64_t>(H)) * D;
   detail::qkv_check_float_view(op.qkv, "qkv", 2, {num_tokens, width});
   detail::qkv_check_float_view(op.q_out, "q_out", 3, {num_tokens, Hq, D});
   if (num_tokens > 0 && (op.qkv.empty() || op.q_out.empty()))

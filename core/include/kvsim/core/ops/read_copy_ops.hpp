@@ -244,20 +244,9 @@ KVSIM_HD inline void copy_block_row(const BlockCopyArgs& a, int64_t src_block, i
 
 namespace read_copy_detail {
 
-// The pool's data (and nvfp4 scale) memory exists and its strides keep every
-// element inside the pool without overlap (core's validate_strides).
+// The pool's memory, allocation and strides (core's validate_pool).
 inline void validate_pool_memory(const KvPools& pools, PoolKind kind, const char* op) {
-  const PoolGeometry& g = pools.geometry;
-  const char* name = kind == PoolKind::primary ? "primary" : "secondary";
-  if (pools.data[static_cast<int>(kind)] == nullptr)
-    fail(ErrorCode::bad_argument, std::string(op) + ": the " + name + " data pool is not allocated");
-  validate_strides(g, pools.strides_of(kind), kind, g.pool_elements(kind));
-  if (g.has_scale_pool()) {
-    if (pools.scales[static_cast<int>(kind)] == nullptr)
-      fail(ErrorCode::bad_argument, std::string(op) + ": the " + name + " nvfp4 scale pool is not allocated");
-    const PoolGeometry sg = g.scale_geometry();
-    validate_strides(sg, pools.scale_strides[static_cast<int>(kind)], kind, sg.pool_elements(kind));
-  }
+  validate_pool(pools, kind, std::string(op) + ": ");
 }
 
 // Block copies move nvfp4 rows as whole bytes: every nibble pair (2i, 2i+1)
@@ -363,7 +352,7 @@ inline void validate_gather_source(const KvPools& pools, const GatherPagedOp& op
     fail(ErrorCode::bad_argument,
          "gather_paged: scale = " + std::to_string(op.scale) + ": rule: the dequantization scale is finite");
   const int64_t P = g.tokens_per_block;
-  const int64_t pages = (op.num_tokens + P - 1) / P;
+  const int64_t pages = op.num_tokens / P + (op.num_tokens % P != 0);  // no overflow near INT64_MAX
   if (pages > static_cast<int64_t>(op.block_ids.size()))
     fail(ErrorCode::position_beyond_sequence, "gather_paged: num_tokens = " + std::to_string(op.num_tokens) +
                                                   " needs " + std::to_string(pages) +
@@ -387,9 +376,11 @@ inline void validate_gather_paged(const KvPools& pools, const GatherPagedOp& op)
   int64_t max_offset = 0;
   for (int i = 0; i < 3; ++i) max_offset += op.out.stride[i] * (op.out.shape[i] - 1);
   const int64_t out_bytes = (max_offset + 1) * 4;
-  if (read_copy_detail::byte_ranges_overlap(op.out.data, out_bytes, pools.data[0], g.pool_bytes(PoolKind::primary)) ||
-      read_copy_detail::byte_ranges_overlap(op.out.data, out_bytes, pools.scales[0],
-                                            scale_pool_bytes(g, PoolKind::primary)))
+  // The whole allocation counts: a pool may be a strided view into a larger one.
+  const int64_t pool_bytes = g.bytes_for(pools.data_allocation(PoolKind::primary));
+  const int64_t scale_bytes = g.has_scale_pool() ? pools.scale_allocation(PoolKind::primary) : 0;
+  if (read_copy_detail::byte_ranges_overlap(op.out.data, out_bytes, pools.data[0], pool_bytes) ||
+      read_copy_detail::byte_ranges_overlap(op.out.data, out_bytes, pools.scales[0], scale_bytes))
     fail(ErrorCode::bad_argument, "gather_paged: out overlaps the primary pool: rule: the output is separate memory");
 }
 

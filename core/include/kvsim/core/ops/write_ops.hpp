@@ -24,6 +24,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <limits>
 #include <span>
 #include <string>
 #include <unordered_map>
@@ -489,11 +490,9 @@ inline void check_kv_factor(const PoolGeometry& g, int32_t required, const char*
                                       geometry_summary(g) + ")");
 }
 
-inline void check_primary_pool(const KvPools& pools) {
-  if (!pools.bytes(PoolKind::primary))
-    fail(ErrorCode::bad_argument, "the primary data pool has no memory");
-  if (pools.geometry.has_scale_pool() && !pools.scale_bytes(PoolKind::primary))
-    fail(ErrorCode::bad_argument, "the nvfp4 primary scale pool has no memory");
+// Memory, allocation and strides of the written pool (core's validate_pool).
+inline void check_primary_pool(const KvPools& pools, const char* op) {
+  validate_pool(pools, PoolKind::primary, std::string(op) + ": ");
 }
 
 // nvfp4 rows are written nibble by nibble; a work item must own whole bytes,
@@ -586,7 +585,7 @@ inline void validate_append_paged(const KvPools& pools, const AppendPagedOp& op)
   const PoolGeometry& g = pools.geometry;
   d::check_kv_factor(g, 2, "append_paged");
   validate_layer(g, op.layer, "append_paged: ");
-  d::check_primary_pool(pools);
+  d::check_primary_pool(pools, "append_paged");
   const int64_t nnz = static_cast<int64_t>(op.batch_indices.size());
   d::check_tensor(op.k, "k", {nnz, g.kv_heads, g.head_dim}, "[nnz, kv_heads, head_dim]");
   d::check_tensor(op.v, "v", {nnz, g.kv_heads, g.head_dim}, "[nnz, kv_heads, head_dim]");
@@ -611,7 +610,7 @@ inline void validate_reshape_and_cache(const KvPools& pools, const ReshapeAndCac
   const PoolGeometry& g = pools.geometry;
   d::check_kv_factor(g, 2, "reshape_and_cache");
   validate_layer(g, op.layer, "reshape_and_cache: ");
-  d::check_primary_pool(pools);
+  d::check_primary_pool(pools, "reshape_and_cache");
   if (g.dtype == CacheDtype::nvfp4)
     fail(ErrorCode::bad_argument,
          "reshape_and_cache does not write nvfp4 caches: rule: use append_paged or qkv_preprocess_write (" +
@@ -654,7 +653,7 @@ inline void validate_append_mla(const KvPools& pools, const AppendMlaOp& op) {
     fail(ErrorCode::bad_geometry, "append_mla needs kv_heads = 1 (one latent row per token) but the pool has " +
                                       std::to_string(g.kv_heads) + " (" + geometry_summary(g) + ")");
   validate_layer(g, op.layer, "append_mla: ");
-  d::check_primary_pool(pools);
+  d::check_primary_pool(pools, "append_mla");
   const int64_t nnz = static_cast<int64_t>(op.batch_indices.size());
   if (op.ckv.rank != 2 || op.kpe.rank != 2 || op.ckv.shape[1] < 1 || op.kpe.shape[1] < 1)
     fail(ErrorCode::shape_mismatch, "ckv " + d::shape_string(op.ckv) + " and kpe " + d::shape_string(op.kpe) +
@@ -718,7 +717,18 @@ inline void validate_indexer_k_scatter(const IndexerKScatterOp& op) {
   d::check_dtype(op.k_fp8, "k_fp8", bits_per_element(op.k_fp8.dtype) == 8, "fp8 data is bytes (8-bit dtype)");
   d::check_dtype(op.k_scale, "k_scale", bits_per_element(op.k_scale.dtype) == 8, "scales are bytes (8-bit dtype)");
 
-  const int64_t numel = c.numel();
+  // numel and the memory span (largest offset + 1) in checked 64-bit
+  // arithmetic: a shape or stride that overflows them is no real tensor.
+  // (shapes are >= 1 and strides >= 0 here, so every term is non-negative.)
+  constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
+  int64_t numel = 1, span = 1;
+  for (int i = 0; i < 4; ++i) {
+    const int64_t steps = c.shape[i] - 1;
+    if (numel > kMax / c.shape[i] || (steps > 0 && c.stride[i] > kMax / steps) || span > kMax - c.stride[i] * steps)
+      fail(ErrorCode::shape_mismatch, "cache shape " + d::shape_string(c) + " with its strides overflows 64-bit offsets");
+    numel *= c.shape[i];
+    span += c.stride[i] * steps;
+  }
   for (int64_t t = 0; t < T; ++t) {
     const int64_t data_base = op.slot_mapping_fp8[t], scale_base = op.slot_mapping_scale[t];
     if (data_base < 0 || scale_base < 0) continue;  // skipped token
@@ -736,8 +746,6 @@ inline void validate_indexer_k_scatter(const IndexerKScatterOp& op) {
   // One writer per byte: a bitmap over the cache's memory span marks every
   // byte a token will write (linear in the bytes written; a sort of all
   // offsets cost ~10x more). On a collision, find the earlier writer.
-  int64_t span = 1;
-  for (int i = 0; i < 4; ++i) span += c.stride[i] * (c.shape[i] - 1);
   std::vector<uint64_t> seen(static_cast<size_t>((span + 63) / 64), 0);
   auto for_each_byte = [&](int64_t t, auto&& visit) {
     const int64_t data_base = op.slot_mapping_fp8[t], scale_base = op.slot_mapping_scale[t];
