@@ -247,7 +247,7 @@ AttentionPlan make_plan(const char* op, const KvPools& pools, int32_t layer, con
   plan.rows = static_cast<int32_t>(row_seq.size());
   plan.path = choose_path(pools, q);
 
-  // Host tables: [block_table | row_seq | row_position | row_part_base | part_row].
+  // Host tables: [part_info | block_table | row_seq | row_position | row_part_base | part_row].
   const PageDivider page = pools.geometry.page_divider();
   std::vector<int32_t> part_base(row_seq.size() + 1, 0);
   for (size_t r = 0; r < row_seq.size(); ++r) {
@@ -258,7 +258,10 @@ AttentionPlan make_plan(const char* op, const KvPools& pools, int32_t layer, con
   }
   plan.parts = part_base.back();
   std::vector<int32_t> host;
-  host.reserve(block_table.size() + 3 * row_seq.size() + 1 + plan.parts);
+  host.reserve(4 * plan.parts + block_table.size() + 3 * row_seq.size() + 1 + plan.parts);
+  for (size_t r = 0; r < row_seq.size(); ++r)
+    for (int32_t p = part_base[r]; p < part_base[r + 1]; ++p)
+      host.insert(host.end(), {static_cast<int32_t>(r), row_seq[r], row_position[r], p - part_base[r]});
   host.insert(host.end(), block_table.begin(), block_table.end());
   host.insert(host.end(), row_seq.begin(), row_seq.end());
   host.insert(host.end(), row_position.begin(), row_position.end());
@@ -276,7 +279,9 @@ AttentionPlan make_plan(const char* op, const KvPools& pools, int32_t layer, con
   // Pageable source: cudaMemcpyAsync returns once the bytes are staged, so
   // `host` may die when this function returns.
   KVSIM_CUDA_CHECK(op, cudaMemcpyAsync(plan.meta, host.data(), meta_bytes, cudaMemcpyHostToDevice, stream));
-  const int32_t* dev = static_cast<const int32_t*>(plan.meta);
+  const int32_t* dev = static_cast<const int32_t*>(plan.meta);  // cudaMallocAsync: 256-byte aligned
+  plan.part_info = dev;
+  dev += 4 * static_cast<size_t>(plan.parts);
   plan.args.block_table = dev;
   dev += block_table.size();
   plan.row_seq = dev;

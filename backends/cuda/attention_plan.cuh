@@ -29,11 +29,13 @@ struct AttentionPlan {
   const int32_t* row_position = nullptr;   // [rows] absolute position
   const int32_t* row_part_base = nullptr;  // [rows + 1] first partition of a row
   const int32_t* part_row = nullptr;       // [parts] row of a partition
+  const int32_t* part_info = nullptr;      // [parts][4] {row, sequence, position, partition in row}, 16-byte aligned
   int32_t rows = 0;
   int32_t parts = 0;      // partitions over all rows
   int32_t max_parts = 0;  // of one row
   int32_t query_heads = 0;
   AttentionPath path = AttentionPath::general;
+  int32_t staged_tile_keys = 32;  // keys per ring slot of the staged path when G >= 2: 16 or 32
   float* part_stats = nullptr;  // [parts][Hq][2]: m_p, l_p
   float* part_acc = nullptr;    // [parts][Hq][D]
   void* meta = nullptr;         // one device allocation holding the int32 tables

@@ -67,23 +67,27 @@ __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
 }
 
-struct Rows {
-  const int32_t* seq;
-  const int32_t* position;
-  const int32_t* part_base;
-  const int32_t* part_row;
-};
+// Per partition: {row, sequence, position, partition within the row}.
+using PartInfo = int4;
 
 // One work item: a partition of a query row's keys against one KV head.
 struct Item {
   int64_t index = 0;
   bool valid = false;
-  int32_t rp = 0, kv_head = 0, row = 0, seq = 0, count = 0, tiles = 0;  // tiles: K tiles (= V tiles), set by the kernel
+  int32_t rp = 0, kv_head = 0, row = 0, seq = 0, count = 0, tiles = 0;  // tiles: K tiles (= V tiles)
   int64_t first = 0;
   KeyList keys;
 };
 
-__device__ __forceinline__ Item load_item(const AttentionArgs& a, const Rows& rows, int64_t items, int64_t index) {
+// The descriptor load is issued one item ahead of build_item(), so its
+// latency hides behind a whole item's work.
+__device__ __forceinline__ PartInfo fetch_part(const AttentionArgs& a, const PartInfo* parts, int64_t items,
+                                               int64_t index) {
+  return index < items ? parts[index / a.pools.geometry.kv_heads] : PartInfo{0, 0, 0, 0};
+}
+
+__device__ __forceinline__ Item build_item(const AttentionArgs& a, int64_t items, int64_t index, PartInfo info,
+                                           int tile_keys) {
   Item it;
   it.index = index;
   it.valid = index < items;
@@ -91,27 +95,29 @@ __device__ __forceinline__ Item load_item(const AttentionArgs& a, const Rows& ro
   const int32_t H = a.pools.geometry.kv_heads;
   it.rp = static_cast<int32_t>(index / H);
   it.kv_head = static_cast<int32_t>(index % H);
-  it.row = rows.part_row[it.rp];
-  it.seq = rows.seq[it.row];
-  it.keys = make_key_list(rows.position[it.row], a.window, a.pools.geometry.page_divider());
-  it.first = static_cast<int64_t>(it.rp - rows.part_base[it.row]) * kPartitionSize;
+  it.row = info.x;
+  it.seq = info.y;
+  it.keys = make_key_list(info.z, a.window, a.pools.geometry.page_divider());
+  it.first = static_cast<int64_t>(info.w) * kPartitionSize;
   const int64_t left = it.keys.size() - it.first;
   it.count = static_cast<int32_t>(left < kPartitionSize ? left : kPartitionSize);
+  it.tiles = (it.count + tile_keys - 1) / tile_keys;
   return it;
 }
 
-// Ring geometry of one (dtype, C, G): slots of kTileKeys rows. Small tiles
-// (16 keys unless a score pass over 32 / G keys needs more) keep a warp's
-// ring small, so more warps fit on an SM; smaller rows get more slots so
-// each warp keeps a similar number of bytes in flight.
-template <CacheDtype kDtype, int C, int G>
+// Ring geometry of one (dtype, C, G, tile keys): slots of kTileKeys rows
+// (at least one score pass, 32 / G keys). Smaller tiles keep a warp's ring
+// small, so more warps fit on an SM; smaller tiles get more slots so each
+// warp keeps a similar number of bytes in flight.
+template <CacheDtype kDtype, int C, int G, int kTile>
 struct Ring {
   static constexpr int kElemBytes = static_cast<int>(sizeof(typename Code<kDtype>::T));
   static constexpr int kRowBytes = C * kWarp * kElemBytes;
   static constexpr int kChunksPerRow = kRowBytes / 16;
-  static constexpr int kTileKeys = kWarp / G > 16 ? kWarp / G : 16;
+  static constexpr int kTileKeys = kTile;
   static constexpr int kTileBytes = kTileKeys * kRowBytes;
-  static constexpr int kSlots = kTileBytes <= 2048 ? 6 : 4;
+  static constexpr int kSlots = kTileBytes <= 2048 ? 6 : (kTileBytes <= 4096 ? 4 : 3);
+  static_assert(kTileKeys >= kWarp / G && kTileKeys % (kWarp / G) == 0);
   static_assert(kRowBytes % 16 == 0 && kRowBytes <= kMaxRowBytes);
   static_assert(kTileKeys * kChunksPerRow % kWarp == 0 && kPartitionSize % kTileKeys == 0);
 };
@@ -121,25 +127,41 @@ __host__ __device__ constexpr int warp_smem_bytes(int tile_bytes, int slots) {
   return slots * tile_bytes + G * kPartitionSize * static_cast<int>(sizeof(float));
 }
 
-// Issues the cp.async copies of tile `t` of item `it` (K tiles, then V tiles)
-// into `dst`. Lane k computes the row of key k of the tile through
-// element_offset(); the row is contiguous (checked on the host), so its
-// 16-byte pieces follow it.
-template <CacheDtype kDtype, int C, int G>
-__device__ __forceinline__ void issue_tile(const AttentionArgs& a, const Item& it, int32_t t, uint8_t* dst, int lane) {
-  using R = Ring<kDtype, C, G>;
+// A tile's copies are issued in two steps one ring step apart: prepare_tile
+// loads the page-table entry of key `lane` of the tile (a global load whose
+// latency then hides behind a tile of work), issue_tile turns it into the
+// row's offset through element_offset() and issues the cp.async copies. The
+// row is contiguous (checked on the host), so its 16-byte pieces follow it.
+struct PreparedTile {
+  int32_t block_ref = 0;
+  int32_t entry = 0;
+};
+
+template <int kTileKeys>
+__device__ __forceinline__ PreparedTile prepare_tile(const AttentionArgs& a, const Item& it, int32_t t, int lane) {
+  PreparedTile p;
+  const int32_t t0 = (t < it.tiles ? t : t - it.tiles) * kTileKeys;
+  if (lane < kTileKeys && t0 + lane < it.count) {
+    bool masked = false;
+    const int64_t slot = it.keys.slot(it.first + t0 + lane, a.window, masked);
+    const PageDivider page = a.pools.geometry.page_divider();
+    p.block_ref = a.block_table[static_cast<int64_t>(it.seq) * a.max_blocks_per_seq + page.div(slot)];
+    p.entry = page.mod(slot);
+  }
+  return p;
+}
+
+template <class R>
+__device__ __forceinline__ void issue_tile(const AttentionArgs& a, const Item& it, int32_t t, PreparedTile p,
+                                           uint8_t* dst, int lane) {
   constexpr int kTileKeys = R::kTileKeys;
   const int32_t kv = t < it.tiles ? 0 : 1;
   const int32_t t0 = (kv == 0 ? t : t - it.tiles) * kTileKeys;
   const int32_t n = it.count - t0 < kTileKeys ? it.count - t0 : kTileKeys;
   int64_t row_byte = 0;
-  if (lane < n) {
-    bool masked = false;
-    const int64_t slot = it.keys.slot(it.first + t0 + lane, a.window, masked);
-    const PageDivider page = a.pools.geometry.page_divider();
-    const BlockRef ref{a.block_table[static_cast<int64_t>(it.seq) * a.max_blocks_per_seq + page.div(slot)]};
-    row_byte = element_offset(a.pools.strides[0], ref.block(), a.layer, kv, it.kv_head, page.mod(slot), 0) * R::kElemBytes;
-  }
+  if (lane < n)
+    row_byte = element_offset(a.pools.strides[0], BlockRef{p.block_ref}.block(), a.layer, kv, it.kv_head, p.entry, 0) *
+               R::kElemBytes;
   const uint8_t* pool = a.pools.bytes(PoolKind::primary);
 #pragma unroll
   for (int i = 0; i < kTileKeys * R::kChunksPerRow / kWarp; ++i) {
@@ -215,10 +237,10 @@ __device__ __forceinline__ float warp_ordered_max(float m, int lane) {
   return m;
 }
 
-template <CacheDtype kDtype, int C, int G>
+template <CacheDtype kDtype, int C, int G, int kTile>
 __global__ void __launch_bounds__(kWarps * kWarp)
-    attention_staged_kernel(AttentionArgs a, Rows rows, int64_t items, float* part_stats, float* part_acc) {
-  using R = Ring<kDtype, C, G>;
+    attention_staged_kernel(AttentionArgs a, const PartInfo* parts, int64_t items, float* part_stats, float* part_acc) {
+  using R = Ring<kDtype, C, G, kTile>;
   constexpr int kTileKeys = R::kTileKeys;
   constexpr int kD = C * kWarp;
   constexpr int kPassKeys = kWarp / G;
@@ -231,30 +253,32 @@ __global__ void __launch_bounds__(kWarps * kWarp)
   const int32_t hq = a.pools.geometry.kv_heads * G;
   const float score_scale = a.scales.sm_scale * a.scales.k_scale;
 
-  // Producer cursor: runs up to kSlots - 1 tiles ahead, across items.
-  auto item_at = [&](int64_t index) {
-    Item it = load_item(a, rows, items, index);
-    it.tiles = (it.count + kTileKeys - 1) / kTileKeys;
-    return it;
-  };
-  Item next = item_at(static_cast<int64_t>(blockIdx.x) * kWarps + warp);
+  // Producer cursor: runs up to kSlots - 1 tiles ahead, across items, with
+  // the next tile's page-table loads and the next item's descriptor in flight.
+  const int64_t first_index = static_cast<int64_t>(blockIdx.x) * kWarps + warp;
+  Item next = build_item(a, items, first_index, fetch_part(a, parts, items, first_index), kTileKeys);
+  PartInfo next_following = fetch_part(a, parts, items, first_index + stride);
   int32_t next_t = 0;
+  PreparedTile prepared = prepare_tile<kTileKeys>(a, next, 0, lane);
   uint32_t issued = 0;
   auto issue_next = [&]() {
     if (next.valid) {
-      issue_tile<kDtype, C, G>(a, next, next_t, ring + (issued % R::kSlots) * R::kTileBytes, lane);
+      issue_tile<R>(a, next, next_t, prepared, ring + (issued % R::kSlots) * R::kTileBytes, lane);
       ++issued;
       if (++next_t == 2 * next.tiles) {
-        next = item_at(next.index + stride);
+        next = build_item(a, items, next.index + stride, next_following, kTileKeys);
+        next_following = fetch_part(a, parts, items, next.index + stride);
         next_t = 0;
       }
+      if (next.valid) prepared = prepare_tile<kTileKeys>(a, next, next_t, lane);
     }
     cp_async_commit();  // empty groups keep the wait count uniform
   };
   for (int s = 0; s < R::kSlots - 1; ++s) issue_next();
 
   uint32_t consumed = 0;
-  for (Item it = item_at(static_cast<int64_t>(blockIdx.x) * kWarps + warp); it.valid; it = item_at(it.index + stride)) {
+  PartInfo following = fetch_part(a, parts, items, first_index + stride);
+  for (Item it = build_item(a, items, first_index, fetch_part(a, parts, items, first_index), kTileKeys); it.valid;) {
     float q[G][C];
 #pragma unroll
     for (int g = 0; g < G; ++g)
@@ -349,15 +373,18 @@ __global__ void __launch_bounds__(kWarps * kWarp)
       st[0] = m_mine;
       st[1] = l_mine;
     }
+    const int64_t next_index = it.index + stride;
+    it = build_item(a, items, next_index, following, kTileKeys);
+    following = fetch_part(a, parts, items, next_index + stride);
   }
   cp_async_wait<0>();
 }
 
 // Launches the staged kernel for one (dtype, C, G).
-template <CacheDtype kDtype, int C, int G>
+template <CacheDtype kDtype, int C, int G, int kTile>
 void launch(const AttentionPlan& plan, cudaStream_t stream) {
-  using R = Ring<kDtype, C, G>;
-  const auto kernel = attention_staged_kernel<kDtype, C, G>;
+  using R = Ring<kDtype, C, G, kTile>;
+  const auto kernel = attention_staged_kernel<kDtype, C, G, kTile>;
   const int smem = kWarps * warp_smem_bytes<G>(R::kTileBytes, R::kSlots);
   KVSIM_CUDA_CHECK(plan.op, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   int device = 0, sms = 0, per_sm = 0;
@@ -368,8 +395,8 @@ void launch(const AttentionPlan& plan, cudaStream_t stream) {
   const int64_t needed = (items + kWarps - 1) / kWarps;
   const int64_t resident = static_cast<int64_t>(sms) * (per_sm > 0 ? per_sm : 1);
   const unsigned grid = static_cast<unsigned>(needed < resident ? needed : resident);
-  const Rows rows{plan.row_seq, plan.row_position, plan.row_part_base, plan.part_row};
-  kernel<<<grid, kWarps * kWarp, smem, stream>>>(plan.args, rows, items, plan.part_stats, plan.part_acc);
+  const auto* parts = reinterpret_cast<const PartInfo*>(plan.part_info);
+  kernel<<<grid, kWarps * kWarp, smem, stream>>>(plan.args, parts, items, plan.part_stats, plan.part_acc);
   check_launch(plan.op, "attention_staged_kernel", stream);
 }
 
@@ -381,12 +408,15 @@ bool launch_for_dtype(const AttentionPlan& plan, cudaStream_t stream) {
   constexpr int kElem = static_cast<int>(sizeof(typename Code<kDtype>::T));
   auto with_c = [&]<int kC>() {
     if constexpr (kC * kWarp * kElem <= kMaxRowBytes) {
+      const bool small_tiles = plan.staged_tile_keys == 16;
       switch (G) {
-        case 1: launch<kDtype, kC, 1>(plan, stream); return true;
-        case 4: launch<kDtype, kC, 4>(plan, stream); return true;
+        case 1: launch<kDtype, kC, 1, 32>(plan, stream); return true;
+        case 4:
+          small_tiles ? launch<kDtype, kC, 4, 16>(plan, stream) : launch<kDtype, kC, 4, 32>(plan, stream);
+          return true;
         case 8:
           if constexpr (kC * 8 <= 32) {
-            launch<kDtype, kC, 8>(plan, stream);
+            small_tiles ? launch<kDtype, kC, 8, 16>(plan, stream) : launch<kDtype, kC, 8, 32>(plan, stream);
             return true;
           }
           return false;

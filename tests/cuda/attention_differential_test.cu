@@ -93,7 +93,6 @@ int check_against_oracle(Backend& cpu, const AttentionCase& c) {
   if (cuda::choose_path(dev.placed.pools, q_view(p, dev.placed.q)) != cuda::AttentionPath::staged) return 1;
 
   // The same op forced through the general kernel.
-  dev.poison_out(p);
   std::vector<int32_t> seq, position;
   for (size_t b = 0; b < c.seq_lens.size(); ++b) {
     const int32_t n = decode ? 1 : c.chunk[b];
@@ -102,17 +101,27 @@ int check_against_oracle(Backend& cpu, const AttentionCase& c) {
       position.push_back(c.seq_lens[b] - n + i);
     }
   }
-  cuda::AttentionPlan plan =
-      cuda::make_plan("test", dev.placed.pools, 1, q_view(p, dev.placed.q), out_view(p, dev.placed.out), p.table,
-                      p.max_blocks, p.attention_scales, p.window, seq, position, nullptr);
-  plan.path = cuda::AttentionPath::general;
-  cuda::launch_plan(plan, nullptr);
-  cuda::release_plan(plan, nullptr);
-  REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
-  const std::vector<uint8_t> general = dev.download_out(p);
+  auto run_plan = [&](cuda::AttentionPath path, int tile_keys) {
+    dev.poison_out(p);
+    cuda::AttentionPlan plan =
+        cuda::make_plan("test", dev.placed.pools, 1, q_view(p, dev.placed.q), out_view(p, dev.placed.out), p.table,
+                        p.max_blocks, p.attention_scales, p.window, seq, position, nullptr);
+    plan.path = path;
+    plan.staged_tile_keys = tile_keys;
+    cuda::launch_plan(plan, nullptr);
+    cuda::release_plan(plan, nullptr);
+    REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+    return dev.download_out(p);
+  };
+  const std::vector<uint8_t> general = run_plan(cuda::AttentionPath::general, 32);
   INFO("general path, first difference: " << first_difference(p, want, general));
   CHECK(want == general);
-  return 2;
+  if (c.group == 1) return 2;
+  // The staged path's other ring shape (16-key tiles).
+  const std::vector<uint8_t> small_tiles = run_plan(cuda::AttentionPath::staged, 16);
+  INFO("staged path with 16-key tiles, first difference: " << first_difference(p, want, small_tiles));
+  CHECK(want == small_tiles);
+  return 3;
 }
 
 constexpr CacheDtype kDtypes[] = {CacheDtype::fp32,     CacheDtype::fp16,     CacheDtype::bf16, CacheDtype::fp8_e4m3,

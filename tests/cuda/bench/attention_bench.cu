@@ -85,6 +85,7 @@ struct Row {
   CacheDtype dtype;
   int page;
   bool force_general;
+  int tile_keys;  // staged ring slot: 16 or 32 keys
 };
 
 void run_config(const Row& r, int batch, int context, double copy_gbs) {
@@ -147,6 +148,7 @@ void run_config(const Row& r, int batch, int context, double copy_gbs) {
   cuda::AttentionPlan plan = cuda::make_plan("bench", pools, 0, op.q, op.out, op.block_table, max_blocks, op.scales,
                                              op.window, seq, position, nullptr);
   if (r.force_general) plan.path = cuda::AttentionPath::general;
+  plan.staged_tile_keys = r.tile_keys;
 
   // Correctness first: against the general path (every byte) and the oracle
   // (the first sequences, reading the downloaded pool in place).
@@ -210,9 +212,13 @@ int main(int argc, char** argv) {
   std::printf("device %s, %d SMs; device-to-device copy %.1f GB/s (read + write, 2 GiB, median of 21)\n", prop.name,
               prop.multiProcessorCount, copy_gbs);
   std::printf("decode_attention HND D=128 GQA 32:8, bf16 q/out; bytes = K+V of every attended token\n");
-  const Row rows[] = {{"bf16", CacheDtype::bf16, 16, false},         {"fp8_e4m3", CacheDtype::fp8_e4m3, 16, false},
-                      {"bf16", CacheDtype::bf16, 64, false},         {"fp8_e4m3", CacheDtype::fp8_e4m3, 64, false},
-                      {"bf16 general kernel", CacheDtype::bf16, 16, true}};
+  const Row rows[] = {{"bf16 tile32", CacheDtype::bf16, 16, false, 32},
+                      {"fp8_e4m3 tile32", CacheDtype::fp8_e4m3, 16, false, 32},
+                      {"bf16 tile16", CacheDtype::bf16, 16, false, 16},
+                      {"fp8_e4m3 tile16", CacheDtype::fp8_e4m3, 16, false, 16},
+                      {"bf16 tile32", CacheDtype::bf16, 64, false, 32},
+                      {"fp8_e4m3 tile32", CacheDtype::fp8_e4m3, 64, false, 32},
+                      {"bf16 general kernel", CacheDtype::bf16, 16, true, 32}};
   for (const Row& r : rows) run_config(r, batch, context, copy_gbs);
   const double copy_after = copy_bandwidth_gbs();
   std::printf("device-to-device copy again: %.1f GB/s\n", copy_after);
