@@ -1,4 +1,4 @@
-// `kvsim run [SCENARIO...] [--backend B] [--threads N] [--json] [--dump DIR]`:
+// `kvsim run [SCENARIO...] [--backend B] [--threads N] [--json] [--details] [--dump DIR]`:
 // replays scenario files (default: every built-in scenario) on a backend
 // through sim::replay() and reports each one's counters and invariants.
 // Exit 0 when every invariant held (or caught its fault) and every
@@ -28,6 +28,7 @@ struct RunOptions {
   std::string backend = "cpu";
   int threads = 0;
   bool json = false;
+  bool details = false;
   std::string dump_dir;
 };
 
@@ -113,12 +114,19 @@ void run(const RunOptions& o) {
                 reports.size(), std::string(backend->name()).c_str(), all_ok ? "all ok" : "FAILURES", total_s, main_s,
                 main_s > 0 ? static_cast<double>(token_layers) / main_s : 0.0);
   }
-  // What failed, and why (stderr under --json, so stdout stays one JSON object).
+  // What failed, and why (stderr under --json, so stdout stays one JSON object);
+  // with --details, every checked invariant's finding.
   std::FILE* detail = o.json ? stderr : stdout;
+  if (o.details)
+    for (const sim::ScenarioReport& r : reports)
+      for (const sim::InvariantReport& i : r.invariants)
+        if (i.status != sim::InvariantStatus::not_applicable)
+          std::fprintf(detail, "%s: %s %s: %s\n", r.name.c_str(), std::string(sim::invariant_name(i.invariant)).c_str(),
+                       std::string(sim::invariant_status_name(i.status)).c_str(), i.detail.c_str());
   for (const sim::ScenarioReport& r : reports) {
     if (r.ok) continue;
     for (const sim::InvariantReport& i : r.invariants)
-      if (i.status == sim::InvariantStatus::fail)
+      if (i.status == sim::InvariantStatus::fail && !o.details)
         std::fprintf(detail, "%s: invariant %s failed: %s\n", r.name.c_str(),
                      std::string(sim::invariant_name(i.invariant)).c_str(), i.detail.c_str());
     for (const std::string& e : r.expectation_failures) std::fprintf(detail, "%s: %s\n", r.name.c_str(), e.c_str());
@@ -139,6 +147,8 @@ void register_run(CLI::App& app) {
   }() + " (default cpu)");
   add_int_option(*cmd, "--threads", opts->threads, "oneTBB threads for the cpu backend (0 = all cores)", 0, 1024);
   cmd->add_flag("--json", opts->json, "Print one JSON object (docs/run.md)");
+  cmd->add_flag("--details", opts->details,
+                "Also print what each checked invariant compared, its bound and its worst case");
   cmd->add_option("--dump", opts->dump_dir,
                   "Write pools, scale pools, queries and attention outputs as .npy files plus manifest.json to DIR "
                   "(DIR/SCENARIO/ for several scenarios)");
