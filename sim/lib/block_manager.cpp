@@ -108,15 +108,8 @@ void BlockManager::evict(int32_t block) {
     if (free_secondary_.empty()) {  // the secondary pool is full: drop its least recently offloaded block
       const uint64_t oldest = secondary_lru_.front();
       secondary_lru_.pop_front();
-      const Node& gone = nodes_.at(oldest);
-      free_secondary_.push_back(gone.block);
-      auto range = children_.equal_range(gone.parent);
-      for (auto it = range.first; it != range.second; ++it)
-        if (it->second == oldest) {
-          children_.erase(it);
-          break;
-        }
-      nodes_.erase(oldest);
+      free_secondary_.push_back(nodes_.at(oldest).block);
+      forget_node(oldest);
     }
     const int32_t sec = free_secondary_.back();
     free_secondary_.pop_back();
@@ -127,7 +120,11 @@ void BlockManager::evict(int32_t block) {
     ++counters_.offloaded_blocks;
     return;
   }
-  auto range = children_.equal_range(node.parent);
+  forget_node(key);
+}
+
+void BlockManager::forget_node(uint64_t key) {
+  auto range = children_.equal_range(nodes_.at(key).parent);
   for (auto it = range.first; it != range.second; ++it)
     if (it->second == key) {
       children_.erase(it);

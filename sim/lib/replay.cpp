@@ -107,6 +107,19 @@ Outcome from_comparison(const Comparison& c, const std::string& what) {
   return o;
 }
 
+// Folds one comparison run into an invariant checked by several: the first
+// violation wins; otherwise the details accumulate.
+void merge(Outcome& total, const Outcome& o) {
+  total.applicable = total.applicable || o.applicable;
+  if (total.violated) return;
+  if (o.violated) {
+    total.violated = true;
+    total.detail = o.detail;
+  } else {
+    total.detail += (total.detail.empty() ? "" : "; ") + o.detail;
+  }
+}
+
 std::string format_double(double x) {
   char buf[48];
   std::snprintf(buf, sizeof buf, "%.3g", x);
@@ -232,16 +245,9 @@ ScenarioReport replay(const Scenario& s, Backend& backend, const ReplayOptions& 
           c.cache.shared_kv_allocation = false;
           const std::string what = std::string(layout_name(layout)) + " " + std::string(placement_name(placement));
           try {
-            const Outcome o = from_comparison(compare_outputs(main, run_scenario(c, backend, inner)), what);
-            total.applicable = total.applicable || o.applicable;
-            if (o.violated && !total.violated) {
-              total.violated = true;
-              total.detail = o.detail;
-            } else if (!total.violated) {
-              total.detail += (total.detail.empty() ? "" : "; ") + o.detail;
-            }
+            merge(total, from_comparison(compare_outputs(main, run_scenario(c, backend, inner)), what));
           } catch (const ValidationError& e) {
-            if (!total.violated) total.detail += (total.detail.empty() ? "" : "; ") + what + " rejected: " + e.what();
+            merge(total, {false, false, what + " rejected: " + e.what()});
           }
         }
         settle(Invariant::layout, total);
@@ -268,16 +274,9 @@ ScenarioReport replay(const Scenario& s, Backend& backend, const ReplayOptions& 
                                                                  {&alone, "request " + s.requests.front().id + " alone"}};
         for (const auto& [c, what] : runs) {
           try {
-            const Outcome o = from_comparison(compare_outputs(main, run_scenario(*c, backend, inner)), what);
-            total.applicable = total.applicable || o.applicable;
-            if (o.violated && !total.violated) {
-              total.violated = true;
-              total.detail = o.detail;
-            } else if (!total.violated) {
-              total.detail += (total.detail.empty() ? "" : "; ") + o.detail;
-            }
+            merge(total, from_comparison(compare_outputs(main, run_scenario(*c, backend, inner)), what));
           } catch (const ValidationError& e) {
-            if (!total.violated) total.detail += (total.detail.empty() ? "" : "; ") + what + " rejected: " + e.what();
+            merge(total, {false, false, what + " rejected: " + e.what()});
           }
         }
         settle(Invariant::batch, total);

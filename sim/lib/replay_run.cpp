@@ -630,8 +630,8 @@ void Runner::attend(int32_t layer, const std::vector<Entry>& es, size_t first, s
   }
   const TensorView qv = contiguous_view(q_data, q_dtype, {rows, Hq, D});
   const TensorView ov = contiguous_view(out_b.get(), CacheDtype::fp32, {rows, Hq, D});
-  if (decode) {
-    DecodeAttentionOp op;
+  // The fields both attention ops share.
+  auto fill = [&](auto& op) {
     op.layer = layer;
     op.q = qv;
     op.out = ov;
@@ -640,19 +640,16 @@ void Runner::attend(int32_t layer, const std::vector<Entry>& es, size_t first, s
     op.max_blocks_per_seq = columns;
     op.scales = sc;
     op.window = read_map_;
+  };
+  if (decode) {
+    DecodeAttentionOp op;
+    fill(op);
     notify("decode_attention", layer, batch);
     be_.decode_attention(pools_, op);
   } else {
     PrefillAttentionOp op;
-    op.layer = layer;
-    op.q = qv;
-    op.out = ov;
+    fill(op);
     op.q_indptr = q_indptr;
-    op.seq_lens = seq_lens;
-    op.block_table = table;
-    op.max_blocks_per_seq = columns;
-    op.scales = sc;
-    op.window = read_map_;
     notify("prefill_attention", layer, batch);
     be_.prefill_attention(pools_, op);
   }

@@ -186,6 +186,7 @@ class BlockManager {
   const Node* find_node(uint64_t parent, std::span<const int32_t> tokens) const;
   std::optional<int32_t> take_block();  // free list, else evict the LRU cached block
   void evict(int32_t block);
+  void forget_node(uint64_t key);  // removes a cached block from the tree
   void unref(int32_t block);
   void ref(int32_t block);
   void touch_lru(int32_t block);
