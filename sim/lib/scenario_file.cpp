@@ -652,7 +652,7 @@ void check_cyclic_prefill(const Scenario& s, const Checker& c, const std::string
   max_chunk = std::min<int64_t>(max_chunk, s.scheduler.token_budget);
   if (prompt - 1 >= wraps_from && max_chunk >= extra + 2)
     c.reject(key, "expected prefill chunks of at most " + std::to_string(extra + 1) +
-                      " tokens once the prompt wraps the cyclic ring (prompt of " + std::to_string(prompt) +
+                      (extra == 0 ? " token" : " tokens") + " once the prompt wraps the cyclic ring (prompt of " + std::to_string(prompt) +
                       " tokens wraps at token " + std::to_string(wraps_from) + "; a chunk of " +
                       std::to_string(max_chunk) +
                       " would overwrite keys its own earlier queries attend to): set scheduler.chunk_size <= " +

@@ -391,7 +391,7 @@ TEST_CASE("windows: sinks >= window, a window without a mode, release-mode limit
                  "5:11: reuse.enabled", "TensorRT-LLM disables block reuse");
   // A 100-token prompt prefilled in one chunk wraps a 32-slot ring over keys its own queries read.
   const std::string wraps = "[window]\nmode = \"cyclic\"\nwindow = 32\n[[request]]\ngenerated = 100\n";
-  check_rejected(wraps, "4:1: request[0]", "expected prefill chunks of at most 1 tokens");
+  check_rejected(wraps, "4:1: request[0]", "expected prefill chunks of at most 1 token once the prompt wraps");
   check_rejected("[window]\nmode = \"cyclic\"\nwindow = 32\none_more_block = true\n[[request]]\ngenerated = 100\n",
                  "5:1: request[0]", "expected prefill chunks of at most 17 tokens");
   CHECK_NOTHROW(parse_scenario(wraps + "[scheduler]\nchunk_size = 1\n", "t.toml"));
