@@ -246,6 +246,7 @@ AttentionPlan make_plan(const char* op, const KvPools& pools, int32_t layer, con
   plan.query_heads = static_cast<int32_t>(q.shape[1]);
   plan.rows = static_cast<int32_t>(row_seq.size());
   plan.path = choose_path(pools, q);
+  plan.staged_tile_keys = default_staged_tile_keys(pools.geometry.dtype);
 
   // Host tables: [part_info | block_table | row_seq | row_position | row_part_base | part_row].
   const PageDivider page = pools.geometry.page_divider();
