@@ -22,34 +22,49 @@ T pick(Rng& rng, const T (&values)[N]) {
   return values[uniform(rng, 0, static_cast<int32_t>(N) - 1)];
 }
 
-// Mostly ordinary values; 1 in 64 a special (NaN with a payload, +-Inf, huge, tiny, -0).
-float random_value(Rng& rng) {
+// Mostly ordinary values; 1 in 64 a special (NaN with a payload, +-Inf, huge,
+// tiny, -0), or with `specials` off a finite edge value.
+float random_value(Rng& rng, bool specials) {
   if (uniform(rng, 0, 63) == 0) {
-    const float specials[] = {bits_float(0x7FC01234u), bits_float(0xFF800001u), INFINITY, -INFINITY, 3.0e38f,
-                              -7.0e5f, 1.0e-40f, -0.0f};
-    return pick(rng, specials);
+    if (!specials) {
+      const float edges[] = {448.0f, -57344.0f, 1.0e-40f, -0.0f, 0.0f, 6.0f};
+      return pick(rng, edges);
+    }
+    const float nan_inf[] = {bits_float(0x7FC01234u), bits_float(0xFF800001u), INFINITY, -INFINITY, 3.0e38f,
+                             -7.0e5f, 1.0e-40f, -0.0f};
+    return pick(rng, nan_inf);
   }
   return uniform_float(rng, -4.0f, 4.0f);
 }
 
+// Is a byte code of an 8-bit float dtype NaN or Inf?
+bool special_code(CacheDtype t, uint8_t c) {
+  if (t == CacheDtype::fp8_e4m3) return (c & 0x7F) == 0x7F;
+  if (t == CacheDtype::fp8_e5m2) return (c & 0x7C) == 0x7C;
+  return false;
+}
+
 // Random element bytes of a dtype (float dtypes: random_value() rounded).
-void random_elements(Rng& rng, CacheDtype t, uint8_t* out, int64_t elements) {
+void random_elements(Rng& rng, CacheDtype t, uint8_t* out, int64_t elements, bool specials) {
   for (int64_t i = 0; i < elements; ++i) {
     switch (t) {
       case CacheDtype::fp32: {
-        const float f = random_value(rng);
+        const float f = random_value(rng, specials);
         std::memcpy(out + 4 * i, &f, 4);
         break;
       }
       case CacheDtype::fp16:
       case CacheDtype::bf16: {
-        const uint16_t h = t == CacheDtype::fp16 ? codec::f32_to_f16(random_value(rng)) : codec::f32_to_bf16(random_value(rng));
+        const float f = random_value(rng, specials);
+        const uint16_t h = t == CacheDtype::fp16 ? codec::f32_to_f16(f) : codec::f32_to_bf16(f);
         std::memcpy(out + 2 * i, &h, 2);
         break;
       }
       default:
         if (t == CacheDtype::nvfp4 && (i & 1)) break;  // two nibbles per byte: one random byte
-        out[t == CacheDtype::nvfp4 ? i / 2 : i] = static_cast<uint8_t>(rng());
+        uint8_t c = static_cast<uint8_t>(rng());
+        while (!specials && special_code(t, c)) c = static_cast<uint8_t>(rng());
+        out[t == CacheDtype::nvfp4 ? i / 2 : i] = c;
     }
   }
 }
@@ -164,6 +179,8 @@ PoolGeometry OpGenerator::random_geometry(GeneratedOp op, Rng& rng) {
   g.kv_heads = op == GeneratedOp::append_mla ? 1 : uniform(rng, 1, 4);
   g.tokens_per_block = pick(rng, page_sizes);
   g.head_dim = pick(rng, head_dims);
+  // An nvfp4 latent row needs 16 ckv nibbles and 8 kpe bytes at least.
+  if (op == GeneratedOp::append_mla && g.dtype == CacheDtype::nvfp4 && g.head_dim < 32) g.head_dim = 32;
   const BlockLayout layouts[] = {BlockLayout::nhd, BlockLayout::hnd, BlockLayout::split_x};
   g.layout = pick(rng, layouts);
   if (g.layout == BlockLayout::split_x && (g.dtype == CacheDtype::nvfp4 || op == GeneratedOp::append_mla))
@@ -175,7 +192,8 @@ PoolGeometry OpGenerator::random_geometry(GeneratedOp op, Rng& rng) {
   return g;
 }
 
-OpGenerator::OpGenerator(Backend& backend, uint64_t seed) : backend_(backend), rng_(seed) {}
+OpGenerator::OpGenerator(Backend& backend, uint64_t seed, bool special_values)
+    : backend_(backend), rng_(seed), special_values_(special_values) {}
 OpGenerator::~OpGenerator() { release_pools(); }
 
 void OpGenerator::release_pools() {
@@ -197,7 +215,7 @@ void OpGenerator::poison() {
     const int i = static_cast<int>(k);
     if (pools_.data[i]) {
       std::vector<uint8_t> bytes(static_cast<size_t>(g.pool_bytes(k)));
-      random_elements(rng_, g.dtype, bytes.data(), g.pool_elements(k));
+      random_elements(rng_, g.dtype, bytes.data(), g.pool_elements(k), special_values_);
       backend_.to_backend(pools_.data[i], bytes.data(), bytes.size());
     }
     if (pools_.scales[i]) {
@@ -227,7 +245,7 @@ TensorView OpGenerator::tensor(CacheDtype dtype, std::vector<int64_t> shape, boo
   elements += 1;
   if (t.numel() == 0) elements = 1;
   std::vector<uint8_t> host(static_cast<size_t>((elements * bits_per_element(dtype) + 7) / 8));
-  random_elements(rng_, dtype, host.data(), elements);
+  random_elements(rng_, dtype, host.data(), elements, special_values_);
   buffers_.emplace_back(backend_, host.size());
   buffers_.back().upload(host.data(), host.size());
   t.data = buffers_.back().get();
@@ -525,11 +543,11 @@ std::string OpGenerator::run(GeneratedOp op, const OpKnobs& knobs) {
 }
 
 int64_t run_generated_sequences(Backend& backend, int sequences, uint64_t seed, int ops_per_sequence,
-                                const std::function<void(const std::string&)>& before_op) {
+                                const std::function<void(const std::string&)>& before_op, bool special_values) {
   int64_t ops = 0;
   Rng rng(seed);
   for (int s = 0; s < sequences; ++s) {
-    OpGenerator gen(backend, rng());
+    OpGenerator gen(backend, rng(), special_values);
     // One pool geometry for the K/V ops, one latent pool for append_mla.
     const PoolGeometry g = OpGenerator::random_geometry(GeneratedOp::offload, rng);
     const PoolGeometry latent = OpGenerator::random_geometry(GeneratedOp::append_mla, rng);

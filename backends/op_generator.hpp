@@ -52,7 +52,9 @@ struct OpKnobs {
 
 class OpGenerator {
  public:
-  OpGenerator(Backend& backend, uint64_t seed);
+  // special_values: inputs and pools also hold NaN (with payloads), +-Inf and
+  // fp8 NaN codes; off, every value is finite (edge values still appear).
+  OpGenerator(Backend& backend, uint64_t seed, bool special_values = true);
   ~OpGenerator();
   OpGenerator(const OpGenerator&) = delete;
   OpGenerator& operator=(const OpGenerator&) = delete;
@@ -61,8 +63,9 @@ class OpGenerator {
   // fills them with random codes.
   void set_geometry(const PoolGeometry& g);
   const PoolGeometry& geometry() const { return pools_.geometry; }
-  // Random codes into every pool and scale pool (fp32/fp16/bf16: finite values
-  // with a few NaN / Inf; byte codes: any byte).
+  // Random codes into every pool and scale pool (fp32/fp16/bf16: values in
+  // [-4, 4] with a few specials; byte codes: any byte, finite ones only
+  // without special values).
   void poison();
   // Runs one random valid instance of `op` on the pools. Returns a one-line
   // description ("append_paged: batch 3, nnz 17, ...").
@@ -76,6 +79,7 @@ class OpGenerator {
   struct Impl;
   Backend& backend_;
   std::mt19937_64 rng_;
+  bool special_values_ = true;
   KvPools pools_;
   bool have_pools_ = false;
   std::vector<BackendBuffer> buffers_;  // an op's tensors, freed before the next op
@@ -90,6 +94,7 @@ class OpGenerator {
 // before_op(description) is called before each op (e.g. DifferentialBackend::
 // set_context). Returns the number of ops run.
 int64_t run_generated_sequences(Backend& backend, int sequences, uint64_t seed, int ops_per_sequence,
-                                const std::function<void(const std::string&)>& before_op);
+                                const std::function<void(const std::string&)>& before_op,
+                                bool special_values = true);
 
 }  // namespace kvsim

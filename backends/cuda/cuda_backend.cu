@@ -72,17 +72,21 @@ void CudaBackend::release(void* p) noexcept {
   }
 }
 
-// cudaMemcpyDefault: UVA tells device memory from (pinned or pageable) host memory.
+// Copies go on the backend's own stream and are waited for: a plain
+// cudaMemcpy from pageable memory may return before its DMA lands, and the
+// legacy stream it uses does not order a non-blocking stream's kernels after
+// it (a kernel then raced the upload of its own inputs). cudaMemcpyDefault:
+// UVA tells device memory from (pinned or pageable) host memory.
 void CudaBackend::to_backend(void* dst, const void* src, size_t bytes) {
   if (bytes == 0) return;
+  KVSIM_CUDA_CHECK("to_backend", cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream_));
   KVSIM_CUDA_CHECK("to_backend", cudaStreamSynchronize(stream_));
-  KVSIM_CUDA_CHECK("to_backend", cudaMemcpy(dst, src, bytes, cudaMemcpyDefault));
 }
 
 void CudaBackend::to_host(void* dst, const void* src, size_t bytes) {
   if (bytes == 0) return;
+  KVSIM_CUDA_CHECK("to_host", cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream_));
   KVSIM_CUDA_CHECK("to_host", cudaStreamSynchronize(stream_));
-  KVSIM_CUDA_CHECK("to_host", cudaMemcpy(dst, src, bytes, cudaMemcpyDefault));
 }
 
 void CudaBackend::fill(void* dst, uint8_t byte, size_t bytes) {

@@ -41,5 +41,6 @@ void register_codec(CLI::App& app);
 void register_bench(CLI::App& app);
 void register_validate(CLI::App& app);
 void register_run(CLI::App& app);
+void register_diff(CLI::App& app);
 
 }  // namespace kvsim::cli

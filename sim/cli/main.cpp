@@ -63,6 +63,7 @@ int main(int argc, char** argv) {
   register_bench(app);
   register_validate(app);
   register_run(app);
+  register_diff(app);
 
   int status = kExitOk;
   try {

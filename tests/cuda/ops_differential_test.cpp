@@ -7,7 +7,9 @@
 // deterministically (case i takes value (i * stride_k + k) mod |axis_k| of axis
 // k, strides coprime to the axis lengths) so every value of every axis runs.
 // Page tables are shuffled non-contiguous block ids, inputs are strided, and
-// pools are refilled with random codes (NaN/Inf included) before each op.
+// pools are refilled with random codes before each op. Each op is swept twice:
+// finite values only, then with NaN (with payloads), +-Inf and fp8 NaN codes,
+// so a NaN-payload divergence is told apart from an indexing bug.
 // Skips without a GPU.
 #include <doctest/doctest.h>
 
@@ -85,30 +87,38 @@ SweepCase sweep_case(GeneratedOp op, int i) {
   return c;
 }
 
-void check_op_is_equivalent(GeneratedOp op, int cases) {
+// One sweep through a fresh DifferentialBackend; `special_values` adds NaN
+// (with payloads), +-Inf and fp8 NaN codes to inputs and pools.
+void sweep(GeneratedOp op, int cases, bool special_values) {
   std::unique_ptr<DifferentialBackend> diff = make_diff_or_skip();
   if (!diff) return;
+  const char* values = special_values ? "with NaN/Inf" : "finite";
   int ran = 0;
   for (int i = 0; i < cases; ++i) {
     const SweepCase c = sweep_case(op, i);
     if (!op_supports_geometry(op, c.geometry)) continue;  // e.g. reshape_and_cache never writes nvfp4
-    OpGenerator gen(*diff, 1000003u * static_cast<uint64_t>(op) + static_cast<uint64_t>(i));
+    OpGenerator gen(*diff, 1000003u * static_cast<uint64_t>(op) + static_cast<uint64_t>(i), special_values);
     gen.set_geometry(c.geometry);
     for (int rep = 0; rep < 2; ++rep) {
       gen.poison();
+      diff->set_context(std::string(values) + " case " + std::to_string(i) + " rep " + std::to_string(rep));
       const std::string what = gen.run(op, c.knobs);
-      diff->set_context("case " + std::to_string(i) + " rep " + std::to_string(rep) + ": " + what);
       if (diff->first_difference()) {
-        FAIL_CHECK(diff->first_difference()->text() << "\n  while running: " << what);
+        FAIL_CHECK(diff->first_difference()->text() << "\n  op: " << what);
         return;
       }
       ++ran;
     }
   }
-  MESSAGE(generated_op_name(op) << ": " << ran << " ops, " << diff->counters().bytes_compared
+  MESSAGE(generated_op_name(op) << " (" << values << "): " << ran << " ops, " << diff->counters().bytes_compared
                                 << " bytes compared, 0 differ");
   CHECK(ran > 0);
   CHECK(diff->counters().ops == ran);
+}
+
+void check_op_is_equivalent(GeneratedOp op, int cases) {
+  sweep(op, cases, /*special_values=*/false);
+  sweep(op, cases, /*special_values=*/true);
 }
 
 // 84 cases give every pair of dtype and page size; KVSIM_SWEEP_CASES (>= 7,
@@ -141,10 +151,14 @@ TEST_CASE("PrefillAttentionThroughBackendIsEquivalentToRef") {
 TEST_CASE("GeneratedOpSequencesAreEquivalentToRef") {
   std::unique_ptr<DifferentialBackend> diff = make_diff_or_skip();
   if (!diff) return;
-  const int64_t ops = run_generated_sequences(*diff, 12, 2026, 20, [&](const std::string& s) { diff->set_context(s); });
-  if (diff->first_difference()) FAIL_CHECK(diff->first_difference()->text());
-  CHECK(ops == 12 * 21);
-  CHECK(diff->counters().ops == ops);
+  for (bool special_values : {false, true}) {
+    diff = make_diff_or_skip();
+    const int64_t ops = run_generated_sequences(
+        *diff, 12, 2026, 20, [&](const std::string& s) { diff->set_context(s); }, special_values);
+    if (diff->first_difference()) FAIL_CHECK(diff->first_difference()->text());
+    CHECK(ops == 12 * 21);
+    CHECK(diff->counters().ops == ops);
+  }
 }
 
 TEST_CASE("CudaBackendPutsTheSecondaryPoolInHostMemory") {
