@@ -32,7 +32,9 @@ struct WindowMapping {
     m.tokens_per_block = tokens_per_block;
     m.one_more_block = one_more_block;
     if (window > 0) {
-      const int32_t rem = tokens_per_block > 0 ? sinks % tokens_per_block : 0;
+      // Negative sinks or page sizes are validate_window's to reject; here they
+      // only must not overflow (P - rem with rem < 0 could pass 2^31).
+      const int32_t rem = tokens_per_block > 0 && sinks >= 0 ? sinks % tokens_per_block : 0;
       m.bubble = rem == 0 ? 0 : tokens_per_block - rem;
       m.cyclic_len = one_more_block ? static_cast<int64_t>(window) + tokens_per_block - sinks
                                     : static_cast<int64_t>(window) - sinks;
