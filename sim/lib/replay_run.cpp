@@ -133,7 +133,7 @@ class Runner final : public BlockMover {
     op.src_block = src;
     op.dst_block = dst;
     op.num_tokens = tokens;
-    notify("partial_copy", 0, {});
+    notify("partial_copy", 0, std::vector<std::string>{});
     be_.partial_copy(pools_, op);
   }
   void offload(int32_t primary, int32_t secondary) override { move(primary, secondary, true); }
@@ -144,6 +144,7 @@ class Runner final : public BlockMover {
   void move(int32_t primary, int32_t secondary, bool to_secondary);
   std::vector<uint8_t> block_bytes(PoolKind kind, int32_t block);
   void notify(const std::string& op, int32_t layer, const std::vector<Entry>& entries);
+  void notify(const std::string& op, int32_t layer, std::vector<std::string> sequence_ids);
   void execute(const StepPlan& plan);
   void write_layer(int32_t layer, const std::vector<Entry>& es, int64_t nnz, BackendBuffer& q_buf, CacheDtype& q_dtype);
   void attend(int32_t layer, const std::vector<Entry>& es, size_t first, size_t last, int64_t row0,
@@ -249,7 +250,7 @@ void Runner::move(int32_t primary, int32_t secondary, bool to_secondary) {
   MoveBlocksOp op;
   op.primary = std::span<const int32_t>(&primary, 1);
   op.secondary = std::span<const int32_t>(&secondary, 1);
-  notify(to_secondary ? "offload" : "onboard", 0, {});
+  notify(to_secondary ? "offload" : "onboard", 0, std::vector<std::string>{});
   if (to_secondary)
     be_.offload(pools_, op);
   else
@@ -268,13 +269,19 @@ void Runner::move(int32_t primary, int32_t secondary, bool to_secondary) {
 }
 
 void Runner::notify(const std::string& op, int32_t layer, const std::vector<Entry>& entries) {
+  std::vector<std::string> ids;
+  for (const Entry& e : entries) ids.push_back(e.r->id);
+  notify(op, layer, std::move(ids));
+}
+
+void Runner::notify(const std::string& op, int32_t layer, std::vector<std::string> sequence_ids) {
   ++rec_.counters.ops;
   if (!opt_.before_op) return;
   OpContext c;
   c.step = step_;
   c.layer = layer;
   c.op = op;
-  for (const Entry& e : entries) c.sequence_ids.push_back(e.r->id);
+  c.sequence_ids = std::move(sequence_ids);
   opt_.before_op(c);
 }
 
@@ -731,7 +738,7 @@ void Runner::check_dense(int32_t layer, const std::vector<Entry>& es, size_t fir
       op.out = contiguous_view(gb.get(), CacheDtype::fp32, {slots, H, D});
       op.scale = kv == 0 ? sc.k_scale : sc.v_scale;
       op.global_scale = kv == 0 ? sc.k_global_scale : sc.v_global_scale;
-      notify("gather_paged", layer, {e});
+      notify("gather_paged", layer, std::vector<std::string>{e.r->id});
       be_.gather_paged(pools_, op);
       gb.download(g.data(), g.size() * 4);
       kv_rows[kv] = Eigen::Map<Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>>(
@@ -815,7 +822,7 @@ void Runner::read_back(RequestState& r) {
       op.out = contiguous_view(gb.get(), CacheDtype::fp32, {slots, H, D});
       op.scale = kv == 0 ? scales_.k_scale : scales_.v_scale;
       op.global_scale = kv == 0 ? scales_.k_global_scale : scales_.v_global_scale;
-      notify("gather_paged", layer, {});
+      notify("gather_paged", layer, std::vector<std::string>{r.id});
       be_.gather_paged(pools_, op);
       gb.download(g.data(), g.size() * 4);
       // Release mode may have given a page back and taken a fresh block for

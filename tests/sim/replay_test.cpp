@@ -5,6 +5,7 @@
 // determinism across runs and thread counts; the --dump files.
 #include <doctest/doctest.h>
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <numeric>
@@ -353,4 +354,61 @@ TEST_CASE("replay: --dump writes .npy files and a manifest naming step, op, laye
   CHECK(saw_pool);
   CHECK(saw_out);
   std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("comparisons: a one-bit difference is found and located; keys only one run holds are skipped") {
+  RunRecord a, b;
+  const float x[3] = {1.0f, 2.0f, 3.0f};
+  auto put = [](RunRecord& r, const OutputKey& k, const float* v) {
+    const auto* p = reinterpret_cast<const uint8_t*>(v);
+    r.outputs[k].assign(p, p + 12);
+  };
+  put(a, {"r", 0, OutputKind::attention, 5}, x);
+  put(b, {"r", 0, OutputKind::attention, 5}, x);
+  put(a, {"r", 1, OutputKind::v_cache, 2}, x);  // only in a: not compared
+  Comparison c = compare_outputs(a, b);
+  CHECK(c.compared == 1);
+  CHECK(c.first_difference.empty());
+  float y[3] = {1.0f, 2.0f, 3.0f};
+  y[1] = std::nextafter(2.0f, 3.0f);  // one ulp
+  put(b, {"r", 0, OutputKind::attention, 5}, y);
+  c = compare_outputs(a, b);
+  CHECK(c.first_difference.find("attention output of request r, layer 0, position 5, element 1") == 0);
+  // -0 and +0 differ in bits: bit equality compares bytes, not values.
+  float z[3] = {1.0f, 2.0f, -0.0f}, w[3] = {1.0f, 2.0f, 0.0f};
+  put(a, {"r", 0, OutputKind::attention, 5}, z);
+  put(b, {"r", 0, OutputKind::attention, 5}, w);
+  CHECK_FALSE(compare_outputs(a, b).first_difference.empty());
+  // Quantization error: relative RMS over the attention outputs both hold.
+  const float r1[3] = {1.0f, 0.0f, 0.0f}, q1[3] = {1.5f, 0.0f, 0.0f};
+  RunRecord q, ref;
+  put(q, {"r", 0, OutputKind::attention, 0}, q1);
+  put(ref, {"r", 0, OutputKind::attention, 0}, r1);
+  CHECK(quantization_error(q, ref).rel_rms == doctest::Approx(0.5));
+  CHECK(quantization_bound(CacheDtype::fp8_e4m3) == 0.125);
+}
+
+TEST_CASE("replay: before_op sees every backend op with its step, layer and batch") {
+  Scenario s = small(7);
+  s.requests = {request("a", 9, 2), request("b", 4, 1)};
+  std::vector<OpContext> seen;
+  ReplayOptions o;
+  o.comparison_invariants = false;
+  o.before_op = [&](const OpContext& c) { seen.push_back(c); };
+  const ScenarioReport r = replay(s, cpu(), o);
+  CHECK(static_cast<int64_t>(seen.size()) == r.counters.ops);
+  REQUIRE(seen.size() > 4);
+  CHECK(seen[0].op == "qkv_preprocess_write");
+  CHECK(seen[0].step == 0);
+  CHECK(seen[0].layer == 0);
+  CHECK(seen[0].sequence_ids == std::vector<std::string>{"a", "b"});
+  CHECK(seen[1].op == "prefill_attention");
+  // Every layer is written before it is read, in every step.
+  for (size_t i = 1; i < seen.size(); ++i)
+    if (seen[i].op == "prefill_attention" || seen[i].op == "decode_attention") {
+      bool written = false;
+      for (size_t j = i; j-- > 0 && seen[j].step == seen[i].step;)
+        written = written || (seen[j].op == "qkv_preprocess_write" && seen[j].layer == seen[i].layer);
+      CHECK(written);
+    }
 }
