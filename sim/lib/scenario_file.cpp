@@ -381,6 +381,13 @@ void parse_indexer(Scenario& s, const toml::table& t) {
   sec.read("k_scatter", s.indexer_k_scatter);
 }
 
+// FNV-1a of the name: the same seed on every platform (std::hash is not).
+uint64_t name_seed(const std::string& name) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (unsigned char c : name) h = (h ^ c) * 0x100000001b3ull;
+  return h | 1;
+}
+
 void parse_prefix(Scenario& s, const toml::table& t, size_t index) {
   const std::string prefix = "prefix[" + std::to_string(index) + "].";
   Section sec(s, t, prefix, {"name", "tokens", "length", "seed"});
@@ -407,7 +414,7 @@ void parse_prefix(Scenario& s, const toml::table& t, size_t index) {
       reject_at(s.key_locations[prefix + "length"], prefix + "length",
                 "expected an integer in 1..1048576, got " + std::to_string(length));
     // seed 0 = derived from the name, so two unseeded prefixes differ.
-    if (seed == 0) seed = std::hash<std::string>{}(p.name) | 1;
+    if (seed == 0) seed = name_seed(p.name);
     p.tokens = generated_tokens(seed, length);
   }
   s.prefixes.push_back(std::move(p));
@@ -505,7 +512,9 @@ bool finite_positive(double x) { return std::isfinite(x) && x > 0; }
 void check_model(const Scenario& s, const Checker& c) {
   const ModelSpec& m = s.model;
   c.require(m.layers >= 1 && m.layers <= 1024, "model.layers", "expected 1..1024, got " + std::to_string(m.layers));
-  c.require(m.kv_heads >= 1, "model.kv_heads", "expected >= 1, got " + std::to_string(m.kv_heads));
+  c.require(m.kv_heads >= 1 && m.kv_heads <= 1024, "model.kv_heads",
+            "expected 1..1024, got " + std::to_string(m.kv_heads));
+  c.require(m.q_heads <= 8192, "model.q_heads", "expected at most 8192, got " + std::to_string(m.q_heads));
   c.require(m.q_heads >= 1 && m.q_heads % m.kv_heads == 0, "model.q_heads",
             "expected a positive multiple of kv_heads = " + std::to_string(m.kv_heads) + " (GQA group), got " +
                 std::to_string(m.q_heads));
@@ -537,8 +546,8 @@ void check_mla(const Scenario& s, const Checker& c) {
               "(set mla.enabled = true)");
     return;
   }
-  c.require(mla.d_ckv >= 1, "mla.d_ckv", "expected >= 1, got " + std::to_string(mla.d_ckv));
-  c.require(mla.d_kpe >= 0, "mla.d_kpe", "expected >= 0, got " + std::to_string(mla.d_kpe));
+  c.require(mla.d_ckv >= 1 && mla.d_ckv <= 4096, "mla.d_ckv", "expected 1..4096, got " + std::to_string(mla.d_ckv));
+  c.require(mla.d_kpe >= 0 && mla.d_kpe <= 4096, "mla.d_kpe", "expected 0..4096, got " + std::to_string(mla.d_kpe));
   c.require(s.model.head_dim == mla.d_ckv + mla.d_kpe, "model.head_dim",
             "expected d_ckv + d_kpe = " + std::to_string(mla.d_ckv + mla.d_kpe) +
                 " with MLA (one latent row [ckv | kpe] per token), got " + std::to_string(s.model.head_dim));
@@ -568,6 +577,10 @@ void check_cache(const Scenario& s, const Checker& c) {
                   " (a fp32/fp16/bf16 cache takes the input dtype unconverted), got " + std::string(dtype_name(k.dtype)));
   for (const auto& [key, value] : {std::pair{"cache.k_scale", k.k_scale}, std::pair{"cache.v_scale", k.v_scale}})
     c.require(finite_positive(value), key, "expected a finite number > 0, got " + str(value));
+  for (const auto& [key, value] : {std::pair{"cache.k_global_scale", k.k_global_scale},
+                                   std::pair{"cache.v_global_scale", k.v_global_scale}})
+    if (k.dtype != CacheDtype::nvfp4)  // nvfp4 gets core's own check and message below
+      c.require(finite_positive(value), key, "expected a finite number > 0, got " + str(value));
   if (k.dtype == CacheDtype::nvfp4) {
     c.core_check("cache.k_global_scale", [&] { validate_global_scale(k.k_global_scale, "k_global_scale"); });
     c.core_check("cache.v_global_scale", [&] { validate_global_scale(k.v_global_scale, "v_global_scale"); });
@@ -772,8 +785,8 @@ void check_expectations(const Scenario& s, const Checker& c) {
 
 void check_scenario(const Scenario& s) {
   const Checker c(s);
+  check_mla(s, c);  // first: an MLA width explains a wrong head_dim better than head_dim's range
   check_model(s, c);
-  check_mla(s, c);
   check_cache(s, c);
   check_window(s, c);
   check_reuse_and_scheduler(s, c);
@@ -801,7 +814,8 @@ Scenario parse_scenario(std::string_view toml_text, const std::string& source_na
   // [mla] before [model] so an omitted model.head_dim can follow d_ckv + d_kpe.
   if (const toml::node* n = root.get("mla")) parse_mla(s, section_table(s, *n, "mla"));
   if (s.mla.enabled) {
-    s.model.head_dim = s.mla.d_ckv + s.mla.d_kpe;
+    // In 64 bits: check_mla rejects widths over 4096 before anything uses them.
+    s.model.head_dim = static_cast<int32_t>(std::min<int64_t>(kMaxInt32, int64_t{s.mla.d_ckv} + s.mla.d_kpe));
     s.model.kv_heads = 1;
     s.model.q_heads = 1;
     s.model.rope = RopeStyle::none;

@@ -335,6 +335,12 @@ TEST_CASE("out-of-range values are rejected") {
                  "expected a finite number > 0");
   check_rejected("[cache]\ndtype = \"nvfp4\"\nv_global_scale = -1.0\n" + kOneRequest, "3:18: cache.v_global_scale",
                  "bad_global_scale");
+  check_rejected("[mla]\nenabled = true\nd_ckv = 2147483647\n" + kOneRequest, "3:9: mla.d_ckv", "expected 1..4096");
+  check_rejected("[model]\nq_heads = 100000\n" + kOneRequest, "2:11: model.q_heads", "expected at most 8192");
+  check_rejected("[cache]\nk_global_scale = nan\n" + kOneRequest, "2:18: cache.k_global_scale",
+                 "expected a finite number > 0, got nan");
+  check_rejected("[model]\nvalue_scale = inf\n" + kOneRequest, "2:15: model.value_scale",
+                 "expected a finite number > 0, got inf");
   check_rejected("[scheduler]\ntoken_budget = 0\n" + kOneRequest, "2:16: scheduler.token_budget", "expected >= 1");
   check_rejected("[[request]]\ngenerated = 5\ndecode_tokens = -1\n", "3:17: request[0].decode_tokens",
                  "expected >= 0");
