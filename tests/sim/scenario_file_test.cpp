@@ -415,6 +415,8 @@ TEST_CASE("impossible settings: a pool too small, offload without a secondary po
       "[cache]\nprimary_blocks = 3\n[window]\nmode = \"cyclic\"\nwindow = 40\n[[request]]\ngenerated = 10\n"
       "decode_tokens = 990\n",
       "t.toml"));
+  check_rejected("[cache]\nprimary_blocks = 2\n[window]\nmode = \"release\"\nwindow = 32\n[[request]]\ngenerated = 40\n",
+                 "6:1: request[0]", "40 tokens need 3 blocks of 16 tokens (one of them the release window's null block)");
   check_rejected("[reuse]\nenabled = true\noffload = true\n" + kOneRequest, "3:11: reuse.offload",
                  "expected cache.secondary_blocks >= 1");
   check_rejected("[reuse]\npartial = true\n" + kOneRequest, "2:11: reuse.partial", "expected reuse.enabled = true");
