@@ -2,14 +2,19 @@
 // every operation, LRU order, full and partial reuse with the last prompt
 // token recomputed, offload / onboard, both sliding-window modes, failure
 // without side effects when the pool runs out, same-step shared prefixes.
+// Scheduler (scheduler.hpp) driven without a backend: budget, chunks,
+// preemption order. Synthetic model determinism and spread.
 #include <doctest/doctest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <numeric>
 #include <set>
 #include <string>
 #include <vector>
 
 #include "kvsim/sim/block_manager.hpp"
+#include "kvsim/sim/scheduler.hpp"
 #include "kvsim/sim/synthetic_model.hpp"
 
 using namespace kvsim;
@@ -365,4 +370,88 @@ TEST_CASE("synthetic model: equal prefixes give equal inputs; a different earlie
   for (int i = 0; i < n; ++i) outliers += std::abs(mo.value(ModelTensor::v, 0, 0, i % 64, i, ha[3])) > 4.0f;
   CHECK(outliers > n / 200);
   CHECK(outliers < n / 50);
+}
+
+// ---------------------------------------------------------------- scheduler (sim/include/kvsim/sim/scheduler.hpp)
+
+namespace {
+RequestSpec req(const std::string& id, int32_t generated, int32_t decode, int32_t arrival = 0) {
+  RequestSpec r;
+  r.id = id;
+  r.generated = generated;
+  r.decode_tokens = decode;
+  r.arrival_step = arrival;
+  return r;
+}
+
+// Drives the scheduler without a backend; checks budget, chunking and
+// in-order progress every step, and conservation after every step.
+struct Drive {
+  int64_t steps = 0;
+  std::vector<std::vector<int32_t>> batches;  // request indices per step, batch order
+};
+Drive drive(const Scenario& s, BlockManager& bm, Scheduler& sched, std::vector<RequestState>& reqs) {
+  Drive d;
+  std::vector<int64_t> done(reqs.size(), 0);
+  for (int64_t step = 0; !sched.done() && step < 10000; ++step) {
+    const StepPlan plan = sched.schedule(step);
+    int64_t tokens = 0;
+    std::vector<int32_t> batch;
+    for (const auto* list : {&plan.prefill, &plan.decode})
+      for (const ScheduledEntry& e : *list) {
+        tokens += e.n;
+        batch.push_back(e.request);
+        if (!e.decode && s.scheduler.chunk_size > 0) CHECK(e.n <= s.scheduler.chunk_size);
+        if (e.decode) CHECK(e.n == 1);
+        CHECK(bm.table(e.request).size() >= static_cast<size_t>(bm.pages_for(e.start + e.n)));
+      }
+    CHECK(tokens <= s.scheduler.token_budget);
+    d.batches.push_back(batch);
+    const auto finished = sched.finish_step(plan);
+    sched.free_finished(finished);
+    const std::string err = bm.check_conservation();
+    CHECK_MESSAGE(err.empty(), err);
+    if (!plan.empty()) ++d.steps;
+  }
+  CHECK(sched.done());
+  for (const RequestState& r : reqs) CHECK(r.computed == r.final_len);
+  return d;
+}
+}  // namespace
+
+TEST_CASE("scheduler: token budget, chunk size, decode after prefill, odd batch") {
+  Scenario s;
+  s.cache.page_size = 7;
+  s.scheduler.token_budget = 13;
+  s.scheduler.chunk_size = 5;
+  s.requests = {req("a", 23, 3), req("b", 9, 5), req("c", 17, 1, 2)};
+  auto reqs = make_requests(s);
+  BlockManager bm(BlockManagerConfig::from(s), nullptr);
+  Scheduler sched(s, bm, reqs);
+  drive(s, bm, sched, reqs);
+  CHECK(sched.prefill_tokens == 23 + 9 + 17);
+  CHECK(sched.decode_tokens == 3 + 5 + 1);
+  CHECK(sched.preemptions == 0);
+}
+
+TEST_CASE("scheduler: the most recently admitted request is preempted, then recomputed") {
+  Scenario s;
+  s.cache.page_size = 4;
+  s.cache.primary_blocks = 9;  // 36 tokens: three requests growing to 20 tokens each cannot all stay
+  s.scheduler.token_budget = 64;
+  s.requests = {req("a", 8, 12), req("b", 8, 12), req("c", 8, 12)};
+  auto reqs = make_requests(s);
+  BlockManager bm(BlockManagerConfig::from(s), nullptr);
+  Scheduler sched(s, bm, reqs);
+  const Drive d = drive(s, bm, sched, reqs);
+  CHECK(sched.preemptions > 0);
+  // The first step that lost a request dropped the last admitted one ("c"), never "a".
+  for (size_t i = 1; i < d.batches.size(); ++i)
+    if (d.batches[i].size() < d.batches[i - 1].size()) {
+      CHECK(std::find(d.batches[i].begin(), d.batches[i].end(), 0) != d.batches[i].end());
+      CHECK(std::find(d.batches[i].begin(), d.batches[i].end(), 2) == d.batches[i].end());
+      break;
+    }
+  CHECK(sched.prefill_tokens > 24);  // recomputed tokens count again
+  CHECK(sched.decode_tokens == 36);
 }
