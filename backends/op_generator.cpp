@@ -27,7 +27,9 @@ T pick(Rng& rng, const T (&values)[N]) {
 float random_value(Rng& rng, bool specials) {
   if (uniform(rng, 0, 63) == 0) {
     if (!specials) {
-      const float edges[] = {448.0f, -57344.0f, 1.0e-40f, -0.0f, 0.0f, 6.0f};
+      // Small enough that no sum or product of them overflows fp16 to Inf
+      // (Inf - Inf would bring NaN back).
+      const float edges[] = {448.0f, -448.0f, 1.0e-40f, -0.0f, 0.0f, 6.0f};
       return pick(rng, edges);
     }
     const float nan_inf[] = {bits_float(0x7FC01234u), bits_float(0xFF800001u), INFINITY, -INFINITY, 3.0e38f,

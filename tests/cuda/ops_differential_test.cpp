@@ -92,7 +92,7 @@ SweepCase sweep_case(GeneratedOp op, int i) {
 void sweep(GeneratedOp op, int cases, bool special_values) {
   std::unique_ptr<DifferentialBackend> diff = make_diff_or_skip();
   if (!diff) return;
-  const char* values = special_values ? "with NaN/Inf" : "finite";
+  const std::string values = special_values ? "with NaN/Inf" : "finite";
   int ran = 0;
   for (int i = 0; i < cases; ++i) {
     const SweepCase c = sweep_case(op, i);
@@ -101,7 +101,7 @@ void sweep(GeneratedOp op, int cases, bool special_values) {
     gen.set_geometry(c.geometry);
     for (int rep = 0; rep < 2; ++rep) {
       gen.poison();
-      diff->set_context(std::string(values) + " case " + std::to_string(i) + " rep " + std::to_string(rep));
+      diff->set_context(values + " case " + std::to_string(i) + " rep " + std::to_string(rep));
       const std::string what = gen.run(op, c.knobs);
       if (diff->first_difference()) {
         FAIL_CHECK(diff->first_difference()->text() << "\n  op: " << what);
