@@ -538,6 +538,16 @@ void check_model(const Scenario& s, const Checker& c) {
   }
 }
 
+}  // namespace
+
+int64_t mla_row_width(const Scenario& s) {
+  // nvfp4 rows hold ckv as nibbles and kpe as fp8 bytes, two nibbles each (core's append_mla).
+  const int64_t kpe_units = s.cache.dtype == CacheDtype::nvfp4 ? 2 : 1;
+  return int64_t{s.mla.d_ckv} + kpe_units * s.mla.d_kpe;
+}
+
+namespace {
+
 void check_mla(const Scenario& s, const Checker& c) {
   const MlaSpec& mla = s.mla;
   if (!mla.enabled) {
@@ -548,9 +558,11 @@ void check_mla(const Scenario& s, const Checker& c) {
   }
   c.require(mla.d_ckv >= 1 && mla.d_ckv <= 4096, "mla.d_ckv", "expected 1..4096, got " + std::to_string(mla.d_ckv));
   c.require(mla.d_kpe >= 0 && mla.d_kpe <= 4096, "mla.d_kpe", "expected 0..4096, got " + std::to_string(mla.d_kpe));
-  c.require(s.model.head_dim == mla.d_ckv + mla.d_kpe, "model.head_dim",
-            "expected d_ckv + d_kpe = " + std::to_string(mla.d_ckv + mla.d_kpe) +
-                " with MLA (one latent row [ckv | kpe] per token), got " + std::to_string(s.model.head_dim));
+  const bool nvfp4 = s.cache.dtype == CacheDtype::nvfp4;
+  c.require(s.model.head_dim == mla_row_width(s), "model.head_dim",
+            std::string("expected ") + (nvfp4 ? "d_ckv + 2 * d_kpe" : "d_ckv + d_kpe") + " = " +
+                std::to_string(mla_row_width(s)) + " with MLA (one latent row [ckv | kpe] per token" +
+                (nvfp4 ? ", kpe as fp8 bytes of two nibbles" : "") + "), got " + std::to_string(s.model.head_dim));
   c.require(s.cache.write_path == WritePath::append_mla, "cache.write_path",
             "expected append_mla with MLA (the latent pool has no separate K and V), got " +
                 std::string(write_path_name(s.cache.write_path)));
@@ -620,6 +632,10 @@ void check_window(const Scenario& s, const Checker& c) {
     c.require(!s.reuse.enabled, "reuse.enabled",
               "expected false with a cyclic window (TensorRT-LLM disables block reuse there: ring blocks are "
               "overwritten, so a cached block would not hold its tokens)");
+  else
+    c.require(!s.reuse.enabled, "reuse.enabled",
+              "expected false with a release window (vLLM's prefix caching over released blocks is not modelled "
+              "by kvsim's block manager)");
 }
 
 void check_reuse_and_scheduler(const Scenario& s, const Checker& c) {
@@ -814,11 +830,9 @@ Scenario parse_scenario(std::string_view toml_text, const std::string& source_na
       reject_at(location_of(source_name, key.source()), std::string(key.str()),
                 unknown_key_message(key.str(), kTopLevelKeys));
 
-  // [mla] before [model] so an omitted model.head_dim can follow d_ckv + d_kpe.
+  // [mla] before [model] so the MLA defaults can be overridden there.
   if (const toml::node* n = root.get("mla")) parse_mla(s, section_table(s, *n, "mla"));
   if (s.mla.enabled) {
-    // In 64 bits: check_mla rejects widths over 4096 before anything uses them.
-    s.model.head_dim = static_cast<int32_t>(std::min<int64_t>(kMaxInt32, int64_t{s.mla.d_ckv} + s.mla.d_kpe));
     s.model.kv_heads = 1;
     s.model.q_heads = 1;
     s.model.rope = RopeStyle::none;
@@ -847,6 +861,9 @@ Scenario parse_scenario(std::string_view toml_text, const std::string& source_na
   }
   for (size_t i = 0; i < s.prefixes.size(); ++i)
     s.key_locations["prefix[" + std::to_string(i) + "]"] = s.prefixes[i].where;
+  // An omitted head_dim follows the latent row, which depends on the cache dtype.
+  if (s.mla.enabled && !s.key_locations.count("model.head_dim"))
+    s.model.head_dim = static_cast<int32_t>(std::min<int64_t>(kMaxInt32, mla_row_width(s)));
   check_scenario(s);
   return s;
 }

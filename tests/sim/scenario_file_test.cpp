@@ -158,11 +158,6 @@ poison_nan = true
 mode = "release"
 window = 33
 
-[reuse]
-enabled = true
-partial = true
-offload = true
-
 [scheduler]
 token_budget = 77
 chunk_size = 11
@@ -194,16 +189,16 @@ generated = 12
 seed = 8
 
 [faults]
-reused_block_mismatch = true
+stale_bad_page = true
 
 [expect]
-reuse_hit_tokens = 21
-evicted_blocks = 0
-offloaded_blocks = 1
-onboarded_blocks = 2
+reuse_hit_tokens = 0
+evicted_blocks = 4
+offloaded_blocks = 0
+onboarded_blocks = 0
 preemptions = 3
 must_pass = ["conservation", "layout"]
-must_catch = ["reused_block_mismatch"]
+must_catch = ["stale_bad_page"]
 )";
   const Scenario s = parse_scenario(text, "dir/every_key.toml");
   CHECK(s.name == "every_key");
@@ -233,9 +228,6 @@ must_catch = ["reused_block_mismatch"]
   CHECK(s.cache.poison_nan);
   CHECK(s.window.mode == WindowMode::release);
   CHECK(s.window.window == 33);
-  CHECK(s.reuse.enabled);
-  CHECK(s.reuse.partial);
-  CHECK(s.reuse.offload);
   CHECK(s.scheduler.token_budget == 77);
   CHECK(s.scheduler.chunk_size == 11);
   CHECK(s.scheduler.max_batch == 5);
@@ -244,7 +236,7 @@ must_catch = ["reused_block_mismatch"]
   REQUIRE(s.prefixes.size() == 2);
   CHECK(s.prefixes[0].tokens == std::vector<int32_t>{5, 6, 7});
   CHECK(s.prefixes[1].tokens == generated_tokens(3, 20));
-  CHECK(s.prefixes[1].where.line == 52);
+  CHECK(s.prefixes[1].where.line == 47);
   REQUIRE(s.requests.size() == 2);
   CHECK(s.requests[0].id == "x");
   CHECK(s.requests[0].arrival_step == 4);
@@ -253,14 +245,20 @@ must_catch = ["reused_block_mismatch"]
   CHECK(s.requests[0].decode_tokens == 9);
   CHECK(s.requests[1].generated == 12);
   CHECK(s.requests[1].seed == 8);
-  CHECK(s.faults == std::vector<Fault>{Fault::reused_block_mismatch});
-  CHECK(s.expect.reuse_hit_tokens == 21);
-  CHECK(s.expect.evicted_blocks == 0);
-  CHECK(s.expect.offloaded_blocks == 1);
-  CHECK(s.expect.onboarded_blocks == 2);
+  CHECK(s.faults == std::vector<Fault>{Fault::stale_bad_page});
+  CHECK(s.expect.reuse_hit_tokens == 0);
+  CHECK(s.expect.evicted_blocks == 4);
+  CHECK(s.expect.offloaded_blocks == 0);
+  CHECK(s.expect.onboarded_blocks == 0);
   CHECK(s.expect.preemptions == 3);
   CHECK(s.expect.must_pass == std::vector<Invariant>{Invariant::conservation, Invariant::layout});
-  CHECK(s.expect.must_catch == std::vector<Fault>{Fault::reused_block_mismatch});
+  CHECK(s.expect.must_catch == std::vector<Fault>{Fault::stale_bad_page});
+  // [reuse] needs no window (checked elsewhere), so its keys are read here.
+  const Scenario r = parse_scenario(
+      "[reuse]\nenabled = true\npartial = true\noffload = true\n[cache]\nsecondary_blocks = 4\n" + kOneRequest, "r.toml");
+  CHECK(r.reuse.enabled);
+  CHECK(r.reuse.partial);
+  CHECK(r.reuse.offload);
   // Locations for later checks and for kvsim's messages.
   CHECK(s.key_locations.at("cache.page_size").line == 21);
   CHECK(s.key_locations.at("cache.page_size").column == 13);
@@ -276,6 +274,12 @@ TEST_CASE("MLA: head_dim follows d_ckv + d_kpe and the write path is append_mla"
                  "expected d_ckv + d_kpe = 576");
   check_rejected("[cache]\nwrite_path = \"append_mla\"\n" + kOneRequest, "2:14: cache.write_path",
                  "set mla.enabled = true");
+  // nvfp4 keeps kpe as fp8 bytes: two nibbles each.
+  const Scenario fp4 =
+      parse_scenario("[mla]\nenabled = true\nd_ckv = 128\nd_kpe = 32\n[cache]\ndtype = \"nvfp4\"\n" + kOneRequest, "m.toml");
+  CHECK(fp4.model.head_dim == 192);
+  check_rejected("[mla]\nenabled = true\n[model]\nhead_dim = 576\n[cache]\ndtype = \"nvfp4\"\n" + kOneRequest,
+                 "4:12: model.head_dim", "expected d_ckv + 2 * d_kpe = 640");
 }
 
 TEST_CASE("generated tokens are deterministic and inside the vocabulary") {
@@ -395,6 +399,8 @@ TEST_CASE("windows: sinks >= window, a window without a mode, release-mode limit
                  "expected 0 with mode = release");
   check_rejected("[window]\nmode = \"cyclic\"\nwindow = 32\n[reuse]\nenabled = true\n" + kOneRequest,
                  "5:11: reuse.enabled", "TensorRT-LLM disables block reuse");
+  check_rejected("[window]\nmode = \"release\"\nwindow = 32\n[reuse]\nenabled = true\n" + kOneRequest,
+                 "5:11: reuse.enabled", "expected false with a release window");
   // A 100-token prompt prefilled in one chunk wraps a 32-slot ring over keys its own queries read.
   const std::string wraps = "[window]\nmode = \"cyclic\"\nwindow = 32\n[[request]]\ngenerated = 100\n";
   check_rejected(wraps, "4:1: request[0]", "expected prefill chunks of at most 1 token once the prompt wraps");

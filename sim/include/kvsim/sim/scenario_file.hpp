@@ -36,6 +36,10 @@ void check_scenario(const Scenario& s);
 inline constexpr int32_t kGeneratedVocabulary = 32000;
 std::vector<int32_t> generated_tokens(uint64_t seed, int64_t count);
 
+// Width of an MLA latent row in pool elements (the pool's head_dim):
+// d_ckv + d_kpe, or d_ckv + 2 * d_kpe for nvfp4, whose kpe is fp8 bytes.
+int64_t mla_row_width(const Scenario& s);
+
 // The built-in scenarios, sorted: <source dir>/scenarios/*.toml, or the
 // installed <prefix>/share/kvsim/scenarios next to the running program.
 std::vector<std::string> builtin_scenario_paths();
