@@ -9,6 +9,7 @@
 // Exit 0 with a summary of ops and bytes compared, 1 on any difference (or a
 // CUDA failure), 2 when there is no CUDA backend or the input is bad.
 #include <cstdio>
+#include <cstdlib>
 #include <iostream>
 #include <memory>
 #include <optional>
@@ -39,6 +40,7 @@ struct DiffOptions {
 
 struct DiffRun {
   std::string name;  // scenario name, or "generated"
+  std::string backends;  // "cpu against cuda"
   DiffCounters counters;
   std::optional<DiffReport> difference;
   std::string failure;  // a backend error that stopped the run
@@ -47,9 +49,12 @@ struct DiffRun {
 std::unique_ptr<DifferentialBackend> make_diff_backend(int threads) {
   BackendOptions cpu;
   cpu.threads = threads;
+  // KVSIM_DIFF_CANDIDATE=cpu: the same comparison cpu against cpu, so the
+  // command itself is tested on machines without a GPU.
+  const char* candidate_name = std::getenv("KVSIM_DIFF_CANDIDATE");
   std::unique_ptr<Backend> candidate;
   try {
-    candidate = make_backend("cuda");
+    candidate = make_backend(candidate_name ? candidate_name : "cuda");
   } catch (const BackendUnavailable& e) {
     throw ValidationError(ErrorCode::bad_argument, std::string("kvsim diff needs the CUDA backend: ") + e.what());
   }
@@ -85,6 +90,7 @@ DiffRun diff_one(const std::string& name, int threads, Body body) {
   DiffRun run;
   run.name = name;
   std::unique_ptr<DifferentialBackend> diff = make_diff_backend(threads);
+  run.backends = std::string(diff->reference().name()) + " against " + std::string(diff->candidate().name());
   try {
     body(*diff);
   } catch (const BackendError& e) {
@@ -159,7 +165,7 @@ void run(const DiffOptions& o) {
                      .dump(2)
               << '\n';
   } else {
-    std::printf("\n%zu run(s), cpu against cuda: %lld ops, %lld bytes compared, %s\n", runs.size(),
+    std::printf("\n%zu run(s), %s: %lld ops, %lld bytes compared, %s\n", runs.size(), runs.front().backends.c_str(),
                 static_cast<long long>(ops), static_cast<long long>(bytes),
                 first_bad ? "DIFFERENCES FOUND" : "0 bytes differ");
     if (first_bad) {
