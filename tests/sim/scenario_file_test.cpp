@@ -78,6 +78,16 @@ TEST_CASE("the built-in set covers the behaviours issue 6 lists") {
   CHECK(chunk_sizes.size() >= 3);
   CHECK(any([](const Scenario& s) { return s.cache.page_size % 2 == 1 && s.cache.page_size > 1 && s.scheduler.chunk_size > 0; }));
   CHECK(any([](const Scenario& s) { return s.reuse.partial; }));
+  // Two requests sharing a prefix in the same step.
+  CHECK(any([](const Scenario& s) {
+    if (!s.reuse.enabled) return false;
+    for (size_t i = 0; i < s.requests.size(); ++i)
+      for (size_t j = i + 1; j < s.requests.size(); ++j)
+        if (s.requests[i].arrival_step == s.requests[j].arrival_step && !s.requests[i].prefixes.empty() &&
+            s.requests[i].prefixes == s.requests[j].prefixes)
+          return true;
+    return false;
+  }));
   CHECK(any([](const Scenario& s) { return s.reuse.offload && s.cache.secondary_blocks > 0; }));
   CHECK(any([](const Scenario& s) { return s.window.mode == WindowMode::release; }));
   CHECK(any([](const Scenario& s) { return s.window.mode == WindowMode::cyclic && s.window.sinks % s.cache.page_size != 0; }));
