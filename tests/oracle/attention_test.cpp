@@ -311,7 +311,8 @@ TEST_CASE("decode attention matches Eigen double attention on the gathered K/V (
             worst = std::max(worst, std::fabs(out[(b * f.hq + qh) * D + d] - ref(d)) / vmax);
         }
       }
-      INFO("dtype " << dtype_name(dtype) << " D " << D << " group " << group << " worst " << worst);
+      const int info_d = D, info_group = group;  // clang < 16 cannot capture structured bindings in INFO's lambda
+      INFO("dtype " << dtype_name(dtype) << " D " << info_d << " group " << info_group << " worst " << worst);
       CHECK(worst <= 1e-5);
     }
 }
