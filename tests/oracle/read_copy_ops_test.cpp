@@ -213,6 +213,11 @@ uint32_t reference_gather_bits(const RefLayout& r, const PoolImage& img, int64_t
     }
   }
   std::memcpy(&bits, &v, 4);
+  // A NaN that came out of arithmetic (scaled codes, nvfp4) is stored as the
+  // canonical 0x7FFFFFFF, as GPU arithmetic makes it; decoded fp16/bf16 NaNs
+  // keep their bits (no arithmetic).
+  const bool computed = r.g.dtype != CacheDtype::fp16 && r.g.dtype != CacheDtype::bf16;
+  if (computed && (bits & 0x7FFFFFFFu) > 0x7F800000u) bits = 0x7FFFFFFFu;
   return bits;
 }
 

@@ -61,10 +61,20 @@ KVSIM_HD constexpr float load_float(const void* data, CacheDtype t, int64_t offs
   }
 }
 
+// The one fp32 NaN every computed float output holds: 0x7FFFFFFF, what the
+// GPU's f32 arithmetic produces for any NaN result. x86 instead propagates an
+// operand's payload (0x7FC01234) or makes 0xFFC00000, so an output that came
+// out of arithmetic is canonicalised here before it is stored; bytes then agree
+// across backends. (fp16/bf16 outputs are canonical already: their codecs
+// map NaN to 0x7FFF.) Bit copies of fp32 pool bytes never come through here
+// and keep their payloads.
+inline constexpr uint32_t kCanonicalF32NaN = 0x7FFFFFFFu;
+KVSIM_HD constexpr float canonical_nan(float v) { return is_nan(v) ? bits_float(kCanonicalF32NaN) : v; }
+
 // Rounds an fp32 value to a fp32/fp16/bf16 tensor element (RNE, canonical NaN).
 KVSIM_HD constexpr void store_float(void* data, CacheDtype t, int64_t offset, float v) {
   switch (t) {
-    case CacheDtype::fp32: static_cast<float*>(data)[offset] = v; break;
+    case CacheDtype::fp32: static_cast<float*>(data)[offset] = canonical_nan(v); break;
     case CacheDtype::fp16: static_cast<uint16_t*>(data)[offset] = codec::f32_to_f16(v); break;
     case CacheDtype::bf16: static_cast<uint16_t*>(data)[offset] = codec::f32_to_bf16(v); break;
     default: break;

@@ -139,12 +139,13 @@ KVSIM_HD inline float gather_element_value(const GatherPagedArgs& a, int64_t blo
   switch (t) {
     case CacheDtype::fp8_e4m3:
     case CacheDtype::fp8_e5m2:
-    case CacheDtype::int8:
-      return load_cache_code_value(data, t, e) * a.scale;
+    case CacheDtype::int8:  // arithmetic: a NaN code's result is canonical (tensor.hpp)
+      return canonical_nan(load_cache_code_value(data, t, e) * a.scale);
     case CacheDtype::nvfp4: {
       const int64_t so = scale_offset(a.pools.scale_strides[static_cast<int>(PoolKind::primary)], block, a.layer, a.kv,
                                       head, entry, dim);
-      return codec::nvfp4_decode(load_nibble(data, e), a.pools.scale_bytes(PoolKind::primary)[so], a.global_scale);
+      return canonical_nan(
+          codec::nvfp4_decode(load_nibble(data, e), a.pools.scale_bytes(PoolKind::primary)[so], a.global_scale));
     }
     default:
       return load_cache_code_value(data, t, e);  // fp32 / fp16 / bf16: exact
