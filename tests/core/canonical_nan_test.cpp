@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include <kvsim/core.hpp>
+#include <kvsim/core/tensor.hpp>
 
 using namespace kvsim;
 
