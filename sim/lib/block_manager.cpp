@@ -208,7 +208,7 @@ MatchResult BlockManager::add_sequence(SeqId seq, std::span<const int32_t> promp
     auto range = children_.equal_range(parent);
     for (auto it = range.first; it != range.second; ++it) {
       const Node& c = nodes_.at(it->second);
-      if (c.pool != PoolKind::primary) continue;
+      if (c.pool != PoolKind::primary || !c.written) continue;
       int64_t n = 0;
       while (n < room && c.tokens[n] == prompt[m.full_tokens + n]) ++n;
       if (n > best || (n == best && n > 0 && c.block < src)) {
@@ -293,6 +293,10 @@ void BlockManager::commit(SeqId seq, std::span<const int32_t> tokens, int64_t le
     primary_[block].node = key;
   }
   s.registered_blocks = std::max(s.registered_blocks, full);
+}
+
+void BlockManager::mark_step_written() {
+  for (auto& [key, node] : nodes_) node.written = true;
 }
 
 void BlockManager::release_out_of_window(SeqId seq, int64_t next_position) {

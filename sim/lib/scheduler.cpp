@@ -153,6 +153,7 @@ StepPlan Scheduler::schedule(int64_t step) {
 }
 
 std::vector<int32_t> Scheduler::finish_step(const StepPlan& plan) {
+  bm_.mark_step_written();
   std::vector<int32_t> finished;
   for (const auto* list : {&plan.prefill, &plan.decode})
     for (const ScheduledEntry& e : *list) {

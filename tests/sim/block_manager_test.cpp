@@ -177,6 +177,7 @@ TEST_CASE("block manager: partial reuse copies the matching head of a cached blo
   bm.add_sequence(0, a);
   REQUIRE(bm.ensure_capacity(0, 15));
   bm.commit(0, a, 15);
+  bm.mark_step_written();  // the step that fills A's blocks has run: they may be copied from
   // B shares block 0 and the first 4 tokens of block 1.
   auto b = iota_tokens(11);
   b.push_back(-5);

@@ -168,6 +168,31 @@ TEST_CASE("replay: partial-block reuse copies the matching head") {
   CHECK(r.counters.partial_reuse_tokens == 3);
 }
 
+TEST_CASE("replay: a block filled in this step is no partial_copy source until the step has run") {
+  // Two requests share a 10-token prefix inside one 16-token block and arrive
+  // together: the first one's block is in the tree (full-block hits may use
+  // it) but not yet written, so the second must not copy its head.
+  Scenario s;
+  s.name = "same_step_partial";
+  s.model.layers = 1;
+  s.model.q_heads = 2;
+  s.model.kv_heads = 1;
+  s.model.head_dim = 16;
+  s.cache.page_size = 16;
+  s.cache.primary_blocks = 9;
+  s.reuse.enabled = true;
+  s.reuse.partial = true;
+  PrefixSpec p;
+  p.name = "p";
+  p.tokens.resize(10);
+  std::iota(p.tokens.begin(), p.tokens.end(), 7);
+  s.prefixes = {p};
+  s.requests = {request("r0", 7, 6, 0, {"p"}), request("r1", 2, 9, 0, {"p"})};
+  const ScenarioReport r = replay(s, cpu());
+  all_hold(r, {Invariant::reuse, Invariant::batch});
+  CHECK(r.counters.partial_reuse_tokens == 0);
+}
+
 TEST_CASE("replay: preemption by recompute under pool pressure keeps outputs bit-equal") {
   Scenario s = small(3);
   s.cache.primary_blocks = 24;

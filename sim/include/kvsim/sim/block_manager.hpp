@@ -128,6 +128,11 @@ class BlockManager {
   // The step that brings the sequence to `length` tokens is scheduled:
   // register its full blocks (tokens[0, length) known) in the prefix tree.
   void commit(SeqId seq, std::span<const int32_t> tokens, int64_t length);
+  // The step's ops have run: blocks committed during it now hold their bytes.
+  // Until then they serve full-block hits (the same step's write op fills
+  // them before any attention op reads) but are no partial_copy source: a
+  // copy reads its source at once.
+  void mark_step_written();
   // Release mode: after a step, return the blocks no query at position >=
   // next_position can attend to (every token of the block is a non-sink
   // before the window of next_position).
@@ -166,6 +171,7 @@ class BlockManager {
     std::vector<int32_t> tokens;
     PoolKind pool = PoolKind::primary;
     int32_t block = -1;
+    bool written = false;  // false while the step that fills it has not run
   };
   struct PrimaryBlock {
     int32_t refs = 0;
