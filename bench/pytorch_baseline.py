@@ -16,7 +16,7 @@ definition kvsim bench uses: K/V bytes read or written plus Q/out for decode),
 achieved GB/s, and the ratio to a device-to-device copy measured in the same
 run (bytes read + written). JSON on stdout with --json, else a table.
 
-  python3 bench/pytorch_baseline.py [--device cuda|cpu] [--quick] [--json]
+  python3 bench/pytorch_baseline.py [--device cuda|cpu] [--quick] [--full] [--json]
 """
 import argparse
 import json
@@ -134,6 +134,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--quick", action="store_true", help="a few small rows (smoke run)")
+    ap.add_argument("--full", action="store_true", help="also GQA 64:8 and page 64 (four times the rows)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     device = args.device
@@ -150,8 +151,8 @@ def main():
         decode_cfgs = [(1, 1024), (16, 1024), (4, 8192)]
     else:
         decode_cfgs = [(b, c) for b in (1, 16, 64, 256) for c in (1024, 8192, 32768)]
-    for Hq in (32, 64):
-        for P in (16, 64):
+    for Hq in ((32, 64) if args.full else (32,)):
+        for P in ((16, 64) if args.full else (16,)):
             for cache in ("bf16", "fp8_e4m3"):
                 for batch, ctx in decode_cfgs:
                     need = 2 * batch * ctx * H * D * (1 if cache == "fp8_e4m3" else 2)
