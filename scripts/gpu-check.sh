@@ -81,6 +81,13 @@ for values in --finite ""; do
   [ $rc -ne 0 ] && tail -12 "$log"
 done
 
+# kvsim run on the CUDA backend: every built-in scenario with every invariant.
+t0=$(date +%s)
+timeout "$(allow 90 110)" stdbuf -oL "$bin/kvsim" run --backend cuda > "$OUT/run-cuda.txt" 2>&1
+rc=$?
+note "kvsim run --backend cuda (every scenario): rc=$rc ($(( $(date +%s) - t0 )) s): $(grep -E 'scenarios on cuda' "$OUT/run-cuda.txt" | tail -1 | cut -c1-60)"
+[ $rc -ne 0 ] && tail -12 "$OUT/run-cuda.txt"
+
 # Throughput of every op on the GPU, with the copy bandwidth of the same run.
 t0=$(date +%s)
 timeout "$(allow 60 80)" stdbuf -oL "$bin/kvsim" bench --backend cuda --min-seconds 0.2 > "$OUT/bench-cuda.txt" 2>&1
@@ -99,6 +106,16 @@ if command -v compute-sanitizer >/dev/null 2>&1; then
     rc=$?
     { echo "== $tool"; cat "$log"; } >> "$OUT/sanitizer.log"
     note "compute-sanitizer $tool ops_differential_test: rc=$rc ($(( $(date +%s) - t0 )) s) $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$log" | tail -1) $(grep -E 'test cases' "$log" | tail -1)"
+  done
+  # The attention kernels: the NaN-tail and one-token-prefill cases (both paths, every tail dtype).
+  for tool in memcheck racecheck initcheck synccheck; do
+    log="/tmp/sanitizer-attention-$tool.log"
+    t0=$(date +%s)
+    timeout "$(allow 40 20)" compute-sanitizer --tool "$tool" --error-exitcode 9 "$bin/attention_differential_test" \
+      --test-case='*NanTail*,*OneTokenPrefill*' > "$log" 2>&1
+    rc=$?
+    { echo "== $tool attention"; cat "$log"; } >> "$OUT/sanitizer.log"
+    note "compute-sanitizer $tool attention_differential_test (NaN tail, one-token prefill): rc=$rc ($(( $(date +%s) - t0 )) s) $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$log" | tail -1) $(grep -E 'test cases' "$log" | tail -1)"
   done
   timeout "$(allow 30 10)" compute-sanitizer --tool memcheck --error-exitcode 9 "$bin/core_device_test" \
     --test-case-exclude='*every fp32 input*' > /tmp/sanitizer-core.log 2>&1
