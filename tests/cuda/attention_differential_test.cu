@@ -19,35 +19,13 @@
 #include "backends/cuda/attention_kernels.hpp"
 #include "backends/cuda/attention_plan.cuh"
 #include "tests/cuda/attention_fixture.hpp"
+#include "tests/cuda/gpu_skip.hpp"
 
 using namespace kvsim;
 using namespace kvsim::test;
 
 namespace {
 
-bool gpu_present(std::string& why) {
-  int n = 0;
-  const cudaError_t e = cudaGetDeviceCount(&n);
-  if (e != cudaSuccess) {
-    why = std::string("cudaGetDeviceCount failed: ") + cudaGetErrorString(e);
-    return false;
-  }
-  if (n == 0) {
-    why = "no CUDA device";
-    return false;
-  }
-  return true;
-}
-
-#define SKIP_WITHOUT_GPU()                                                         \
-  do {                                                                             \
-    std::string why_;                                                              \
-    if (!gpu_present(why_)) {                                                      \
-      MESSAGE("SKIPPED (differential test needs a GPU): " << why_);                \
-      std::printf("SKIPPED (differential test needs a GPU): %s\n", why_.c_str()); \
-      return;                                                                      \
-    }                                                                              \
-  } while (0)
 
 // First differing output element, for the failure message.
 std::string first_difference(const AttentionProblem& p, const std::vector<uint8_t>& want,

@@ -17,34 +17,12 @@
 #include <vector>
 
 #include <kvsim/core.hpp>
+#include "tests/cuda/gpu_skip.hpp"
 
 namespace {
 
 using namespace kvsim;
 
-bool gpu_present(std::string& why) {
-  int n = 0;
-  const cudaError_t e = cudaGetDeviceCount(&n);
-  if (e != cudaSuccess) {
-    why = std::string("cudaGetDeviceCount failed: ") + cudaGetErrorString(e);
-    return false;
-  }
-  if (n == 0) {
-    why = "no CUDA device";
-    return false;
-  }
-  return true;
-}
-
-#define SKIP_WITHOUT_GPU()                                                              \
-  do {                                                                                  \
-    std::string why_;                                                                   \
-    if (!gpu_present(why_)) {                                                           \
-      MESSAGE("SKIPPED (differential test needs a GPU): " << why_);                     \
-      std::printf("SKIPPED (differential test needs a GPU): %s\n", why_.c_str());      \
-      return;                                                                           \
-    }                                                                                   \
-  } while (0)
 
 #define CUDA_OK(expr) REQUIRE_MESSAGE((expr) == cudaSuccess, #expr << ": " << cudaGetErrorString(cudaGetLastError()))
 
