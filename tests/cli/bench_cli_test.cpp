@@ -36,7 +36,8 @@ TEST_CASE("kvsim bench --json measures every op with the copy bandwidth of the s
   const std::set<std::string> expected{"append_paged",      "reshape_and_cache", "qkv_preprocess_write",
                                        "append_mla",        "indexer_k_scatter", "gather_paged",
                                        "decode_attention",  "prefill_attention", "partial_copy",
-                                       "copy_blocks",       "offload",           "onboard"};
+                                       "copy_blocks",       "offload",           "onboard",
+                                       "scenario_replay"};
   std::set<std::string> seen[3];
   for (const auto& row : j["results"]) {
     const int threads = row["threads"];
