@@ -42,7 +42,6 @@
 namespace kvsim::cli {
 namespace {
 
-int machine_threads() { return static_cast<int>(std::max(1u, std::thread::hardware_concurrency())); }
 
 struct BenchOptions {
   std::string backend = "cpu";

@@ -187,7 +187,9 @@ void register_diff(CLI::App& app) {
   add_int_option(*cmd, "--ops-per-sequence", opts->ops_per_sequence, "Ops in each generated sequence", 1, 100000);
   cmd->add_flag("--finite", opts->finite,
                 "Generated inputs and pools hold finite values only (default: NaN payloads and Inf too)");
-  add_int_option(*cmd, "--threads", opts->threads, "oneTBB threads for the cpu side (0 = all cores)", 0, 1024);
+  add_int_option(*cmd, "--threads", opts->threads,
+                 "oneTBB threads for the cpu side, 1.." + std::to_string(machine_threads()) + " (default all cores)", 1,
+                 machine_threads());
   cmd->add_flag("--json", opts->json, "Print one JSON object: runs, ops, bytes_compared, first_difference, ok");
   cmd->callback([opts] { run(*opts); });
 }

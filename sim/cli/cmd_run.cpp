@@ -145,14 +145,20 @@ void register_run(CLI::App& app) {
     for (const std::string& n : backend_names()) names += (names.empty() ? "" : ", ") + n;
     return names;
   }() + " (default cpu)");
-  add_int_option(*cmd, "--threads", opts->threads, "oneTBB threads for the cpu backend (0 = all cores)", 0, 1024);
+  add_int_option(*cmd, "--threads", opts->threads,
+                 "oneTBB threads for the cpu backend, 1.." + std::to_string(machine_threads()) + " (default all cores)", 1,
+                 machine_threads());
   cmd->add_flag("--json", opts->json, "Print one JSON object (docs/run.md)");
   cmd->add_flag("--details", opts->details,
                 "Also print what each checked invariant compared, its bound and its worst case");
   cmd->add_option("--dump", opts->dump_dir,
                   "Write pools, scale pools, queries and attention outputs as .npy files plus manifest.json to DIR "
                   "(DIR/SCENARIO/ for several scenarios)");
-  cmd->callback([opts] { run(*opts); });
+  cmd->callback([opts, cmd] {
+    if (cmd->count("--dump") && opts->dump_dir.empty())
+      fail(ErrorCode::bad_argument, "--dump = '': empty value: expected a folder to write the .npy files into");
+    run(*opts);
+  });
 }
 
 }  // namespace kvsim::cli

@@ -4,10 +4,14 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <algorithm>
+#include <thread>
 
 #include "kvsim/core/errors.hpp"
 
 namespace kvsim::cli {
+
+int machine_threads() { return static_cast<int>(std::max(1u, std::thread::hardware_concurrency())); }
 namespace {
 
 [[noreturn]] void reject(std::string_view flag, std::string_view text, const std::string& rule) {

@@ -44,6 +44,10 @@ enum class IntSyntax : uint8_t {
 // (NUL, control bytes, non-ASCII) as \xNN, cut after 64 characters.
 std::string printable(std::string_view text);
 
+// The range every --threads flag accepts: 1..this machine's cores (oneTBB
+// cannot build an arena of millions of threads; unset = all cores).
+int machine_threads();
+
 // One integer in [min, max]. `flag` names the value in the error ("--token",
 // "stdin line 3").
 int64_t parse_int(std::string_view flag, std::string_view text, int64_t min, int64_t max,

@@ -90,6 +90,11 @@ TEST_CASE("kvsim run: exit 1 when an expectation fails, 2 for bad input") {
   CHECK(run("run " + bad).code == 2);
   CHECK(run("run /nonexistent/scenario.toml").code == 2);
   CHECK(run("run --threads -1 " + scenario("chunked_prefill_page_one.toml")).code == 2);
+  CHECK(run("run --threads 0 " + scenario("chunked_prefill_page_one.toml")).code == 2);
+  CHECK(run("run --threads 010 " + scenario("chunked_prefill_page_one.toml")).code == 2);
+  const Result empty_dump = run("run --dump '' " + scenario("chunked_prefill_page_one.toml"));
+  CHECK(empty_dump.code == 2);
+  CHECK(empty_dump.out.empty());  // a rejection prints nothing on stdout
   CHECK(run("run --backend nosuch " + scenario("chunked_prefill_page_one.toml")).code == 2);
 }
 
