@@ -1,36 +1,224 @@
 // decode_attention / prefill_attention on oneTBB: one work item per (query
-// token, KV head), each running core's attend_query() with per-thread
-// scratch. Work items write disjoint output rows, so the result is the same
-// for any thread count.
+// token, KV head). Each item runs the fast path of attention_fast.hpp (the
+// canonical order of core's attend_query, arranged for SIMD, same bytes) or,
+// with Isa::reference, attend_query itself. Work items write disjoint output
+// rows, so the result is the same for any thread count.
 #include <tbb/blocked_range2d.h>
 #include <tbb/enumerable_thread_specific.h>
 #include <tbb/parallel_for.h>
 
+#include <cstdlib>
+#include <cstring>
+#include <string_view>
 #include <vector>
 
+#include "backends/cpu/attention_fast.hpp"
 #include "backends/cpu/cpu_backend.hpp"
 
 namespace kvsim {
+namespace cpu_attention {
 namespace {
 
-AttentionArgs make_args(const KvPools& pools, int32_t layer, const TensorView& q, const TensorView& out,
-                        const int32_t* table, int32_t max_blocks, const AttentionScales& scales,
-                        const WindowMapping& window) {
-  AttentionArgs a;
-  a.pools = pools;
-  a.layer = layer;
-  a.q = q;
-  a.out = out;
-  a.block_table = table;
-  a.max_blocks_per_seq = max_blocks;
-  a.scales = scales;
-  a.window = window;
-  a.group = static_cast<int32_t>(q.shape[1] / pools.geometry.kv_heads);
-  return a;
+using canon::kPartitionSize;
+using canon::kWarp;
+
+// Everything about an op that is the same for all its items.
+struct Plan {
+  const Kernels* kernels = nullptr;
+  RowFormat format = RowFormat::f32;
+  bool direct = false;  // rows read in place (else staged through load_head_row as fp32)
+  int32_t D = 0, c = 0, G = 0, quads = 0, pairs = 0;
+  int bytes = 0;  // bytes per element (direct rows)
+  std::vector<int32_t> perm;
+  std::vector<uint16_t> perm_mask;
+};
+
+bool row_is_contiguous(const PoolStrides& st, int32_t kv, int32_t D) {
+  const int64_t base = element_offset(st, 0, 0, kv, 0, 0, 0);
+  for (int32_t d = 0; d < D; ++d)
+    if (element_offset(st, 0, 0, kv, 0, 0, d) - base != d) return false;
+  return true;
 }
 
-// rows[i] = (sequence, position) of query row i.
-void run_queries(tbb::task_arena& arena, const AttentionArgs& a, const std::vector<std::pair<int32_t, int64_t>>& rows) {
+Plan make_plan(const AttentionArgs& a, Isa isa) {
+  const PoolGeometry& g = a.pools.geometry;
+  Plan p;
+  p.D = g.head_dim;
+  p.c = (p.D + kWarp - 1) / kWarp;
+  p.G = a.group;
+  p.quads = (p.G + kQuad - 1) / kQuad;
+  p.pairs = (p.c + 1) / 2;
+  p.kernels = &portable_kernels();
+  if (isa == Isa::avx512 && avx512_kernels() != nullptr && avx512_kernels()->supports_head_dim(p.D))
+    p.kernels = avx512_kernels();
+  const PoolStrides& st = a.pools.strides[0];
+  p.direct = g.dtype != CacheDtype::nvfp4 && row_is_contiguous(st, 0, p.D) && row_is_contiguous(st, 1, p.D);
+  p.format = RowFormat::f32;
+  if (p.direct) {
+    switch (g.dtype) {
+      case CacheDtype::fp32: p.format = RowFormat::f32; break;
+      case CacheDtype::fp16: p.format = RowFormat::f16; break;
+      case CacheDtype::bf16: p.format = RowFormat::bf16; break;
+      case CacheDtype::fp8_e4m3: p.format = RowFormat::e4m3; break;
+      case CacheDtype::fp8_e5m2: p.format = RowFormat::e5m2; break;
+      case CacheDtype::int8: p.format = RowFormat::i8; break;
+      case CacheDtype::nvfp4: break;
+    }
+    p.bytes = bits_per_element(g.dtype) / 8;
+  }
+  // K transposition: output (j, half h) lane i is dim (16h + i) * c + j, i.e.
+  // element s = i * c + j of the 16c natural floats from vector h * c on;
+  // vector pair s / 32, index s % 32 within the pair.
+  p.perm.assign(static_cast<size_t>(p.c) * p.pairs * 16, 0);
+  p.perm_mask.assign(static_cast<size_t>(p.c) * p.pairs, 0);
+  for (int32_t j = 0; j < p.c; ++j)
+    for (int i = 0; i < 16; ++i) {
+      const int32_t s = i * p.c + j;
+      const int32_t pair = s / 32;
+      p.perm[(static_cast<size_t>(j) * p.pairs + pair) * 16 + i] = s % 32;
+      p.perm_mask[static_cast<size_t>(j) * p.pairs + pair] |= static_cast<uint16_t>(1u << i);
+    }
+  return p;
+}
+
+// Per-thread scratch, 64-byte aligned sub-arrays in one allocation.
+struct Workspace {
+  std::vector<float> storage;
+  std::vector<const uint8_t*> k_rows, v_rows;
+  float *qt = nullptr, *s = nullptr, *p = nullptr, *m = nullptr, *l = nullptr, *part_m = nullptr, *part_l = nullptr,
+        *part_acc = nullptr, *merged = nullptr, *kbuf = nullptr, *kstage = nullptr, *vstage = nullptr;
+
+  void layout(const Plan& pl, int64_t parts) {
+    const auto round16 = [](int64_t n) { return (n + 15) / 16 * 16; };
+    const int64_t G = pl.G, D = pl.D;
+    const int64_t sizes[] = {
+        G * pl.c * kWarp,                          // qt
+        pl.quads * int64_t{kPartitionSize} * kQuad,  // s
+        pl.quads * int64_t{kPartitionSize} * kQuad,  // p
+        pl.quads * int64_t{kQuad},                 // m
+        pl.quads * int64_t{kQuad},                 // l
+        G * parts,                                 // part_m
+        G * parts,                                 // part_l
+        G * parts * D,                             // part_acc
+        D,                                         // merged
+        int64_t{kWarp} * pl.c + 64,                // kbuf
+        pl.direct ? 0 : int64_t{kPartitionSize} * D,  // kstage
+        pl.direct ? 0 : int64_t{kPartitionSize} * D,  // vstage
+    };
+    int64_t total = 16;
+    for (int64_t n : sizes) total += round16(n);
+    if (static_cast<int64_t>(storage.size()) < total) storage.resize(static_cast<size_t>(total));
+    float* base = storage.data();
+    base += (16 - (reinterpret_cast<uintptr_t>(base) / 4) % 16) % 16;
+    float** slots[] = {&qt, &s, &p, &m, &l, &part_m, &part_l, &part_acc, &merged, &kbuf, &kstage, &vstage};
+    for (int i = 0; i < 12; ++i) {
+      *slots[i] = base;
+      base += round16(sizes[i]);
+    }
+    std::memset(kbuf, 0, static_cast<size_t>(round16(sizes[9])) * 4);
+    if (k_rows.size() < static_cast<size_t>(kPartitionSize)) {
+      k_rows.resize(kPartitionSize);
+      v_rows.resize(kPartitionSize);
+    }
+  }
+};
+
+// attend_query's work item through the fast kernels: same inputs, same bytes.
+void attend_fast(const AttentionArgs& a, const Plan& pl, int32_t seq, int64_t position, int64_t row, int32_t kv_head,
+                 Workspace& ws) {
+  const PoolGeometry& geo = a.pools.geometry;
+  const PageDivider page = geo.page_divider();
+  const KeyList keys = make_key_list(position, a.window, page);
+  const int64_t n = keys.size();
+  const int64_t parts = (n + kPartitionSize - 1) / kPartitionSize;
+  const int32_t D = pl.D, G = pl.G, c = pl.c;
+  ws.layout(pl, parts);
+
+  for (int32_t g = 0; g < G; ++g)
+    for (int32_t j = 0; j < c; ++j)
+      for (int l = 0; l < kWarp; ++l) {
+        const int32_t d = l * c + j;
+        ws.qt[(static_cast<int64_t>(g) * c + j) * kWarp + l] =
+            d < D ? load_float(a.q.data, a.q.dtype, a.q.offset(row, kv_head * G + g, d)) : -0.0f;
+      }
+
+  PartitionTask t;
+  t.head_dim = D;
+  t.lanes_c = c;
+  t.group = G;
+  t.quads = pl.quads;
+  t.format = pl.format;
+  t.k_rows = ws.k_rows.data();
+  t.v_rows = ws.v_rows.data();
+  t.qt = ws.qt;
+  t.perm = pl.perm.data();
+  t.perm_mask = pl.perm_mask.data();
+  t.score_scale = a.scales.sm_scale * a.scales.k_scale;
+  t.s = ws.s;
+  t.p = ws.p;
+  t.m = ws.m;
+  t.l = ws.l;
+  t.acc_stride = parts * D;
+  t.kbuf = ws.kbuf;
+
+  const uint8_t* pool = a.pools.bytes(PoolKind::primary);
+  const PoolStrides& st = a.pools.strides[0];
+  const int32_t* table = a.block_table + static_cast<int64_t>(seq) * a.max_blocks_per_seq;
+  for (int64_t part = 0; part < parts; ++part) {
+    const int64_t first = part * kPartitionSize;
+    const int32_t count = static_cast<int32_t>(n - first < kPartitionSize ? n - first : kPartitionSize);
+    for (int32_t j = 0; j < count; ++j) {
+      bool masked = false;
+      const int64_t slot = keys.slot(first + j, a.window, masked);
+      if (pl.direct) {
+        const BlockRef ref{table[page.div(slot)]};
+        const int64_t block = ref.block();
+        const int32_t entry = page.mod(slot);
+        ws.k_rows[j] = masked ? nullptr : pool + element_offset(st, block, a.layer, 0, kv_head, entry, 0) * pl.bytes;
+        ws.v_rows[j] = pool + element_offset(st, block, a.layer, 1, kv_head, entry, 0) * pl.bytes;
+      } else {
+        float* krow = ws.kstage + static_cast<int64_t>(j) * D;
+        float* vrow = ws.vstage + static_cast<int64_t>(j) * D;
+        if (!masked) load_head_row(a, seq, slot, 0, kv_head, krow);
+        load_head_row(a, seq, slot, 1, kv_head, vrow);
+        ws.k_rows[j] = masked ? nullptr : reinterpret_cast<const uint8_t*>(krow);
+        ws.v_rows[j] = reinterpret_cast<const uint8_t*>(vrow);
+      }
+    }
+    t.count = count;
+    t.acc = ws.part_acc + part * D;
+    pl.kernels->scores(t);
+    pl.kernels->softmax(t);
+    for (int32_t g = 0; g < G; ++g) {
+      ws.part_m[g * parts + part] = ws.m[g];
+      ws.part_l[g * parts + part] = ws.l[g];
+    }
+    pl.kernels->pv(t);
+  }
+
+  // Merge in partition order: attend_query's loop, operation for operation.
+  float* merged = ws.merged;
+  for (int32_t g = 0; g < G; ++g) {
+    const float* part_m = ws.part_m + static_cast<int64_t>(g) * parts;
+    const float* part_l = ws.part_l + static_cast<int64_t>(g) * parts;
+    float global_max = canon::neg_inf();
+    for (int64_t part = 0; part < parts; ++part) global_max = part_m[part] > global_max ? part_m[part] : global_max;
+    float L = 0.0f;
+    for (int32_t d = 0; d < D; ++d) merged[d] = 0.0f;
+    for (int64_t part = 0; part < parts; ++part) {
+      const float w = canon::merge_weight(part_m[part], global_max);
+      L = canon::fma_f32(part_l[part], w, L);
+      const float* acc = ws.part_acc + (static_cast<int64_t>(g) * parts + part) * D;
+      for (int32_t d = 0; d < D; ++d) merged[d] = canon::fma_f32(acc[d], w, merged[d]);
+    }
+    for (int32_t d = 0; d < D; ++d) {
+      const float o = (merged[d] / L) * a.scales.v_scale;
+      store_float(a.out.data, a.out.dtype, a.out.offset(row, kv_head * G + g, d), o);
+    }
+  }
+}
+
+void run_reference(tbb::task_arena& arena, const AttentionArgs& a, const std::vector<std::pair<int32_t, int64_t>>& rows) {
   tbb::enumerable_thread_specific<std::vector<float>> scratch;
   const int32_t heads = a.pools.geometry.kv_heads;
   arena.execute([&] {
@@ -51,12 +239,81 @@ void run_queries(tbb::task_arena& arena, const AttentionArgs& a, const std::vect
 
 }  // namespace
 
+const char* isa_name(Isa isa) {
+  switch (isa) {
+    case Isa::reference: return "reference";
+    case Isa::portable: return "portable";
+    case Isa::avx512: return "avx512";
+  }
+  return "?";
+}
+
+bool isa_available(Isa isa) {
+  if (isa == Isa::avx512) return avx512_kernels() != nullptr && avx512_supported_by_cpu();
+  return true;
+}
+
+Isa selected_isa() {
+  static const Isa chosen = [] {
+    Isa best = isa_available(Isa::avx512) ? Isa::avx512 : Isa::portable;
+    if (const char* env = std::getenv("KVSIM_CPU_ATTENTION")) {
+      const std::string_view v(env);
+      for (Isa i : {Isa::reference, Isa::portable, Isa::avx512})
+        if (v == isa_name(i) && isa_available(i)) best = i;
+    }
+    return best;
+  }();
+  return chosen;
+}
+
+void run_attention_rows(tbb::task_arena& arena, const AttentionArgs& a,
+                        const std::vector<std::pair<int32_t, int64_t>>& rows, Isa isa) {
+  if (isa == Isa::reference || !isa_available(isa)) {
+    if (isa == Isa::reference) return run_reference(arena, a, rows);
+    isa = Isa::portable;
+  }
+  const Plan plan = make_plan(a, isa);
+  tbb::enumerable_thread_specific<Workspace> workspaces;
+  const int32_t heads = a.pools.geometry.kv_heads;
+  arena.execute([&] {
+    tbb::parallel_for(tbb::blocked_range2d<int64_t, int32_t>(0, static_cast<int64_t>(rows.size()), 0, heads),
+                      [&](const tbb::blocked_range2d<int64_t, int32_t>& r) {
+                        Workspace& ws = workspaces.local();
+                        for (int64_t i = r.rows().begin(); i < r.rows().end(); ++i)
+                          for (int32_t h = r.cols().begin(); h < r.cols().end(); ++h)
+                            attend_fast(a, plan, rows[i].first, rows[i].second, i, h, ws);
+                      });
+  });
+}
+
+}  // namespace cpu_attention
+
+namespace {
+
+AttentionArgs make_args(const KvPools& pools, int32_t layer, const TensorView& q, const TensorView& out,
+                        const int32_t* table, int32_t max_blocks, const AttentionScales& scales,
+                        const WindowMapping& window) {
+  AttentionArgs a;
+  a.pools = pools;
+  a.layer = layer;
+  a.q = q;
+  a.out = out;
+  a.block_table = table;
+  a.max_blocks_per_seq = max_blocks;
+  a.scales = scales;
+  a.window = window;
+  a.group = static_cast<int32_t>(q.shape[1] / pools.geometry.kv_heads);
+  return a;
+}
+
+}  // namespace
+
 void CpuBackend::run_decode_attention(const KvPools& pools, const DecodeAttentionOp& op) {
   const AttentionArgs a = make_args(pools, op.layer, op.q, op.out, op.block_table.data(), op.max_blocks_per_seq,
                                     op.scales, op.window);
   std::vector<std::pair<int32_t, int64_t>> rows;
   for (size_t b = 0; b < op.seq_lens.size(); ++b) rows.emplace_back(static_cast<int32_t>(b), op.seq_lens[b] - 1);
-  run_queries(arena_, a, rows);
+  cpu_attention::run_attention_rows(arena_, a, rows, cpu_attention::selected_isa());
 }
 
 void CpuBackend::run_prefill_attention(const KvPools& pools, const PrefillAttentionOp& op) {
@@ -66,7 +323,7 @@ void CpuBackend::run_prefill_attention(const KvPools& pools, const PrefillAttent
   for (size_t b = 0; b + 1 < op.q_indptr.size(); ++b)
     for (int32_t i = op.q_indptr[b]; i < op.q_indptr[b + 1]; ++i)
       rows.emplace_back(static_cast<int32_t>(b), prefill_position(op.seq_lens[b], op.q_indptr[b], op.q_indptr[b + 1], i));
-  run_queries(arena_, a, rows);
+  cpu_attention::run_attention_rows(arena_, a, rows, cpu_attention::selected_isa());
 }
 
 }  // namespace kvsim

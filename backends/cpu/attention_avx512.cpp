@@ -1,0 +1,382 @@
+// AVX-512 kernels of the fast attention path (attention_fast.hpp), compiled
+// for AVX-512F/BW/VL/DQ + FMA with a target pragma and used only where the
+// CPU reports those features at run time; every other host takes the
+// portable kernels. Each vector operation is the IEEE operation core's
+// scalar order performs on that element (fma is correctly rounded in both),
+// so the bytes are those of attend_query; no flag of the build changes
+// (-ffp-contract=off stays, and no fast-math).
+//
+// Everything compiled under the pragma has internal linkage (or is a test
+// hook with a unique name): no inline function shared with other files is
+// ever emitted with AVX-512 code.
+#include "backends/cpu/attention_fast.hpp"
+
+#include <cstdlib>
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define KVSIM_CPU_AVX512 1
+#include <immintrin.h>
+#else
+#define KVSIM_CPU_AVX512 0
+#endif
+
+#if KVSIM_CPU_AVX512
+
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,fma"))), apply_to = function)
+#else
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,fma")
+#endif
+
+namespace kvsim::cpu_attention {
+namespace {
+
+using canon::kPartitionSize;
+
+// ---------------------------------------------------------------- row decoders
+// Elements [i, i + 16) of a row as their exact fp32 values: bit-identical to
+// core's codecs for every code (checked exhaustively by the fast-path test).
+template <RowFormat F>
+inline __m512 dec16(const uint8_t* row, int32_t i);
+
+template <>
+inline __m512 dec16<RowFormat::f32>(const uint8_t* row, int32_t i) {
+  return _mm512_loadu_ps(reinterpret_cast<const float*>(row) + i);
+}
+
+template <>
+inline __m512 dec16<RowFormat::bf16>(const uint8_t* row, int32_t i) {
+  const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + 2 * i));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+// codec::f16_to_f32: Inf/NaN keep their payload; normals rebias the
+// exponent; subnormals are m * 2^-24 (exact); the sign is or-ed in.
+template <>
+inline __m512 dec16<RowFormat::f16>(const uint8_t* row, int32_t i) {
+  const __m512i x = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + 2 * i)));
+  const __m512i sign = _mm512_slli_epi32(_mm512_and_si512(x, _mm512_set1_epi32(0x8000)), 16);
+  const __m512i mag = _mm512_and_si512(x, _mm512_set1_epi32(0x7FFF));
+  const __m512i shifted = _mm512_slli_epi32(mag, 13);
+  __m512i bits = _mm512_add_epi32(shifted, _mm512_set1_epi32(112 << 23));
+  bits = _mm512_mask_mov_epi32(bits, _mm512_cmpge_epu32_mask(mag, _mm512_set1_epi32(0x7C00)),
+                               _mm512_or_si512(shifted, _mm512_set1_epi32(0x7F800000)));
+  const __m512 sub = _mm512_mul_ps(_mm512_cvtepi32_ps(mag), _mm512_set1_ps(0x1p-24f));
+  bits = _mm512_mask_mov_epi32(bits, _mm512_cmplt_epu32_mask(mag, _mm512_set1_epi32(0x400)), _mm512_castps_si512(sub));
+  return _mm512_castsi512_ps(_mm512_or_si512(bits, sign));
+}
+
+// codec::e4m3_to_f32: S.1111.111 is NaN (sign | 0x7FC00000).
+template <>
+inline __m512 dec16<RowFormat::e4m3>(const uint8_t* row, int32_t i) {
+  const __m512i x = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + i)));
+  const __m512i sign = _mm512_slli_epi32(_mm512_and_si512(x, _mm512_set1_epi32(0x80)), 24);
+  const __m512i mag = _mm512_and_si512(x, _mm512_set1_epi32(0x7F));
+  __m512i bits = _mm512_add_epi32(_mm512_slli_epi32(mag, 20), _mm512_set1_epi32(120 << 23));
+  const __m512 sub = _mm512_mul_ps(_mm512_cvtepi32_ps(mag), _mm512_set1_ps(0x1p-9f));
+  bits = _mm512_mask_mov_epi32(bits, _mm512_cmplt_epu32_mask(mag, _mm512_set1_epi32(8)), _mm512_castps_si512(sub));
+  bits = _mm512_mask_mov_epi32(bits, _mm512_cmpeq_epu32_mask(mag, _mm512_set1_epi32(0x7F)),
+                               _mm512_set1_epi32(0x7FC00000));
+  return _mm512_castsi512_ps(_mm512_or_si512(bits, sign));
+}
+
+// codec::e5m2_to_f32: exponent all ones is Inf/NaN with the 2-bit payload.
+template <>
+inline __m512 dec16<RowFormat::e5m2>(const uint8_t* row, int32_t i) {
+  const __m512i x = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + i)));
+  const __m512i sign = _mm512_slli_epi32(_mm512_and_si512(x, _mm512_set1_epi32(0x80)), 24);
+  const __m512i mag = _mm512_and_si512(x, _mm512_set1_epi32(0x7F));
+  __m512i bits = _mm512_add_epi32(_mm512_slli_epi32(mag, 21), _mm512_set1_epi32(112 << 23));
+  bits = _mm512_mask_mov_epi32(
+      bits, _mm512_cmpge_epu32_mask(mag, _mm512_set1_epi32(0x7C)),
+      _mm512_or_si512(_mm512_slli_epi32(_mm512_and_si512(mag, _mm512_set1_epi32(3)), 21), _mm512_set1_epi32(0x7F800000)));
+  const __m512 sub = _mm512_mul_ps(_mm512_cvtepi32_ps(mag), _mm512_set1_ps(0x1p-16f));
+  bits = _mm512_mask_mov_epi32(bits, _mm512_cmplt_epu32_mask(mag, _mm512_set1_epi32(4)), _mm512_castps_si512(sub));
+  return _mm512_castsi512_ps(_mm512_or_si512(bits, sign));
+}
+
+template <>
+inline __m512 dec16<RowFormat::i8>(const uint8_t* row, int32_t i) {
+  return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + i))));
+}
+
+// ---------------------------------------------------------------- exp
+// canon::exp_f32 on 16 lanes, operation for operation (same constants, same
+// rounding steps); the three early returns become blends.
+inline __m512 exp16(__m512 x) {
+  const __mmask16 is_nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
+  const __mmask16 big = _mm512_cmp_ps_mask(x, _mm512_set1_ps(88.72283935546875f), _CMP_GT_OQ);
+  const __mmask16 small = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-103.97208404541015625f), _CMP_LT_OQ);
+  const __m512 t = _mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f));
+  const __m512 magic = _mm512_set1_ps(12582912.0f);
+  const __m512 kf = _mm512_sub_ps(_mm512_add_ps(t, magic), magic);
+  const __m512 nkf = _mm512_xor_ps(kf, _mm512_set1_ps(-0.0f));
+  __m512 r = _mm512_fmadd_ps(nkf, _mm512_set1_ps(0.693359375f), x);
+  r = _mm512_fmadd_ps(nkf, _mm512_set1_ps(-2.12194440e-4f), r);
+  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+  const __m512 r2 = _mm512_mul_ps(r, r);
+  __m512 y = _mm512_fmadd_ps(p, r2, r);
+  y = _mm512_add_ps(y, _mm512_set1_ps(1.0f));
+  const __m512i k = _mm512_cvttps_epi32(kf);
+  const __m512i k1 = _mm512_srai_epi32(_mm512_add_epi32(k, _mm512_srli_epi32(k, 31)), 1);  // k / 2, truncated
+  const __m512i k2 = _mm512_sub_epi32(k, k1);
+  const __m512i bias = _mm512_set1_epi32(127);
+  y = _mm512_mul_ps(y, _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(k1, bias), 23)));
+  y = _mm512_mul_ps(y, _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(k2, bias), 23)));
+  y = _mm512_mask_mov_ps(y, is_nan, x);
+  y = _mm512_mask_mov_ps(y, big, _mm512_castsi512_ps(_mm512_set1_epi32(0x7F800000)));
+  y = _mm512_mask_mov_ps(y, small, _mm512_setzero_ps());
+  return y;
+}
+
+// canon::probability: exactly 0 for a masked key (score -inf).
+inline __m512 probability16(__m512 s, __m512 m) {
+  const __mmask16 masked = _mm512_cmp_ps_mask(s, _mm512_castsi512_ps(_mm512_set1_epi32(static_cast<int>(0xFF800000u))), _CMP_EQ_OQ);
+  return _mm512_maskz_mov_ps(static_cast<__mmask16>(~masked), exp16(_mm512_sub_ps(s, m)));
+}
+
+// ---------------------------------------------------------------- scores
+// Lane 0 of the xor butterfly for four query heads. h[g] holds level 16
+// (v[l] + v[l + 16], l < 16). Each level adds lane l and lane l + off of the
+// previous level, own lane first, exactly as lane l < off does on a warp.
+// Returns the four heads' sums in lanes 0..3.
+inline __m128 butterfly4(const __m512* h) {
+  const __m512 ab = _mm512_add_ps(_mm512_shuffle_f32x4(h[0], h[1], _MM_SHUFFLE(1, 0, 1, 0)),
+                                  _mm512_shuffle_f32x4(h[0], h[1], _MM_SHUFFLE(3, 2, 3, 2)));  // level 8
+  const __m512 cd = _mm512_add_ps(_mm512_shuffle_f32x4(h[2], h[3], _MM_SHUFFLE(1, 0, 1, 0)),
+                                  _mm512_shuffle_f32x4(h[2], h[3], _MM_SHUFFLE(3, 2, 3, 2)));
+  const __m512 z = _mm512_add_ps(_mm512_shuffle_f32x4(ab, cd, _MM_SHUFFLE(2, 0, 2, 0)),
+                                 _mm512_shuffle_f32x4(ab, cd, _MM_SHUFFLE(3, 1, 3, 1)));  // level 4: head g in quarter g
+  const __m512 w = _mm512_add_ps(z, _mm512_permute_ps(z, _MM_SHUFFLE(1, 0, 3, 2)));      // level 2
+  const __m512 v = _mm512_add_ps(w, _mm512_permute_ps(w, _MM_SHUFFLE(2, 3, 0, 1)));      // level 1
+  return _mm512_castps512_ps128(_mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0), v));
+}
+
+constexpr int kMaxC = canon::kMaxHeadDim / canon::kWarp;
+
+// C > 0: compile-time c; C == 0: any c (t.lanes_c).
+template <RowFormat F, int C>
+void scores_impl(const PartitionTask& t) {
+  const int c = C > 0 ? C : t.lanes_c;
+  const int pairs = (c + 1) / 2;
+  const int nvec = t.head_dim / 16;
+  const __m128 scale = _mm_set1_ps(t.score_scale);
+  const __m512 zero = _mm512_setzero_ps();
+  const __m128 masked = _mm_castsi128_ps(_mm_set1_epi32(static_cast<int>(0xFF800000u)));
+  constexpr int kNat = 2 * (C > 0 ? C : kMaxC) + 1;
+  for (int32_t j = 0; j < t.count; ++j) {
+    const uint8_t* row = t.k_rows[j];
+    if (row == nullptr) {
+      for (int32_t q = 0; q < t.quads; ++q) _mm_storeu_ps(t.s + (static_cast<int64_t>(q) * kPartitionSize + j) * kQuad, masked);
+      continue;
+    }
+    // The row in natural order, 16 dims per vector, +0 beyond head_dim.
+    __m512 nat[kNat];
+    for (int v = 0; v < 2 * c + 1; ++v) nat[v] = v < nvec ? dec16<F>(row, 16 * v) : zero;
+    // kt[2j + h] lane i = k[(16h + i) * c + j]: the lanes' j-th dims.
+    __m512 kt[kNat - 1];
+    for (int jj = 0; jj < c; ++jj)
+      for (int h = 0; h < 2; ++h) {
+        const __m512* src = nat + h * c;
+        __m512 o = _mm512_maskz_permutex2var_ps(t.perm_mask[jj * pairs], src[0], _mm512_loadu_si512(t.perm + jj * pairs * 16), src[1]);
+        for (int pp = 1; pp < pairs; ++pp)
+          o = _mm512_or_ps(o, _mm512_maskz_permutex2var_ps(t.perm_mask[jj * pairs + pp], src[2 * pp],
+                                                          _mm512_loadu_si512(t.perm + (jj * pairs + pp) * 16),
+                                                          src[2 * pp + 1]));
+        kt[2 * jj + h] = o;
+      }
+    for (int32_t q = 0; q < t.quads; ++q) {
+      __m512 half[kQuad];
+      for (int gi = 0; gi < kQuad; ++gi) {
+        const int32_t g = q * kQuad + gi;
+        if (g >= t.group) {
+          half[gi] = zero;
+          continue;
+        }
+        const float* qg = t.qt + static_cast<int64_t>(g) * c * 32;
+        __m512 lo = zero, hi = zero;  // lanes 0..15, 16..31; acc = fma(q, k, acc) in j order
+        for (int jj = 0; jj < c; ++jj) {
+          lo = _mm512_fmadd_ps(_mm512_load_ps(qg + jj * 32), kt[2 * jj], lo);
+          hi = _mm512_fmadd_ps(_mm512_load_ps(qg + jj * 32 + 16), kt[2 * jj + 1], hi);
+        }
+        half[gi] = _mm512_add_ps(lo, hi);  // level 16
+      }
+      _mm_storeu_ps(t.s + (static_cast<int64_t>(q) * kPartitionSize + j) * kQuad, _mm_mul_ps(butterfly4(half), scale));
+    }
+  }
+}
+
+template <RowFormat F>
+void scores_format(const PartitionTask& t) {
+  switch (t.lanes_c) {
+    case 2: return scores_impl<F, 2>(t);
+    case 3: return scores_impl<F, 3>(t);
+    case 4: return scores_impl<F, 4>(t);
+    case 8: return scores_impl<F, 8>(t);
+    default: return scores_impl<F, 0>(t);
+  }
+}
+
+void scores(const PartitionTask& t) {
+  switch (t.format) {
+    case RowFormat::f32: return scores_format<RowFormat::f32>(t);
+    case RowFormat::f16: return scores_format<RowFormat::f16>(t);
+    case RowFormat::bf16: return scores_format<RowFormat::bf16>(t);
+    case RowFormat::e4m3: return scores_format<RowFormat::e4m3>(t);
+    case RowFormat::e5m2: return scores_format<RowFormat::e5m2>(t);
+    case RowFormat::i8: return scores_format<RowFormat::i8>(t);
+  }
+}
+
+// ---------------------------------------------------------------- softmax
+void softmax(const PartitionTask& t) {
+  const int32_t n = t.count;
+  for (int32_t q = 0; q < t.quads; ++q) {
+    const float* s = t.s + static_cast<int64_t>(q) * kPartitionSize * kQuad;
+    float* p = t.p + static_cast<int64_t>(q) * kPartitionSize * kQuad;
+    // Max in key order: maxps(s, m) is `s > m ? s : m` per lane.
+    __m128 m = _mm_castsi128_ps(_mm_set1_epi32(static_cast<int>(0xFF800000u)));
+    for (int32_t j = 0; j < n; ++j) m = _mm_max_ps(_mm_loadu_ps(s + j * kQuad), m);
+    _mm_storeu_ps(t.m + q * kQuad, m);
+    const __m512 m16 = _mm512_broadcast_f32x4(m);
+    const int32_t total = n * kQuad;
+    for (int32_t i = 0; i < total; i += 16) {
+      const __mmask16 k = total - i >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << (total - i)) - 1u);
+      _mm512_mask_storeu_ps(p + i, k, probability16(_mm512_maskz_loadu_ps(k, s + i), m16));
+    }
+    // Sum: lane l adds keys [8l, 8l + 8) in order, then the butterfly (lane 0).
+    __m128 part[canon::kWarp];
+    for (int l = 0; l < canon::kWarp; ++l) {
+      __m128 acc = _mm_setzero_ps();
+      for (int32_t j = l * canon::kLaneRun; j < (l + 1) * canon::kLaneRun && j < n; ++j)
+        acc = _mm_add_ps(acc, _mm_loadu_ps(p + j * kQuad));
+      part[l] = acc;
+    }
+    for (int off = canon::kWarp / 2; off >= 1; off >>= 1)
+      for (int l = 0; l < off; ++l) part[l] = _mm_add_ps(part[l], part[l + off]);
+    _mm_storeu_ps(t.l + q * kQuad, part[0]);
+  }
+}
+
+// ---------------------------------------------------------------- P.V
+// NZ vectors (16 dims each) of NG heads' accumulators in registers over every
+// key of the partition: acc = fma(p_j, v_j[d], acc), keys in order.
+template <RowFormat F, int NG, int NZ>
+inline void pv_block(const PartitionTask& t, const float* p, float* const* out, int32_t d0) {
+  __m512 acc[NG][NZ];
+  for (int g = 0; g < NG; ++g)
+    for (int z = 0; z < NZ; ++z) acc[g][z] = _mm512_setzero_ps();
+  for (int32_t j = 0; j < t.count; ++j) {
+    const uint8_t* row = t.v_rows[j];
+    __m512 v[NZ];
+    for (int z = 0; z < NZ; ++z) v[z] = dec16<F>(row, d0 + 16 * z);
+    for (int g = 0; g < NG; ++g) {
+      const __m512 pj = _mm512_set1_ps(p[j * kQuad + g]);
+      for (int z = 0; z < NZ; ++z) acc[g][z] = _mm512_fmadd_ps(pj, v[z], acc[g][z]);
+    }
+  }
+  for (int g = 0; g < NG; ++g)
+    for (int z = 0; z < NZ; ++z) _mm512_storeu_ps(out[g] + d0 + 16 * z, acc[g][z]);
+}
+
+template <RowFormat F, int NG>
+void pv_quad(const PartitionTask& t, int32_t q) {
+  const float* p = t.p + static_cast<int64_t>(q) * kPartitionSize * kQuad;
+  float* out[NG];
+  for (int g = 0; g < NG; ++g) out[g] = t.acc + (static_cast<int64_t>(q) * kQuad + g) * t.acc_stride;
+  int32_t d = 0;
+  for (; d + 64 <= t.head_dim; d += 64) pv_block<F, NG, 4>(t, p, out, d);
+  for (; d < t.head_dim; d += 16) pv_block<F, NG, 1>(t, p, out, d);
+}
+
+template <RowFormat F>
+void pv_format(const PartitionTask& t) {
+  for (int32_t q = 0; q < t.quads; ++q) {
+    const int32_t heads = t.group - q * kQuad < kQuad ? t.group - q * kQuad : kQuad;
+    switch (heads) {
+      case 1: pv_quad<F, 1>(t, q); break;
+      case 2: pv_quad<F, 2>(t, q); break;
+      case 3: pv_quad<F, 3>(t, q); break;
+      default: pv_quad<F, 4>(t, q); break;
+    }
+  }
+}
+
+void pv(const PartitionTask& t) {
+  switch (t.format) {
+    case RowFormat::f32: return pv_format<RowFormat::f32>(t);
+    case RowFormat::f16: return pv_format<RowFormat::f16>(t);
+    case RowFormat::bf16: return pv_format<RowFormat::bf16>(t);
+    case RowFormat::e4m3: return pv_format<RowFormat::e4m3>(t);
+    case RowFormat::e5m2: return pv_format<RowFormat::e5m2>(t);
+    case RowFormat::i8: return pv_format<RowFormat::i8>(t);
+  }
+}
+
+bool head_dim_ok(int32_t head_dim) { return head_dim % 16 == 0 && head_dim <= canon::kMaxHeadDim; }
+
+}  // namespace
+
+void avx512_exp(const float* x, float* y, int64_t n) {
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) _mm512_storeu_ps(y + i, exp16(_mm512_loadu_ps(x + i)));
+  if (i < n) {
+    const __mmask16 k = static_cast<__mmask16>((1u << (n - i)) - 1u);
+    _mm512_mask_storeu_ps(y + i, k, exp16(_mm512_maskz_loadu_ps(k, x + i)));
+  }
+}
+
+void avx512_decode_row(RowFormat format, const uint8_t* row, float* out, int32_t head_dim) {
+  for (int32_t i = 0; i + 16 <= head_dim; i += 16) {
+    __m512 v;
+    switch (format) {
+      case RowFormat::f32: v = dec16<RowFormat::f32>(row, i); break;
+      case RowFormat::f16: v = dec16<RowFormat::f16>(row, i); break;
+      case RowFormat::bf16: v = dec16<RowFormat::bf16>(row, i); break;
+      case RowFormat::e4m3: v = dec16<RowFormat::e4m3>(row, i); break;
+      case RowFormat::e5m2: v = dec16<RowFormat::e5m2>(row, i); break;
+      default: v = dec16<RowFormat::i8>(row, i); break;
+    }
+    _mm512_storeu_ps(out + i, v);
+  }
+}
+
+}  // namespace kvsim::cpu_attention
+
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
+#pragma GCC pop_options
+#endif
+
+namespace kvsim::cpu_attention {
+
+const Kernels* avx512_kernels() {
+  static const Kernels k{&scores, &softmax, &pv, &head_dim_ok};
+  return &k;
+}
+
+bool avx512_supported_by_cpu() {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("fma");
+}
+
+}  // namespace kvsim::cpu_attention
+
+#else  // no AVX-512 kernels in this build
+
+namespace kvsim::cpu_attention {
+const Kernels* avx512_kernels() { return nullptr; }
+bool avx512_supported_by_cpu() { return false; }
+void avx512_exp(const float*, float*, int64_t) { std::abort(); }
+void avx512_decode_row(RowFormat, const uint8_t*, float*, int32_t) { std::abort(); }
+}  // namespace kvsim::cpu_attention
+
+#endif

@@ -1,0 +1,108 @@
+// The CPU oracle's fast attention path (decode_attention, prefill_attention).
+//
+// Same bytes as core's attend_query(): every float is computed by the same
+// IEEE operations in the same canonical order (attention_math.hpp,
+// docs/canonical-arithmetic.md); only the work is arranged so that the
+// independent accumulators of that order run side by side in SIMD registers:
+//
+//  * score: the 32 butterfly lanes of one query head are one 32-wide vector
+//    (the K row is read in the transposed order kt[j][l] = k[l*c + j], an
+//    exact permutation); lane l's fma chain runs over j in order. Dims beyond
+//    head_dim are fed as fma(-0, +0, acc), which returns acc unchanged for
+//    every acc (-0 and NaN included), so padding changes no bit. The xor
+//    butterfly is evaluated only for the lanes lane 0 depends on, with the
+//    same operand order (v[l] + v[l + off] for l < off), four query heads at
+//    once. One decoded K row serves every query head of the GQA group.
+//  * softmax: max in key order (maxps is exactly `s > m ? s : m`), core's exp
+//    step by step on 16 keys at once, the partition sum in core's lane runs
+//    and butterfly, four query heads side by side.
+//  * P.V: per output dim acc = fma(p_j, v_j[d], acc) over keys in order, 16
+//    or 64 dims per register block, one V decode per key for the group.
+//
+// The ISA kernels (avx512, portable) work on one partition of one (query
+// row, KV head) item; the driver (attention.cpp) resolves key slots to rows
+// with core's element_offset, stages rows it cannot read in place (nvfp4,
+// split-x V and other non-contiguous layouts) through core's load_head_row,
+// and merges partitions exactly as attend_query does. Isa::reference runs
+// attend_query itself. tests/oracle/attention_fast_path_test.cpp holds every
+// path to attend_query byte for byte.
+#pragma once
+
+#include <tbb/task_arena.h>
+
+#include <cstdint>
+#include <utility>
+#include <vector>
+
+#include "kvsim/core/ops/attention.hpp"
+
+namespace kvsim::cpu_attention {
+
+enum class Isa : uint8_t {
+  reference,  // core's attend_query per (query row, KV head)
+  portable,   // plain C++ of the fast order (any host)
+  avx512,     // AVX-512F/BW/VL/DQ intrinsics (runtime-detected)
+};
+const char* isa_name(Isa isa);
+bool isa_available(Isa isa);
+// The ISA the CPU backend uses: the best available one, or the one named by
+// the environment variable KVSIM_CPU_ATTENTION (reference, portable, avx512)
+// when that is available. Every choice gives the same bytes; it only changes
+// speed (a debugging and benchmarking knob).
+Isa selected_isa();
+
+// How K/V rows are read: in place from the pool in the cache dtype, or as
+// staged fp32 (f32 format) decoded by core's load_head_row.
+enum class RowFormat : uint8_t { f32, f16, bf16, e4m3, e5m2, i8 };
+
+inline constexpr int kQuad = 4;  // query heads reduced side by side
+
+// One partition of one (query row, KV head) item for `group` query heads.
+// Scores and probabilities are stored head-minor: s[quad][key][4].
+struct PartitionTask {
+  int32_t head_dim = 0;
+  int32_t lanes_c = 0;  // c = ceil(head_dim / 32)
+  int32_t group = 0;    // query heads sharing the KV head
+  int32_t quads = 0;    // ceil(group / 4)
+  int32_t count = 0;    // keys of the partition (1..kPartitionSize)
+  RowFormat format = RowFormat::f32;
+  const uint8_t* const* k_rows = nullptr;  // [count] first byte of each K row; nullptr = masked key
+  const uint8_t* const* v_rows = nullptr;  // [count] V rows (masked keys too: p = 0 still enters P.V)
+  const float* qt = nullptr;               // [group][c][32]: qt[(g*c + j)*32 + l] = q_g[l*c + j], -0 beyond D
+  const int32_t* perm = nullptr;           // [c][pairs][16] K transposition indices (avx512, see plan)
+  const uint16_t* perm_mask = nullptr;     // [c][pairs]
+  float score_scale = 1.0f;
+  float* s = nullptr;    // [quads][kPartitionSize][4] scores (out)
+  float* p = nullptr;    // [quads][kPartitionSize][4] probabilities (out)
+  float* m = nullptr;    // [quads * 4] partition max per head (out)
+  float* l = nullptr;    // [quads * 4] partition sum per head (out)
+  float* acc = nullptr;  // head g's P.V accumulators at acc + g * acc_stride, head_dim floats (out)
+  int64_t acc_stride = 0;
+  float* kbuf = nullptr;  // scratch of >= 32 * c + 64 floats, zero beyond head_dim
+};
+
+struct Kernels {
+  void (*scores)(const PartitionTask&);
+  void (*softmax)(const PartitionTask&);
+  void (*pv)(const PartitionTask&);
+  // Whether this kernel set handles a head_dim (the portable one: all).
+  bool (*supports_head_dim)(int32_t head_dim);
+};
+
+const Kernels& portable_kernels();
+// nullptr when the build has no AVX-512 kernels (non-x86 host or compiler).
+const Kernels* avx512_kernels();
+bool avx512_supported_by_cpu();
+
+// Test hooks of the AVX-512 kernels (only callable where avx512 is available):
+// core's exp_f32 on n floats, and the in-place row decoders.
+void avx512_exp(const float* x, float* y, int64_t n);
+void avx512_decode_row(RowFormat format, const uint8_t* row, float* out, int32_t head_dim);
+
+// Runs every (query row, KV head) item of an op: rows[i] = (sequence,
+// absolute position) of row i of a.q / a.out. Any thread count, any ISA:
+// the same bytes.
+void run_attention_rows(tbb::task_arena& arena, const AttentionArgs& a,
+                        const std::vector<std::pair<int32_t, int64_t>>& rows, Isa isa);
+
+}  // namespace kvsim::cpu_attention
