@@ -1,6 +1,21 @@
 #include "backends/backend.hpp"
 
+#include <chrono>
+#include <vector>
+
 namespace kvsim {
+
+template <class Run>
+void Backend::timed(const Run& run) {
+  if (!kernel_timing_) {
+    run();
+    return;
+  }
+  run_begin();
+  const auto t0 = std::chrono::steady_clock::now();
+  run();
+  last_kernel_seconds_ = run_end(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+}
 
 KvPools Backend::allocate_pools(const PoolGeometry& g, uint8_t fill_byte) {
   validate_geometry(g);
@@ -38,51 +53,61 @@ void Backend::release_pools(KvPools& pools) noexcept {
 // Every entry point: host validation first, then the backend's run_*.
 void Backend::append_paged(const KvPools& pools, const AppendPagedOp& op) {
   validate_append_paged(pools, op);
-  run_append_paged(pools, op);
+  timed([&] { run_append_paged(pools, op); });
 }
 void Backend::reshape_and_cache(const KvPools& pools, const ReshapeAndCacheOp& op) {
   validate_reshape_and_cache(pools, op);
-  run_reshape_and_cache(pools, op);
+  timed([&] { run_reshape_and_cache(pools, op); });
 }
 void Backend::qkv_preprocess_write(const KvPools& pools, const QkvPreprocessOp& op) {
   validate_qkv_preprocess(pools, op);
-  run_qkv_preprocess_write(pools, op);
+  timed([&] { run_qkv_preprocess_write(pools, op); });
 }
 void Backend::append_mla(const KvPools& pools, const AppendMlaOp& op) {
   validate_append_mla(pools, op);
-  run_append_mla(pools, op);
+  timed([&] { run_append_mla(pools, op); });
 }
 void Backend::indexer_k_scatter(const IndexerKScatterOp& op) {
   validate_indexer_k_scatter(op);
-  run_indexer_k_scatter(op);
+  timed([&] { run_indexer_k_scatter(op); });
 }
 void Backend::gather_paged(const KvPools& pools, const GatherPagedOp& op) {
   validate_gather_paged(pools, op);
-  run_gather_paged(pools, op);
+  timed([&] { run_gather_paged(pools, op); });
 }
 void Backend::decode_attention(const KvPools& pools, const DecodeAttentionOp& op) {
   validate_decode_attention(pools, op);
-  run_decode_attention(pools, op);
+  timed([&] { run_decode_attention(pools, op); });
 }
 void Backend::prefill_attention(const KvPools& pools, const PrefillAttentionOp& op) {
   validate_prefill_attention(pools, op);
-  run_prefill_attention(pools, op);
+  timed([&] { run_prefill_attention(pools, op); });
 }
 void Backend::partial_copy(const KvPools& pools, const PartialCopyOp& op) {
   validate_partial_copy(pools, op);
-  run_partial_copy(pools, op);
+  timed([&] { run_partial_copy(pools, op); });
 }
 void Backend::copy_blocks(const KvPools& pools, const CopyBlocksOp& op) {
   validate_copy_blocks(pools, op);
-  run_copy_blocks(pools, op);
+  timed([&] { run_copy_blocks(pools, op); });
 }
 void Backend::offload(const KvPools& pools, const MoveBlocksOp& op) {
   validate_move_blocks(pools, op);
-  run_move_blocks(pools, op, /*to_secondary=*/true);
+  timed([&] { run_move_blocks(pools, op, /*to_secondary=*/true); });
 }
 void Backend::onboard(const KvPools& pools, const MoveBlocksOp& op) {
   validate_move_blocks(pools, op);
-  run_move_blocks(pools, op, /*to_secondary=*/false);
+  timed([&] { run_move_blocks(pools, op, /*to_secondary=*/false); });
+}
+
+void Backend::run_copy(void* dst, const void* src, size_t bytes) {
+  std::vector<uint8_t> host(bytes);
+  to_host(host.data(), src, bytes);
+  to_backend(dst, host.data(), bytes);
+}
+
+void Backend::copy(void* dst, const void* src, size_t bytes) {
+  timed([&] { run_copy(dst, src, bytes); });
 }
 
 }  // namespace kvsim

@@ -59,7 +59,28 @@ class Backend {
   void offload(const KvPools& pools, const MoveBlocksOp& op);
   void onboard(const KvPools& pools, const MoveBlocksOp& op);
 
+  // A plain copy of `bytes` between two buffers of this backend (the ceiling
+  // kvsim bench quotes every op against: memcpy on the CPU, a device-to-device
+  // cudaMemcpy on CUDA). Timed like an op.
+  void copy(void* dst, const void* src, size_t bytes);
+
+  // ---- timing (kvsim bench). With kernel timing on, every op records the
+  // seconds its backend work took, without host validation and index uploads:
+  // the CPU times run_* on the host clock, CUDA brackets the op's kernels
+  // with CUDA events. Off by default (events cost a little).
+  virtual void set_kernel_timing(bool on) { kernel_timing_ = on; }
+  bool kernel_timing() const { return kernel_timing_; }
+  double last_kernel_seconds() const { return last_kernel_seconds_; }
+
  protected:
+  // Hooks around every run_* (and copy): a device backend starts its clock in
+  // run_begin (and again after its uploads), and returns its device time from
+  // run_end; the default returns the host time of run_*.
+  virtual void run_begin() {}
+  virtual double run_end(double host_seconds) { return host_seconds; }
+  // Default: through a host buffer (correct, slow); cpu and cuda override it.
+  virtual void run_copy(void* dst, const void* src, size_t bytes);
+
   virtual void run_append_paged(const KvPools&, const AppendPagedOp&) = 0;
   virtual void run_reshape_and_cache(const KvPools&, const ReshapeAndCacheOp&) = 0;
   virtual void run_qkv_preprocess_write(const KvPools&, const QkvPreprocessOp&) = 0;
@@ -71,6 +92,12 @@ class Backend {
   virtual void run_partial_copy(const KvPools&, const PartialCopyOp&) = 0;
   virtual void run_copy_blocks(const KvPools&, const CopyBlocksOp&) = 0;
   virtual void run_move_blocks(const KvPools&, const MoveBlocksOp&, bool to_secondary) = 0;
+
+ private:
+  template <class Run>
+  void timed(const Run& run);
+  bool kernel_timing_ = false;
+  double last_kernel_seconds_ = 0.0;
 };
 
 // Backend memory that frees itself.

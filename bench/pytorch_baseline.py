@@ -1,22 +1,32 @@
 #!/usr/bin/env python3
 """PyTorch baseline for kvsim's benchmarks (issue 8, SPEC §8).
 
-The same configurations as `kvsim bench`, done the way a framework's reference
-backend does them, with no custom kernel:
-  * writes (append_paged / reshape_and_cache): `index_copy_` of K and V rows into
-    the paged pool viewed as [blocks * P, H, D] (NHD) -- for an fp8 cache the
-    rows are first divided by the scale and cast to float8_e4m3fn;
-  * decode: gather each sequence's pages into a contiguous [B, H, ctx, D] tensor
-    through its block table, then `scaled_dot_product_attention` with GQA
-    (an fp8 cache is dequantized to bf16 after the gather).
+Measures the configurations `kvsim bench` lists, done the way a framework's
+reference backend does them, with no custom kernel:
+  * append_paged / reshape_and_cache: the K and V rows are written into the
+    paged pool by index (index_copy_ for NHD, an index_put_ for HND and split-x
+    viewed as HND); an fp8 cache first divides by the scale and casts to
+    float8_e4m3fn (written as bytes);
+  * qkv_preprocess_write: split the fused QKV, NeoX RoPE on Q and K from the
+    cos/sin table, Q copied out, K and V written as above;
+  * gather_paged: index the pool by the block table, transpose to
+    [tokens, H, D] and convert to fp32 (fp8: times the scale);
+  * decode_attention: gather each sequence's pages through its block table
+    into a contiguous tensor, then scaled_dot_product_attention with GQA (an
+    fp8 cache is dequantized to bf16 after the gather);
+  * prefill_attention: gather the sequence, then causal SDPA;
+  * copy_blocks / partial_copy: index_copy_ of whole blocks / slice copies.
+nvfp4 caches have no PyTorch dtype: those rows are skipped with a reason.
 
 Each row: median time over many launches measured with CUDA events after
-warm-up (wall clock on the CPU), the minimal bytes the op must move (the same
-definition kvsim bench uses: K/V bytes read or written plus Q/out for decode),
-achieved GB/s, and the ratio to a device-to-device copy measured in the same
-run (bytes read + written). JSON on stdout with --json, else a table.
+warm-up (wall clock on the CPU), the same minimal bytes kvsim counts, GB/s,
+and the ratio to a device-to-device copy measured in the same run (bytes
+read + written). Rows carry the kvsim configuration name ("case"), which
+`kvsim bench --baseline FILE` joins on to print kvsim's speed-up.
 
-  python3 bench/pytorch_baseline.py [--device cuda|cpu] [--quick] [--full] [--json]
+  kvsim bench --backend cuda --list --json > cases.json
+  python3 bench/pytorch_baseline.py --cases cases.json --json > torch.json
+  kvsim bench --backend cuda --baseline torch.json
 """
 import argparse
 import json
@@ -47,7 +57,7 @@ def timed(fn, device, warmup=3, min_iters=10, min_seconds=0.3):
                 break
     else:
         start_all = time.perf_counter()
-        while len(times) < min(min_iters, 5) or time.perf_counter() - start_all < min_seconds:
+        while len(times) < 3 or time.perf_counter() - start_all < min_seconds:
             t0 = time.perf_counter()
             fn()
             times.append(time.perf_counter() - t0)
@@ -57,125 +67,220 @@ def timed(fn, device, warmup=3, min_iters=10, min_seconds=0.3):
 
 
 def copy_bandwidth(device):
-    n = (1 << 30) if device == "cuda" else (1 << 27)
+    n = (1 << 30) if device == "cuda" else (1 << 28)
     src = torch.empty(n, dtype=torch.uint8, device=device)
     dst = torch.empty_like(src)
     t = timed(lambda: dst.copy_(src), device)
     return 2 * n / t / 1e9
 
 
-def random_block_table(batch, pages_per_seq, total_blocks, device, gen):
-    perm = torch.randperm(total_blocks, generator=gen)[: batch * pages_per_seq]
-    return perm.view(batch, pages_per_seq).to(device)
+class Skip(Exception):
+    pass
 
 
-def bench_write(device, tokens, H, D, P, cache, copy_gbs, gen):
-    blocks = (tokens + P - 1) // P + 8
-    pool_dtype = torch.float8_e4m3fn if cache == "fp8_e4m3" else torch.bfloat16
-    k_pool = torch.zeros(blocks * P, H, D, dtype=pool_dtype, device=device)
-    v_pool = torch.zeros_like(k_pool)
-    k = torch.randn(tokens, H, D, dtype=torch.bfloat16, device=device, generator=None)
-    v = torch.randn_like(k)
-    slots = torch.randperm(blocks * P, generator=gen)[:tokens].to(device)
-    scale = 0.5
-
-    # index_copy_ has no float8 kernel: fp8 rows travel as their bytes.
-    k_bytes, v_bytes = k_pool.view(torch.uint8), v_pool.view(torch.uint8)
-
-    def run():
-        if cache == "fp8_e4m3":
-            k_bytes.index_copy_(0, slots, (k.float() / scale).to(pool_dtype).view(torch.uint8))
-            v_bytes.index_copy_(0, slots, (v.float() / scale).to(pool_dtype).view(torch.uint8))
-        else:
-            k_pool.index_copy_(0, slots, k)
-            v_pool.index_copy_(0, slots, v)
-
-    t = timed(run, device)
-    elem = 1 if cache == "fp8_e4m3" else 2
-    moved = 2 * tokens * H * D * (2 + elem)  # read bf16 K/V, write the cache
-    gbs = moved / t / 1e9
-    return dict(op="write(index_copy_)", cache=cache, tokens=tokens, kv_heads=H, head_dim=D, page=P,
-                seconds=t, bytes=moved, gbs=gbs, copy_ratio=gbs / copy_gbs)
+def cache_dtype(name):
+    if name == "bf16":
+        return torch.bfloat16
+    if name == "fp8_e4m3":
+        return torch.float8_e4m3fn
+    raise Skip(f"no PyTorch dtype for a {name} cache")
 
 
-def bench_decode(device, batch, ctx, Hq, H, D, P, cache, copy_gbs, gen):
-    pages = (ctx + P - 1) // P
-    total_blocks = batch * pages + 16
-    pool_dtype = torch.float8_e4m3fn if cache == "fp8_e4m3" else torch.bfloat16
-    k_pool = torch.randn(total_blocks, P, H, D, device=device).to(pool_dtype)
-    v_pool = torch.randn(total_blocks, P, H, D, device=device).to(pool_dtype)
-    table = random_block_table(batch, pages, total_blocks, device, gen)
-    q = torch.randn(batch, Hq, 1, D, dtype=torch.bfloat16, device=device)
-    sm_scale = 1.0 / math.sqrt(D)
-
-    def run():
-        k = k_pool[table].reshape(batch, pages * P, H, D)[:, :ctx]
-        v = v_pool[table].reshape(batch, pages * P, H, D)[:, :ctx]
-        if cache == "fp8_e4m3":
-            k = k.to(torch.bfloat16)
-            v = v.to(torch.bfloat16)
-        k = k.transpose(1, 2)
-        v = v.transpose(1, 2)
-        return F.scaled_dot_product_attention(q, k, v, scale=sm_scale, enable_gqa=True)
-
-    t = timed(run, device)
-    elem = 1 if cache == "fp8_e4m3" else 2
-    moved = 2 * batch * ctx * H * D * elem + 2 * batch * Hq * D * 2
-    gbs = moved / t / 1e9
-    return dict(op="decode(gather+sdpa)", cache=cache, batch=batch, context=ctx, q_heads=Hq, kv_heads=H,
-                head_dim=D, page=P, seconds=t, bytes=moved, gbs=gbs, copy_ratio=gbs / copy_gbs)
-
-
-def fits(device, nbytes):
+def free_bytes(device):
     if device != "cuda":
-        return nbytes < 8e9
+        return 32e9
     free, _ = torch.cuda.mem_get_info()
-    return nbytes * 3 < free  # pool + gathered copy + headroom
+    return free
+
+
+def need(device, nbytes):
+    if nbytes > free_bytes(device) * 0.9:
+        raise Skip(f"needs {nbytes / 2**30:.1f} GiB")
+
+
+class Pool:
+    """One layer's K and V pools, [blocks, P, H, D] (nhd) or [blocks, H, P, D] (hnd)."""
+
+    def __init__(self, p, blocks, device, fill=False):
+        self.dtype = cache_dtype(p["cache"])
+        self.layout = p.get("layout", "hnd")
+        self.P, self.H, self.D = p["page"], p["kv_heads"], p["head_dim"]
+        shape = (blocks, self.P, self.H, self.D) if self.layout == "nhd" else (blocks, self.H, self.P, self.D)
+        need(device, 2 * blocks * self.P * self.H * self.D * self.dtype.itemsize * 2)
+        if fill:
+            self.k = torch.randn(shape, device=device).to(self.dtype)
+            self.v = torch.randn(shape, device=device).to(self.dtype)
+        else:
+            self.k = torch.zeros(shape, dtype=self.dtype, device=device)
+            self.v = torch.zeros_like(self.k)
+
+    def write(self, slots, k, v, scale=0.125):
+        """Rows k, v [T, H, D] (bf16) into cache slots (block * P + entry)."""
+        if self.dtype == torch.float8_e4m3fn:
+            k = (k.float() / scale).to(self.dtype).view(torch.uint8)
+            v = (v.float() / scale).to(self.dtype).view(torch.uint8)
+            kp, vp = self.k.view(torch.uint8), self.v.view(torch.uint8)
+        else:
+            kp, vp = self.k, self.v
+        if self.layout == "nhd":
+            kp.view(-1, self.H, self.D).index_copy_(0, slots, k)
+            vp.view(-1, self.H, self.D).index_copy_(0, slots, v)
+        else:
+            blk, off = slots // self.P, slots % self.P
+            kp[blk, :, off] = k
+            vp[blk, :, off] = v
+
+    def gather_batch(self, pool, table, tokens):
+        """[B, tokens, H, D] through a [B, pages] table."""
+        g = pool[table]
+        if self.layout != "nhd":
+            g = g.transpose(2, 3)
+        return g.reshape(table.shape[0], -1, self.H, self.D)[:, :tokens]
+
+    def gather(self, pool, table, tokens):
+        """[tokens, H, D] of one sequence's table."""
+        g = pool[table]
+        if self.layout != "nhd":
+            g = g.transpose(1, 2)
+        return g.reshape(-1, self.H, self.D)[:tokens]
+
+
+def random_slots(sequences, tokens, page, blocks, device, gen):
+    pages = (tokens + page - 1) // page
+    table = torch.randperm(blocks, generator=gen)[: sequences * pages].view(sequences, pages)
+    t = torch.arange(tokens)
+    slots = (table[:, t // page] * page + t % page).reshape(-1)
+    return table.to(device), slots.to(device)
+
+
+def bench_case(case, device, gen):
+    op, p = case["op"], case["params"]
+    if op in ("append_paged", "reshape_and_cache"):
+        B, T = p["sequences"], p["tokens"]
+        blocks = B * ((T + p["page"] - 1) // p["page"]) + 8
+        pool = Pool(p, blocks, device)
+        _, slots = random_slots(B, T, p["page"], blocks, device, gen)
+        k = torch.randn(B * T, p["kv_heads"], p["head_dim"], device=device).to(torch.bfloat16)
+        v = torch.randn_like(k)
+        return timed(lambda: pool.write(slots, k, v), device)
+    if op == "qkv_preprocess_write":
+        B, T, Hq, H, D = p["sequences"], p["tokens"], p["q_heads"], p["kv_heads"], p["head_dim"]
+        blocks = B * ((T + p["page"] - 1) // p["page"]) + 8
+        pool = Pool(p, blocks, device)
+        _, slots = random_slots(B, T, p["page"], blocks, device, gen)
+        qkv = torch.randn(B * T, (Hq + 2 * H) * D, device=device).to(torch.bfloat16)
+        pos = torch.arange(T, device=device).repeat(B)
+        inv = 1.0 / (10000.0 ** (torch.arange(0, D, 2, device=device).float() / D))
+        ang = torch.arange(T, device=device).float()[:, None] * inv[None, :]
+        cos, sin = ang.cos()[pos][:, None, :], ang.sin()[pos][:, None, :]
+        q_out = torch.empty(B * T, Hq, D, dtype=torch.bfloat16, device=device)
+
+        def rope(x):
+            x = x.float()
+            a, b = x[..., : D // 2], x[..., D // 2:]
+            return torch.cat((a * cos - b * sin, b * cos + a * sin), dim=-1).to(torch.bfloat16)
+
+        def run():
+            q, k, v = qkv.view(B * T, Hq + 2 * H, D).split((Hq, H, H), dim=1)
+            q_out.copy_(rope(q))
+            pool.write(slots, rope(k), v.contiguous())
+
+        return timed(run, device)
+    if op == "gather_paged":
+        T = p["tokens"]
+        blocks = (T + p["page"] - 1) // p["page"] + 8
+        pool = Pool(p, blocks, device, fill=True)
+        table, _ = random_slots(1, T, p["page"], blocks, device, gen)
+        table = table[0]
+        return timed(lambda: pool.gather(pool.k, table, T).float() * 0.125, device)
+    if op == "decode_attention":
+        B, ctx, Hq, D = p["batch"], p["context"], p["q_heads"], p["head_dim"]
+        blocks = B * ((ctx + p["page"] - 1) // p["page"]) + 8
+        pool = Pool(p, blocks, device, fill=True)
+        need(device, 6 * B * ctx * p["kv_heads"] * D * 2)  # gathered K/V, bf16 copies, SDPA's contiguous inputs
+        table, _ = random_slots(B, ctx, p["page"], blocks, device, gen)
+        q = torch.randn(B, Hq, 1, D, device=device).to(torch.bfloat16)
+
+        def run():
+            k, v = pool.gather_batch(pool.k, table, ctx), pool.gather_batch(pool.v, table, ctx)
+            if pool.dtype != torch.bfloat16:
+                k, v = k.to(torch.bfloat16) * 0.125, v.to(torch.bfloat16) * 0.125
+            return F.scaled_dot_product_attention(q, k.transpose(1, 2), v.transpose(1, 2), scale=1 / math.sqrt(D),
+                                                  enable_gqa=True)
+
+        return timed(run, device)
+    if op == "prefill_attention":
+        T, Hq, D = p["tokens"], p["q_heads"], p["head_dim"]
+        blocks = (T + p["page"] - 1) // p["page"] + 8
+        pool = Pool(p, blocks, device, fill=True)
+        table, _ = random_slots(1, T, p["page"], blocks, device, gen)
+        q = torch.randn(1, Hq, T, D, device=device).to(torch.bfloat16)
+
+        def run():
+            k = pool.gather(pool.k, table[0], T).transpose(0, 1)[None]
+            v = pool.gather(pool.v, table[0], T).transpose(0, 1)[None]
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=1 / math.sqrt(D), enable_gqa=True)
+
+        return timed(run, device)
+    if op in ("copy_blocks", "partial_copy"):
+        n = p["pairs"]
+        pool = Pool(p, 2 * n, device, fill=True)
+        src = torch.arange(n, device=device)
+        dst = src + n
+        if op == "copy_blocks":
+            def run():
+                pool.k.index_copy_(0, dst, pool.k[src])
+                pool.v.index_copy_(0, dst, pool.v[src])
+        else:
+            t = p["tokens"]
+
+            def run():
+                for i in range(n):
+                    pool.k[n + i, :, :t] = pool.k[i, :, :t]
+                    pool.v[n + i, :, :t] = pool.v[i, :, :t]
+        return timed(run, device)
+    raise Skip(f"no PyTorch baseline for {op}")
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--cases", required=True, help="JSON of `kvsim bench --list --json`")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    ap.add_argument("--quick", action="store_true", help="a few small rows (smoke run)")
-    ap.add_argument("--full", action="store_true", help="also GQA 64:8 and page 64 (four times the rows)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     device = args.device
+    with open(args.cases) as f:
+        cases = json.load(f)["cases"]
     gen = torch.Generator().manual_seed(1)
     torch.manual_seed(1)
     copy_gbs = copy_bandwidth(device)
     rows = []
-    D, H = 128, 8
-    write_tokens = [4096] if args.quick or device == "cpu" else [16384, 65536]
-    for cache in ("bf16", "fp8_e4m3"):
-        for tokens in write_tokens:
-            rows.append(bench_write(device, tokens, H, D, 16, cache, copy_gbs, gen))
-    if args.quick or device == "cpu":
-        decode_cfgs = [(1, 1024), (16, 1024), (4, 8192)]
-    else:
-        decode_cfgs = [(b, c) for b in (1, 16, 64, 256) for c in (1024, 8192, 32768)]
-    for Hq in ((32, 64) if args.full else (32,)):
-        for P in ((16, 64) if args.full else (16,)):
-            for cache in ("bf16", "fp8_e4m3"):
-                for batch, ctx in decode_cfgs:
-                    need = 2 * batch * ctx * H * D * (1 if cache == "fp8_e4m3" else 2)
-                    if not fits(device, need):
-                        continue
-                    rows.append(bench_decode(device, batch, ctx, Hq, H, D, P, cache, copy_gbs, gen))
-                    if device == "cuda":
-                        torch.cuda.empty_cache()
-    report = dict(device=torch.cuda.get_device_name() if device == "cuda" else "cpu",
-                  torch=torch.__version__, threads=torch.get_num_threads(), copy_gbs=copy_gbs, rows=rows)
+    for case in cases:
+        row = dict(case=case["name"], op=case["op"], bytes=case["bytes"])
+        try:
+            with torch.no_grad():
+                t = bench_case(case, device, gen)
+            row.update(seconds=t, gbs=case["bytes"] / t / 1e9, copy_ratio=case["bytes"] / t / 1e9 / copy_gbs)
+        except Skip as e:
+            row.update(skipped=str(e))
+        except torch.OutOfMemoryError:
+            row.update(skipped="out of memory")
+        if device == "cuda":
+            torch.cuda.empty_cache()
+        rows.append(row)
+        if not args.json:
+            if "seconds" in row:
+                print(f"{row['case']:64s} {row['seconds'] * 1e3:10.4f} ms {row['gbs']:8.1f} GB/s "
+                      f"{100 * row['copy_ratio']:5.1f}% of copy", flush=True)
+            else:
+                print(f"{row['case']:64s} skipped: {row['skipped']}", flush=True)
+    report = dict(device=torch.cuda.get_device_name() if device == "cuda" else "cpu", torch=torch.__version__,
+                  threads=torch.get_num_threads(), copy_gbs=copy_gbs, rows=rows)
     if args.json:
         json.dump(report, sys.stdout, indent=1)
         print()
-        return
-    print(f"# PyTorch {torch.__version__} baseline on {report['device']}; copy bandwidth {copy_gbs:.0f} GB/s")
-    for r in rows:
-        shape = (f"tokens {r['tokens']}" if "tokens" in r else
-                 f"B {r['batch']} ctx {r['context']} GQA {r['q_heads']}:{r['kv_heads']}")
-        print(f"{r['op']:22s} {r['cache']:9s} P {r['page']:3d} {shape:28s} "
-              f"{r['seconds'] * 1e6:10.1f} us {r['gbs']:8.1f} GB/s {100 * r['copy_ratio']:5.1f}% of copy")
+    else:
+        print(f"# PyTorch {torch.__version__} on {report['device']}; copy bandwidth {copy_gbs:.0f} GB/s")
 
 
 if __name__ == "__main__":

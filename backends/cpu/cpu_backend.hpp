@@ -38,6 +38,7 @@ class CpuBackend final : public Backend {
   void run_partial_copy(const KvPools&, const PartialCopyOp&) override;
   void run_copy_blocks(const KvPools&, const CopyBlocksOp&) override;
   void run_move_blocks(const KvPools&, const MoveBlocksOp&, bool to_secondary) override;
+  void run_copy(void* dst, const void* src, size_t bytes) override;  // parallel memcpy in the arena
 
  private:
   // oneTBB caps workers at the core count; a request for more threads than

@@ -2,6 +2,8 @@
 // Every value and offset comes from core's work-item functions in
 // core/ops/read_copy_ops.hpp; each work item owns its output bytes, so the
 // result is the same for any thread count.
+#include <cstring>
+
 #include <tbb/blocked_range.h>
 #include <tbb/parallel_for.h>
 
@@ -69,6 +71,18 @@ void CpuBackend::run_move_blocks(const KvPools& pools, const MoveBlocksOp& op, b
   const BlockCopyArgs args = make_block_copy_args(pools, src, dst, pools.geometry.tokens_per_block);
   copy_block_rows(arena_, args, static_cast<int64_t>(src_ids.size()), [&](int64_t p) {
     return std::pair<int64_t, int64_t>{src_ids[p], dst_ids[p]};
+  });
+}
+
+// The copy-bandwidth reference: memcpy in 1 MiB slices over the arena's threads.
+void CpuBackend::run_copy(void* dst, const void* src, size_t bytes) {
+  constexpr size_t kSlice = size_t{1} << 20;
+  const size_t slices = (bytes + kSlice - 1) / kSlice;
+  arena_.execute([&] {
+    tbb::parallel_for(tbb::blocked_range<size_t>(0, slices), [&](const tbb::blocked_range<size_t>& r) {
+      const size_t begin = r.begin() * kSlice, end = std::min(bytes, r.end() * kSlice);
+      std::memcpy(static_cast<uint8_t*>(dst) + begin, static_cast<const uint8_t*>(src) + begin, end - begin);
+    });
   });
 }
 

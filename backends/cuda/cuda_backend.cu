@@ -34,6 +34,8 @@ CudaBackend::CudaBackend(int device) : device_(device) {
     throw BackendUnavailable("no CUDA device " + std::to_string(device) + " (" + std::to_string(count) + " present)");
   KVSIM_CUDA_CHECK("init", cudaSetDevice(device_));
   KVSIM_CUDA_CHECK("init", cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  KVSIM_CUDA_CHECK("init", cudaEventCreate(&kernels_start_));
+  KVSIM_CUDA_CHECK("init", cudaEventCreate(&kernels_stop_));
 }
 
 CudaBackend::~CudaBackend() {
@@ -41,6 +43,8 @@ CudaBackend::~CudaBackend() {
   if (scratch_) cudaFree(scratch_);
   if (staging_) cudaFreeHost(staging_);
   for (const void* p : pinned_) cudaFreeHost(const_cast<void*>(p));
+  cudaEventDestroy(kernels_start_);
+  cudaEventDestroy(kernels_stop_);
   cudaStreamDestroy(stream_);
 }
 
@@ -141,7 +145,30 @@ std::vector<const void*> CudaBackend::upload(const char* op, std::initializer_li
 
 void CudaBackend::finish(const char* op) {
   cuda::check_launch(op, "op", stream_);
+  if (kernel_timing()) {
+    KVSIM_CUDA_CHECK(op, cudaEventRecord(kernels_stop_, stream_));
+    timing_stopped_ = true;
+  }
   KVSIM_CUDA_CHECK(op, cudaStreamSynchronize(stream_));
+}
+
+// Kernel timing: the start event is recorded when the op begins and again
+// after its uploads (begin_kernels), the stop event in finish(). An op that
+// launched nothing (empty) reports its host time.
+void CudaBackend::begin_kernels() {
+  if (kernel_timing()) KVSIM_CUDA_CHECK("timing", cudaEventRecord(kernels_start_, stream_));
+}
+
+void CudaBackend::run_begin() {
+  timing_stopped_ = false;
+  begin_kernels();
+}
+
+double CudaBackend::run_end(double host_seconds) {
+  if (!timing_stopped_) return host_seconds;
+  float ms = 0.0f;
+  KVSIM_CUDA_CHECK("timing", cudaEventElapsedTime(&ms, kernels_start_, kernels_stop_));
+  return static_cast<double>(ms) * 1e-3;
 }
 
 // ---------------------------------------------------------------- attention (part B's kernels)

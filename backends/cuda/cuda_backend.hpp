@@ -61,6 +61,9 @@ class CudaBackend final : public Backend {
   // Waits for the op's work and turns any asynchronous failure into a
   // BackendError naming the op.
   void finish(const char* op);
+  // Marks where an op's kernels start on the stream (after its uploads): with
+  // kernel timing on, the op's device time runs from here to finish().
+  void begin_kernels();
 
  protected:
   void run_append_paged(const KvPools&, const AppendPagedOp&) override;
@@ -74,6 +77,9 @@ class CudaBackend final : public Backend {
   void run_partial_copy(const KvPools&, const PartialCopyOp&) override;
   void run_copy_blocks(const KvPools&, const CopyBlocksOp&) override;
   void run_move_blocks(const KvPools&, const MoveBlocksOp&, bool to_secondary) override;
+  void run_copy(void* dst, const void* src, size_t bytes) override;  // device to device
+  void run_begin() override;
+  double run_end(double host_seconds) override;
 
  private:
   bool is_pinned(const void* p) const;
@@ -85,6 +91,9 @@ class CudaBackend final : public Backend {
   size_t scratch_bytes_ = 0;
   void* staging_ = nullptr;                 // pinned host side of upload()
   size_t staging_bytes_ = 0;
+  cudaEvent_t kernels_start_ = nullptr;  // kernel timing (kvsim bench)
+  cudaEvent_t kernels_stop_ = nullptr;
+  bool timing_stopped_ = false;
 };
 
 }  // namespace kvsim

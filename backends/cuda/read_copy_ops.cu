@@ -16,23 +16,29 @@ namespace kvsim {
 
 namespace {
 
+// (token, head, chunk), chunk fastest.
 struct GatherItem {
   GatherPagedArgs args;
-  int32_t heads;
+  int32_t heads, chunks;
   __device__ void operator()(int64_t i) const {
-    gather_paged_token_head(args, i / heads, static_cast<int32_t>(i % heads));
+    const int64_t row = i / chunks;
+    gather_paged_chunk(args, row / heads, static_cast<int32_t>(row % heads), static_cast<int32_t>(i % chunks));
   }
 };
 
-// Rows of every (src, dst) block pair; the pairs' block indices are on the device.
+// 16-byte chunks of the rows of every (src, dst) block pair, chunk fastest so
+// a warp moves consecutive bytes; the pairs' block indices are on the device.
 struct CopyRowsItem {
   BlockCopyArgs args;
   const int32_t* src_blocks;
   const int32_t* dst_blocks;
   int64_t rows;
+  int32_t chunks;
   __device__ void operator()(int64_t i) const {
-    const int64_t p = i / rows;
-    copy_block_row(args, BlockRef{src_blocks[p]}.block(), BlockRef{dst_blocks[p]}.block(), i % rows);
+    const int64_t row = i / chunks;
+    const int64_t p = row / rows;
+    copy_block_row_chunk(args, BlockRef{src_blocks[p]}.block(), BlockRef{dst_blocks[p]}.block(), row % rows,
+                         static_cast<int32_t>(i % chunks));
   }
 };
 
@@ -40,8 +46,11 @@ void launch_copy_rows(CudaBackend& b, const char* op, const BlockCopyArgs& args,
                       std::span<const int32_t> dst) {
   const std::vector<const void*> d = b.upload(op, {src, dst});
   const int64_t rows = args.rows_per_block();
-  cuda::launch_items(op, "copy_block_row", b.stream(), static_cast<int64_t>(src.size()) * rows,
-                     CopyRowsItem{args, static_cast<const int32_t*>(d[0]), static_cast<const int32_t*>(d[1]), rows});
+  const int32_t chunks = row_chunks(args.head_dim, args.dtype);
+  b.begin_kernels();
+  cuda::launch_items(op, "copy_block_row_chunk", b.stream(), static_cast<int64_t>(src.size()) * rows * chunks,
+                     CopyRowsItem{args, static_cast<const int32_t*>(d[0]), static_cast<const int32_t*>(d[1]), rows,
+                                  chunks});
 }
 
 bool same_strides(const PoolStrides& a, const PoolStrides& b) {
@@ -87,8 +96,10 @@ void CudaBackend::run_gather_paged(const KvPools& pools, const GatherPagedOp& op
   const int64_t P = pools.geometry.tokens_per_block;
   const std::span<const int32_t> pages = op.block_ids.first(static_cast<size_t>((op.num_tokens + P - 1) / P));
   args.block_ids = static_cast<const int32_t*>(upload(kOp, {pages})[0]);
-  const int32_t heads = pools.geometry.kv_heads;
-  cuda::launch_items(kOp, "gather_paged_token_head", stream_, op.num_tokens * heads, GatherItem{args, heads});
+  const int32_t heads = pools.geometry.kv_heads, chunks = row_chunks(pools.geometry.head_dim, pools.geometry.dtype);
+  begin_kernels();
+  cuda::launch_items(kOp, "gather_paged_chunk", stream_, op.num_tokens * heads * chunks,
+                     GatherItem{args, heads, chunks});
   finish(kOp);
 }
 
@@ -139,6 +150,7 @@ void CudaBackend::run_move_blocks(const KvPools& pools, const MoveBlocksOp& op, 
     finish(kOp);
     return;
   }
+  begin_kernels();
   for (size_t i = 0; i < src_ids.size(); ++i) {
     copy_block_runs(kOp, stream_, g, pools.bytes(src), pools.strides_of(src), src_ids[i], pools.bytes(dst),
                     pools.strides_of(dst), dst_ids[i]);
@@ -148,6 +160,13 @@ void CudaBackend::run_move_blocks(const KvPools& pools, const MoveBlocksOp& op, 
                       pools.scale_strides[static_cast<int>(dst)], dst_ids[i]);
   }
   finish(kOp);
+}
+
+void CudaBackend::run_copy(void* dst, const void* src, size_t bytes) {
+  if (bytes == 0) return;
+  begin_kernels();
+  KVSIM_CUDA_CHECK("copy", cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream_));
+  finish("copy");
 }
 
 }  // namespace kvsim

@@ -1,6 +1,8 @@
-// CUDA write ops (SPEC §5.1, §5.2, §5.4, §5.5): the CPU oracle's work items
+// CUDA write ops (SPEC §5.1, §5.2, §5.4, §5.5): core's work items
 // (core/ops/write_ops.hpp), one thread each, after the op's host index arrays
 // are uploaded and swapped into the *Args struct make_*_args() built.
+// append_paged and reshape_and_cache run the 16-byte chunk items (the CPU
+// oracle runs whole rows through the same write_pool_row).
 #include "backends/cuda/cuda_backend.hpp"
 #include "backends/cuda/launch.cuh"
 
@@ -8,21 +10,40 @@ namespace kvsim {
 
 namespace {
 
+// Work item w -> (token, kv, head, chunk), chunk fastest: a warp's lanes take
+// consecutive 16-byte chunks of the same rows, so loads and stores coalesce.
+struct RowChunk {
+  int64_t token;
+  int32_t kv, head, chunk;
+};
+__device__ __forceinline__ RowChunk row_chunk_of(int64_t w, int32_t heads, int32_t chunks) {
+  RowChunk c;
+  c.chunk = static_cast<int32_t>(w % chunks);
+  int64_t rest = w / chunks;
+  c.head = static_cast<int32_t>(rest % heads);
+  rest /= heads;
+  c.kv = static_cast<int32_t>(rest % 2);
+  c.token = rest / 2;
+  return c;
+}
+
 struct AppendPagedItem {
   KvPools pools;
   AppendPagedArgs args;
-  int32_t heads;
+  int32_t heads, chunks;
   __device__ void operator()(int64_t w) const {
-    append_paged_token_head(pools, args, w / heads, static_cast<int32_t>(w % heads));
+    const RowChunk c = row_chunk_of(w, heads, chunks);
+    append_paged_chunk(pools, args, c.token, c.head, c.kv, c.chunk);
   }
 };
 
 struct ReshapeAndCacheItem {
   KvPools pools;
   ReshapeAndCacheArgs args;
-  int32_t heads;
+  int32_t heads, chunks;
   __device__ void operator()(int64_t w) const {
-    reshape_and_cache_token_head(pools, args, w / heads, static_cast<int32_t>(w % heads));
+    const RowChunk c = row_chunk_of(w, heads, chunks);
+    reshape_and_cache_chunk(pools, args, c.token, c.head, c.kv, c.chunk);
   }
 };
 
@@ -58,8 +79,10 @@ void CudaBackend::run_append_paged(const KvPools& pools, const AppendPagedOp& op
   if (args.nnz == 0) return;
   upload_append_table(*this, kOp, op.batch_indices, op.positions, op.indptr, op.indices, op.last_page_len,
                       args.batch_indices, args.positions, args.table);
-  const int32_t heads = pools.geometry.kv_heads;
-  cuda::launch_items(kOp, "append_paged_token_head", stream_, args.nnz * heads, AppendPagedItem{pools, args, heads});
+  const int32_t heads = pools.geometry.kv_heads, chunks = row_chunks(pools.geometry.head_dim, pools.geometry.dtype);
+  begin_kernels();
+  cuda::launch_items(kOp, "append_paged_chunk", stream_, args.nnz * 2 * heads * chunks,
+                     AppendPagedItem{pools, args, heads, chunks});
   finish(kOp);
 }
 
@@ -68,9 +91,10 @@ void CudaBackend::run_reshape_and_cache(const KvPools& pools, const ReshapeAndCa
   ReshapeAndCacheArgs args = make_reshape_and_cache_args(pools, op);
   if (args.num_tokens == 0) return;
   args.slot_mapping = static_cast<const int64_t*>(upload(kOp, {op.slot_mapping})[0]);
-  const int32_t heads = pools.geometry.kv_heads;
-  cuda::launch_items(kOp, "reshape_and_cache_token_head", stream_, args.num_tokens * heads,
-                     ReshapeAndCacheItem{pools, args, heads});
+  const int32_t heads = pools.geometry.kv_heads, chunks = row_chunks(pools.geometry.head_dim, pools.geometry.dtype);
+  begin_kernels();
+  cuda::launch_items(kOp, "reshape_and_cache_chunk", stream_, args.num_tokens * 2 * heads * chunks,
+                     ReshapeAndCacheItem{pools, args, heads, chunks});
   finish(kOp);
 }
 
@@ -80,6 +104,7 @@ void CudaBackend::run_append_mla(const KvPools& pools, const AppendMlaOp& op) {
   if (args.nnz == 0) return;
   upload_append_table(*this, kOp, op.batch_indices, op.positions, op.indptr, op.indices, op.last_page_len,
                       args.batch_indices, args.positions, args.table);
+  begin_kernels();
   cuda::launch_items(kOp, "append_mla_token", stream_, args.nnz, AppendMlaItem{pools, args});
   finish(kOp);
 }
@@ -91,6 +116,7 @@ void CudaBackend::run_indexer_k_scatter(const IndexerKScatterOp& op) {
   const std::vector<const void*> d = upload(kOp, {op.slot_mapping_fp8, op.slot_mapping_scale});
   args.slot_mapping_fp8 = static_cast<const int64_t*>(d[0]);
   args.slot_mapping_scale = static_cast<const int64_t*>(d[1]);
+  begin_kernels();
   cuda::launch_items(kOp, "indexer_k_scatter_token", stream_, args.num_tokens, IndexerKScatterItem{args});
   finish(kOp);
 }

@@ -4,6 +4,7 @@
 
 #include <array>
 #include <cstdio>
+#include <cstdlib>
 #include <set>
 #include <string>
 
@@ -28,11 +29,12 @@ Result run(const std::string& args) {
 }
 }  // namespace
 
-TEST_CASE("kvsim bench --json measures every op with the copy bandwidth of the same run") {
+TEST_CASE("kvsim bench --json measures every op, checked against the oracle, with the copy bandwidth of the same run") {
   const Result r = run("bench --backend cpu --threads 1 --threads 2 --sequences 3 --tokens 37 --min-seconds 0 --json");
   REQUIRE(r.status == 0);
   const auto j = nlohmann::json::parse(r.out);
   CHECK(j["backend"] == "cpu");
+  CHECK(j["suite"] == "small");
   const std::set<std::string> expected{"append_paged",      "reshape_and_cache", "qkv_preprocess_write",
                                        "append_mla",        "indexer_k_scatter", "gather_paged",
                                        "decode_attention",  "prefill_attention", "partial_copy",
@@ -40,19 +42,87 @@ TEST_CASE("kvsim bench --json measures every op with the copy bandwidth of the s
                                        "scenario_replay"};
   std::set<std::string> seen[3];
   for (const auto& row : j["results"]) {
+    INFO(row.dump());
     const int threads = row["threads"];
     REQUIRE((threads == 1 || threads == 2));
     seen[threads].insert(row["op"].get<std::string>());
-    const double seconds = row["seconds"], bytes = row["bytes"], gbs = row["gb_per_s"], copy = row["copy_gb_per_s"];
-    CHECK(seconds > 0);
+    const double kernel = row["kernel_seconds"], op = row["op_seconds"], bytes = row["bytes"], gbs = row["gb_per_s"],
+                 copy = row["copy_gb_per_s"];
+    CHECK(kernel > 0);
+    CHECK(op > 0);
     CHECK(bytes > 0);
-    CHECK(gbs == doctest::Approx(bytes / seconds / 1e9));
+    CHECK(int(row["launches"]) >= 5);
+    CHECK(gbs == doctest::Approx(bytes / kernel / 1e9));
     CHECK(copy > 0);
     CHECK(double(row["fraction_of_copy"]) == doctest::Approx(gbs / copy));
-    CHECK(double(row["tokens_per_s"]) > 0);
+    CHECK(row["oracle"]["ok"] == true);
+    CHECK(int64_t(row["oracle"]["bytes_compared"]) > 0);
+    CHECK(int64_t(row["oracle"]["bytes_differing"]) == 0);
   }
   CHECK(seen[1] == expected);
   CHECK(seen[2] == expected);
+}
+
+TEST_CASE("kvsim bench --list: the full suite holds issue 8's configurations") {
+  const Result r = run("bench --backend cpu --suite full --list --json");
+  REQUIRE(r.status == 0);
+  const auto j = nlohmann::json::parse(r.out);
+  std::set<std::string> names;
+  for (const auto& c : j["cases"]) {
+    names.insert(c["name"].get<std::string>());
+    CHECK(double(c["bytes"]) > 0);
+  }
+  for (const char* batch : {"B1 ", "B16 ", "B64 ", "B256 "})
+    for (const char* ctx : {"ctx1024", "ctx8192", "ctx32768"})
+      CHECK(names.count(std::string("decode_attention bf16 hnd P16 GQA32:8 D128 ") + batch + ctx) == 1);
+  for (const char* name : {"decode_attention fp8_e4m3 hnd P16 GQA32:8 D128 B64 ctx8192",
+                           "decode_attention nvfp4 hnd P16 GQA32:8 D128 B64 ctx8192",
+                           "decode_attention bf16 hnd P16 GQA64:8 D128 B64 ctx8192",
+                           "decode_attention bf16 hnd P64 GQA32:8 D128 B64 ctx8192",
+                           "append_paged bf16 hnd P16 H8 D128 16x1024 tokens",
+                           "reshape_and_cache bf16 split-x P16 H8 D128 16x1024 tokens",
+                           "reshape_and_cache bf16 nhd P16 H8 D128 16x1024 tokens",
+                           "qkv_preprocess_write nvfp4 hnd P16 GQA32:8 D128 neox 16x1024 tokens",
+                           "qkv_preprocess_write fp8_e4m3 hnd P16 GQA32:8 D128 neox 16x1024 tokens",
+                           "prefill_attention bf16 hnd P16 GQA32:8 D128 causal 16384 tokens",
+                           "copy_blocks bf16 hnd P16 H8 D128 4096 blocks"}) {
+    INFO(name);
+    CHECK(names.count(name) == 1);
+  }
+}
+
+TEST_CASE("kvsim bench --baseline: PyTorch's time per configuration and kvsim's speed-up") {
+  const std::string path = "bench_cli_test_baseline.json";
+  {
+    FILE* f = fopen(path.c_str(), "w");
+    REQUIRE(f != nullptr);
+    fputs("{\"device\": \"test\", \"torch\": \"0\", \"copy_gbs\": 1.0, \"rows\": ["
+          "{\"case\": \"copy_blocks bf16 hnd P16 H8 D128 4 blocks\", \"seconds\": 2.0}]}",
+          f);
+    fclose(f);
+  }
+  const Result r = run("bench --threads 1 --sequences 3 --tokens 37 --min-seconds 0 --only copy_blocks --json --baseline " +
+                       path);
+  REQUIRE(r.status == 0);
+  const auto j = nlohmann::json::parse(r.out);
+  REQUIRE(j["results"].size() == 1);
+  const auto& row = j["results"][0];
+  CHECK(row["name"] == "copy_blocks bf16 hnd P16 H8 D128 4 blocks");
+  CHECK(double(row["torch_seconds"]) == 2.0);
+  CHECK(double(row["speedup_over_torch"]) == doctest::Approx(2.0 / double(row["kernel_seconds"])));
+  std::remove(path.c_str());
+}
+
+TEST_CASE("kvsim bench: option errors are named") {
+  const Result sizes = run("bench --suite full --sequences 3");
+  CHECK(sizes.status == 2);
+  CHECK(sizes.out.find("bad_argument") != std::string::npos);
+  const Result only = run("bench --sequences 3 --tokens 5 --only no-such-op");
+  CHECK(only.status == 2);
+  CHECK(only.out.find("--only matches no configuration") != std::string::npos);
+  const Result baseline = run("bench --sequences 3 --tokens 5 --baseline /nonexistent.json");
+  CHECK(baseline.status == 2);
+  CHECK(baseline.out.find("--baseline /nonexistent.json: cannot open") != std::string::npos);
 }
 
 TEST_CASE("kvsim bench --backend cuda: a table on a GPU machine, else a named error and no table") {
@@ -64,6 +134,6 @@ TEST_CASE("kvsim bench --backend cuda: a table on a GPU machine, else a named er
     CHECK(r.status == 2);
     CHECK((r.out.find("CUDA backend not compiled") != std::string::npos ||
            r.out.find("no CUDA device") != std::string::npos));
-    CHECK(r.out.find("ms/call") == std::string::npos);
+    CHECK(r.out.find("kernel ms") == std::string::npos);
   }
 }

@@ -3,9 +3,54 @@
 // conversion conventions live with each op (see ops/*.hpp).
 #pragma once
 
+#include <cstring>
+
 #include "tensor.hpp"
 
 namespace kvsim {
+
+// Whether dims [dim0, dim0 + count) of a row are `count` consecutive elements
+// of the pool: unit dim stride and one x-group (split-x K keeps x elements
+// together; split-x V strides dims by the page size, so it never is).
+KVSIM_HD constexpr bool dims_contiguous(const InnerStrides& in, int32_t dim0, int32_t count) {
+  if (count <= 1) return true;
+  if (in.dim_inner != 1) return false;
+  int32_t first_outer = 0, first_inner = 0, last_outer = 0, last_inner = 0;
+  split_dim(dim0, in.x, first_outer, first_inner);
+  split_dim(dim0 + count - 1, in.x, last_outer, last_inner);
+  return first_outer == last_outer;
+}
+
+// Dims of one chunk of a pool row, the unit a wide backend gives one thread:
+// 16 bytes of the pool (one nvfp4 block of 16 elements for nvfp4). A row is
+// ceil(D / chunk) chunks; the last may be short.
+KVSIM_HD constexpr int32_t row_chunk_elements(CacheDtype pool_dtype) {
+  return pool_dtype == CacheDtype::nvfp4 ? 16 : 16 * 8 / bits_per_element(pool_dtype);
+}
+KVSIM_HD constexpr int32_t row_chunks(int32_t head_dim, CacheDtype pool_dtype) {
+  const int32_t c = row_chunk_elements(pool_dtype);
+  return (head_dim + c - 1) / c;
+}
+
+// Moves n bytes between two disjoint runs: a byte copy, so it is exact by
+// construction; the device takes 16-, 8- or 4-byte words when both ends are
+// aligned (one coalesced vector access per thread instead of n).
+KVSIM_HD inline void copy_bytes_run(uint8_t* dst, const uint8_t* src, int64_t n) {
+#if defined(__CUDA_ARCH__)
+  const uintptr_t align = reinterpret_cast<uintptr_t>(dst) | reinterpret_cast<uintptr_t>(src);
+  int64_t i = 0;
+  if ((align & 15) == 0) {
+    for (; i + 16 <= n; i += 16) *reinterpret_cast<uint4*>(dst + i) = *reinterpret_cast<const uint4*>(src + i);
+  } else if ((align & 7) == 0) {
+    for (; i + 8 <= n; i += 8) *reinterpret_cast<uint2*>(dst + i) = *reinterpret_cast<const uint2*>(src + i);
+  } else if ((align & 3) == 0) {
+    for (; i + 4 <= n; i += 4) *reinterpret_cast<uint32_t*>(dst + i) = *reinterpret_cast<const uint32_t*>(src + i);
+  }
+  for (; i < n; ++i) dst[i] = src[i];
+#else
+  if (n > 0) std::memmove(dst, src, static_cast<size_t>(n));
+#endif
+}
 
 KVSIM_HD constexpr int bytes_per_element(CacheDtype t) { return bits_per_element(t) / 8; }
 

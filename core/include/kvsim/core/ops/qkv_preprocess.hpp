@@ -34,8 +34,11 @@
 // every cache byte has exactly one writer even when a chunk wraps the ring.
 // Q is produced for every token.
 //
-// GQA: the work item (row, kv head h) produces Q for the q heads
-// [h*G, (h+1)*G), G = Hq / H, and K and V of kv head h: one writer per KV head.
+// Work items: qkv_preprocess_chunk writes 16 dims of one fused head of one
+// row (Q to q_out, K/V to the cache); qkv_zero_v_tail_head zeroes one
+// sequence's V tail for one kv head. Every output byte has one writer. The
+// narrow item qkv_preprocess_token_head (row, kv head h) runs the chunks of
+// the q heads [h*G, (h+1)*G), G = Hq / H, of K and V of head h, then the tail.
 //
 // V-tail zeroing (zeroPagedVCacheTail): paged attention reads whole pages of
 // V and 0 * NaN = NaN, so in a context step (context_phase) with zero_v_tail
@@ -184,54 +187,73 @@ KVSIM_HD constexpr QkvVTail qkv_v_tail(const WindowMapping& w, PageDivider page,
   return z;
 }
 
-// x[d] = float(qkv[row, head * D + d]) (+ float(bias[head * D + d])), d < D.
-KVSIM_HD inline void qkv_load_head(const QkvPreprocessArgs& a, int64_t row, int32_t fused_head, float* x) {
+// Element d of fused head `fused_head` of row `row` after bias and RoPE: the
+// value rope_rotate leaves in x[d] (d's pair is rotated from the two loaded
+// elements with the same products and the same add), or x[d] itself.
+KVSIM_HD inline float qkv_element(const QkvPreprocessArgs& a, int64_t row, int32_t fused_head, int32_t d,
+                                  const float* cos_sin_row) {
   const int64_t col0 = static_cast<int64_t>(fused_head) * a.head_dim;
-  for (int32_t d = 0; d < a.head_dim; ++d) {
-    float v = load_float(a.qkv.data, a.qkv.dtype, a.qkv.offset(row, col0 + d));
-    if (!a.bias.empty()) v = v + load_float(a.bias.data, a.bias.dtype, a.bias.offset(col0 + d));
-    x[d] = v;
+  auto load = [&](int32_t e) {
+    float v = load_float(a.qkv.data, a.qkv.dtype, a.qkv.offset(row, col0 + e));
+    if (!a.bias.empty()) v = v + load_float(a.bias.data, a.bias.dtype, a.bias.offset(col0 + e));
+    return v;
+  };
+  if (cos_sin_row == nullptr || d >= a.rotary_dim) return load(d);
+  const int32_t half = a.rotary_dim / 2;
+  const bool gptj = a.rope_style == RopeStyle::gptj;
+  const int32_t i = gptj ? d / 2 : (d < half ? d : d - half);
+  const bool first = gptj ? (d % 2 == 0) : d < half;
+  const int32_t ia = gptj ? 2 * i : i;
+  const int32_t ib = gptj ? 2 * i + 1 : i + half;
+  const float c = cos_sin_row[i];
+  const float sn = cos_sin_row[half + i];
+  const float xa = load(ia);
+  const float xb = load(ib);
+  if (first) {
+    const float ac = xa * c, bs = xb * sn;
+    return ac - bs;
   }
+  const float bc = xb * c, as = xa * sn;
+  return bc + as;
 }
 
-// One head's row of this layer's K (kv = 0) or V (kv = 1) into the primary
-// pool at (block, entry), converted per the cache dtype (header comment).
-KVSIM_HD inline void qkv_store_cache_row(const KvPools& pools, int32_t layer, int64_t block, int32_t entry, int32_t kv,
-                                         int32_t head, const float* x, float encode_scale, float global_scale) {
+// Dims [dim0, dim0 + count) of one head's row of this layer's K (kv = 0) or V
+// (kv = 1) into the primary pool at (block, entry), from x[0..count),
+// converted per the cache dtype (header comment). nvfp4: dim0 and count are
+// multiples of 16.
+KVSIM_HD inline void qkv_store_cache_dims(const KvPools& pools, int32_t layer, int64_t block, int32_t entry, int32_t kv,
+                                          int32_t head, int32_t dim0, int32_t count, const float* x,
+                                          float encode_scale, float global_scale) {
   const PoolGeometry& g = pools.geometry;
   const PoolStrides& s = pools.strides[static_cast<int>(PoolKind::primary)];
   uint8_t* pool = pools.bytes(PoolKind::primary);
-  const int32_t D = g.head_dim;
+  auto at = [&](int32_t d) { return element_offset(s, block, layer, kv, head, entry, dim0 + d); };
   switch (g.dtype) {
     case CacheDtype::fp32:
     case CacheDtype::fp16:
     case CacheDtype::bf16:
-      for (int32_t d = 0; d < D; ++d) store_float(pool, g.dtype, element_offset(s, block, layer, kv, head, entry, d), x[d]);
+      for (int32_t d = 0; d < count; ++d) store_float(pool, g.dtype, at(d), x[d]);
       break;
     case CacheDtype::fp8_e4m3:
-      for (int32_t d = 0; d < D; ++d)
-        store_byte(pool, element_offset(s, block, layer, kv, head, entry, d),
-                   codec::f32_to_e4m3(x[d] * encode_scale, codec::Saturation::finite));
+      for (int32_t d = 0; d < count; ++d)
+        store_byte(pool, at(d), codec::f32_to_e4m3(x[d] * encode_scale, codec::Saturation::finite));
       break;
     case CacheDtype::fp8_e5m2:
-      for (int32_t d = 0; d < D; ++d)
-        store_byte(pool, element_offset(s, block, layer, kv, head, entry, d),
-                   codec::f32_to_e5m2(x[d] * encode_scale, codec::Saturation::finite));
+      for (int32_t d = 0; d < count; ++d)
+        store_byte(pool, at(d), codec::f32_to_e5m2(x[d] * encode_scale, codec::Saturation::finite));
       break;
     case CacheDtype::int8:
-      for (int32_t d = 0; d < D; ++d)
-        store_byte(pool, element_offset(s, block, layer, kv, head, entry, d),
-                   static_cast<uint8_t>(codec::f32_to_int8(x[d] * encode_scale)));
+      for (int32_t d = 0; d < count; ++d)
+        store_byte(pool, at(d), static_cast<uint8_t>(codec::f32_to_int8(x[d] * encode_scale)));
       break;
     case CacheDtype::nvfp4: {
       uint8_t* scales = pools.scale_bytes(PoolKind::primary);
       const PoolStrides& ss = pools.scale_strides[static_cast<int>(PoolKind::primary)];
-      for (int32_t d0 = 0; d0 < D; d0 += codec::kNvfp4BlockElems) {
+      for (int32_t d0 = 0; d0 < count; d0 += codec::kNvfp4BlockElems) {
         uint8_t packed[codec::kNvfp4BlockElems / 2];
         const uint8_t scale_code = codec::nvfp4_quantize16(x + d0, global_scale, packed);
-        for (int32_t i = 0; i < codec::kNvfp4BlockElems; ++i)
-          store_nibble(pool, element_offset(s, block, layer, kv, head, entry, d0 + i), codec::nibble_at(packed, i));
-        scales[scale_offset(ss, block, layer, kv, head, entry, d0)] = scale_code;
+        for (int32_t i = 0; i < codec::kNvfp4BlockElems; ++i) store_nibble(pool, at(d0 + i), codec::nibble_at(packed, i));
+        scales[scale_offset(ss, block, layer, kv, head, entry, dim0 + d0)] = scale_code;
       }
       break;
     }
@@ -260,44 +282,68 @@ KVSIM_HD inline void qkv_zero_cache_row(const KvPools& pools, int32_t layer, int
   }
 }
 
-// The work item: token t of sequence b (fused qkv row `row`) and kv head
-// `kv_head`. Writes Q of the kv head's query group, K and V of the kv head
-// (when the token reaches the cache), and, for the chunk's last token in a
-// context step, the zeroed V tail of the kv head.
-KVSIM_HD inline void qkv_preprocess_token_head(const KvPools& pools, const QkvPreprocessArgs& a, int32_t b, int32_t t,
-                                               int64_t row, int32_t kv_head) {
+// Dims of one chunk of a head, the unit a wide backend gives one thread: 16
+// elements (one nvfp4 block); the last chunk of a head may be short.
+inline constexpr int32_t kQkvChunk = 16;
+KVSIM_HD constexpr int32_t qkv_chunks_per_head(int32_t head_dim) { return (head_dim + kQkvChunk - 1) / kQkvChunk; }
+
+// Work item (token t of sequence b = fused qkv row `row`, fused head, chunk):
+// fused heads [0, Hq) are Q (written to q_out), [Hq, Hq + H) K and
+// [Hq + H, Hq + 2H) V (written to the cache when the token reaches it). Every
+// chunk owns its output bytes.
+KVSIM_HD inline void qkv_preprocess_chunk(const KvPools& pools, const QkvPreprocessArgs& a, int32_t b, int32_t t,
+                                          int64_t row, int32_t fused_head, int32_t chunk) {
   const int64_t cache_len = a.cache_lens[b];
   const int64_t position = cache_len - a.seq_lens[b] + t;
+  const int32_t dim0 = chunk * kQkvChunk;
+  const int32_t count = a.head_dim - dim0 < kQkvChunk ? a.head_dim - dim0 : kQkvChunk;
+  const bool is_q = fused_head < a.num_q_heads;
+  const bool is_v = fused_head >= a.num_q_heads + a.kv_heads;
+  if (!is_q && !qkv_token_reaches_cache(a.window, cache_len, position)) return;
+  // V is never rotated (TensorRT-LLM rotates Q and K).
   const int64_t rotary_position = position + (a.position_offsets ? a.position_offsets[b] : 0);
-  const bool rotate = a.rope_style != RopeStyle::none;
-  const float* cos_sin_row = rotate ? a.cos_sin + rotary_position * a.cos_sin_row_stride : nullptr;
-  float x[kQkvMaxHeadDim];
+  const float* cos_sin_row =
+      a.rope_style != RopeStyle::none && !is_v ? a.cos_sin + rotary_position * a.cos_sin_row_stride : nullptr;
+  float x[kQkvChunk];
+  for (int32_t d = 0; d < count; ++d) x[d] = qkv_element(a, row, fused_head, dim0 + d, cos_sin_row);
+  if (is_q) {
+    for (int32_t d = 0; d < count; ++d)
+      store_float(a.q_out.data, a.q_out.dtype, a.q_out.offset(row, fused_head, dim0 + d), x[d]);
+    return;
+  }
+  const int32_t kv = is_v ? 1 : 0;
+  const int32_t head = fused_head - a.num_q_heads - kv * a.kv_heads;
+  const int64_t slot = a.window.cache_token(position);
+  const int64_t block = a.table.block_at(b, a.page.div(slot)).block();
+  qkv_store_cache_dims(pools, a.layer, block, a.page.mod(slot), kv, head, dim0, count, x,
+                       is_v ? a.v_encode_scale : a.k_encode_scale, is_v ? a.v_global_scale : a.k_global_scale);
+}
 
+// Work item (sequence b, kv head) of a context step with zero_v_tail: the
+// zeroed V rows of the chunk's last token (header comment).
+KVSIM_HD inline void qkv_zero_v_tail_head(const KvPools& pools, const QkvPreprocessArgs& a, int32_t b, int32_t kv_head) {
+  if (!a.zero_v_tail || a.seq_lens[b] < 1) return;
+  const QkvVTail z = qkv_v_tail(a.window, a.page, a.cache_lens[b]);
+  for (int64_t slot = z.tail_begin; slot < z.tail_end; ++slot)
+    qkv_zero_cache_row(pools, a.layer, a.table.block_at(b, a.page.div(slot)).block(), a.page.mod(slot), 1, kv_head);
+  for (int64_t slot = z.bubble_begin; slot < z.bubble_end; ++slot)
+    qkv_zero_cache_row(pools, a.layer, a.table.block_at(b, a.page.div(slot)).block(), a.page.mod(slot), 1, kv_head);
+}
+
+// The work item of a narrow backend: token t of sequence b (fused qkv row
+// `row`) and kv head `kv_head` -- the chunks of the kv head's query group, its
+// K and V rows, and, for the chunk's last token in a context step, its zeroed
+// V tail.
+KVSIM_HD inline void qkv_preprocess_token_head(const KvPools& pools, const QkvPreprocessArgs& a, int32_t b, int32_t t,
+                                               int64_t row, int32_t kv_head) {
   const int32_t group = a.num_q_heads / a.kv_heads;
-  for (int32_t q = kv_head * group; q < (kv_head + 1) * group; ++q) {
-    qkv_load_head(a, row, q, x);
-    if (rotate) rope_rotate(x, cos_sin_row, a.rotary_dim, a.rope_style);
-    for (int32_t d = 0; d < a.head_dim; ++d) store_float(a.q_out.data, a.q_out.dtype, a.q_out.offset(row, q, d), x[d]);
-  }
-
-  if (qkv_token_reaches_cache(a.window, cache_len, position)) {
-    const int64_t slot = a.window.cache_token(position);
-    const int64_t block = a.table.block_at(b, a.page.div(slot)).block();
-    const int32_t entry = a.page.mod(slot);
-    qkv_load_head(a, row, a.num_q_heads + kv_head, x);
-    if (rotate) rope_rotate(x, cos_sin_row, a.rotary_dim, a.rope_style);
-    qkv_store_cache_row(pools, a.layer, block, entry, 0, kv_head, x, a.k_encode_scale, a.k_global_scale);
-    qkv_load_head(a, row, a.num_q_heads + a.kv_heads + kv_head, x);
-    qkv_store_cache_row(pools, a.layer, block, entry, 1, kv_head, x, a.v_encode_scale, a.v_global_scale);
-  }
-
-  if (a.zero_v_tail && t == a.seq_lens[b] - 1) {
-    const QkvVTail z = qkv_v_tail(a.window, a.page, cache_len);
-    for (int64_t slot = z.tail_begin; slot < z.tail_end; ++slot)
-      qkv_zero_cache_row(pools, a.layer, a.table.block_at(b, a.page.div(slot)).block(), a.page.mod(slot), 1, kv_head);
-    for (int64_t slot = z.bubble_begin; slot < z.bubble_end; ++slot)
-      qkv_zero_cache_row(pools, a.layer, a.table.block_at(b, a.page.div(slot)).block(), a.page.mod(slot), 1, kv_head);
-  }
+  const int32_t chunks = qkv_chunks_per_head(a.head_dim);
+  for (int32_t q = kv_head * group; q < (kv_head + 1) * group; ++q)
+    for (int32_t c = 0; c < chunks; ++c) qkv_preprocess_chunk(pools, a, b, t, row, q, c);
+  for (int32_t c = 0; c < chunks; ++c) qkv_preprocess_chunk(pools, a, b, t, row, a.num_q_heads + kv_head, c);
+  for (int32_t c = 0; c < chunks; ++c)
+    qkv_preprocess_chunk(pools, a, b, t, row, a.num_q_heads + a.kv_heads + kv_head, c);
+  if (t == a.seq_lens[b] - 1) qkv_zero_v_tail_head(pools, a, b, kv_head);
 }
 
 // ---------------------------------------------------------------- validation

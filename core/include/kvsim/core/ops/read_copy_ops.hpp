@@ -152,14 +152,24 @@ KVSIM_HD inline float gather_element_value(const GatherPagedArgs& a, int64_t blo
   }
 }
 
-// Work item (token t in [0, num_tokens), head h in [0, H)): writes out[t, h, 0..D).
-KVSIM_HD inline void gather_paged_token_head(const GatherPagedArgs& a, int64_t t, int32_t h) {
+// Writes out[t, h, dim0 .. dim0 + count).
+KVSIM_HD inline void gather_paged_dims(const GatherPagedArgs& a, int64_t t, int32_t h, int32_t dim0, int32_t count) {
   const BlockRef ref{a.block_ids[a.page.div(t)]};
   const int32_t entry = a.page.mod(t);
   float* out = static_cast<float*>(a.out.data);
-  const int32_t D = a.pools.geometry.head_dim;
-  for (int32_t d = 0; d < D; ++d)
+  for (int32_t d = dim0; d < dim0 + count; ++d)
     out[a.out.offset(t, h, d)] = ref.is_bad() ? 0.0f : gather_element_value(a, ref.block(), h, entry, d);
+}
+
+// Work item (token t in [0, num_tokens), head h in [0, H)): writes out[t, h, 0..D).
+KVSIM_HD inline void gather_paged_token_head(const GatherPagedArgs& a, int64_t t, int32_t h) {
+  gather_paged_dims(a, t, h, 0, a.pools.geometry.head_dim);
+}
+
+// Work item of a wide backend (token t, head h, chunk of row_chunk_elements dims).
+KVSIM_HD inline void gather_paged_chunk(const GatherPagedArgs& a, int64_t t, int32_t h, int32_t chunk) {
+  const int32_t c = row_chunk_elements(a.pools.geometry.dtype), D = a.pools.geometry.head_dim;
+  gather_paged_dims(a, t, h, chunk * c, D - chunk * c < c ? D - chunk * c : c);
 }
 
 // ================================================================ block-copy work items
@@ -210,9 +220,11 @@ inline BlockCopyArgs make_block_copy_args(const KvPools& pools, PoolKind src, Po
   return a;
 }
 
-// Work item: copies row `row` (in [0, rows_per_block())) of src_block to the
-// same row of dst_block: D elements, plus D/16 scale bytes for nvfp4.
-KVSIM_HD inline void copy_block_row(const BlockCopyArgs& a, int64_t src_block, int64_t dst_block, int64_t row) {
+// Copies dims [dim0, dim0 + count) of row `row` (in [0, rows_per_block())) of
+// src_block to the same dims of the same row of dst_block, plus their scale
+// bytes for nvfp4 (dim0 and count: multiples of 16 there).
+KVSIM_HD inline void copy_block_row_dims(const BlockCopyArgs& a, int64_t src_block, int64_t dst_block, int64_t row,
+                                         int32_t dim0, int32_t count) {
   const int32_t token = static_cast<int32_t>(row % a.tokens);
   int64_t rest = row / a.tokens;
   const int32_t head = static_cast<int32_t>(rest % a.heads);
@@ -223,12 +235,12 @@ KVSIM_HD inline void copy_block_row(const BlockCopyArgs& a, int64_t src_block, i
   if (a.dtype == CacheDtype::nvfp4) {
     // Nibbles 2i and 2i+1 of a row share one byte (validated: even strides,
     // dim_inner 1), so the row is copied byte by byte with no read-modify-write.
-    for (int32_t d = 0; d < a.head_dim; d += 2) {
+    for (int32_t d = dim0; d < dim0 + count; d += 2) {
       const int64_t s = element_offset(a.src_strides, src_block, layer, kv, head, token, d) >> 1;
       const int64_t t = element_offset(a.dst_strides, dst_block, layer, kv, head, token, d) >> 1;
       a.dst_data[t] = a.src_data[s];
     }
-    for (int32_t d = 0; d < a.head_dim; d += codec::kNvfp4BlockElems) {
+    for (int32_t d = dim0; d < dim0 + count; d += codec::kNvfp4BlockElems) {
       const int64_t s = scale_offset(a.src_scale_strides, src_block, layer, kv, head, token, d);
       const int64_t t = scale_offset(a.dst_scale_strides, dst_block, layer, kv, head, token, d);
       a.dst_scales[t] = a.src_scales[s];
@@ -236,9 +248,28 @@ KVSIM_HD inline void copy_block_row(const BlockCopyArgs& a, int64_t src_block, i
     return;
   }
   const int bytes = bytes_per_element(a.dtype);
-  for (int32_t d = 0; d < a.head_dim; ++d)
+  if (dims_contiguous(a.src_strides.inner[kv], dim0, count) && dims_contiguous(a.dst_strides.inner[kv], dim0, count)) {
+    copy_bytes_run(a.dst_data + element_offset(a.dst_strides, dst_block, layer, kv, head, token, dim0) * bytes,
+                   a.src_data + element_offset(a.src_strides, src_block, layer, kv, head, token, dim0) * bytes,
+                   static_cast<int64_t>(count) * bytes);
+    return;
+  }
+  for (int32_t d = dim0; d < dim0 + count; ++d)
     copy_element(a.dst_data, element_offset(a.dst_strides, dst_block, layer, kv, head, token, d), a.src_data,
                  element_offset(a.src_strides, src_block, layer, kv, head, token, d), bytes);
+}
+
+// Work item: copies row `row` (in [0, rows_per_block())) of src_block to the
+// same row of dst_block: D elements, plus D/16 scale bytes for nvfp4.
+KVSIM_HD inline void copy_block_row(const BlockCopyArgs& a, int64_t src_block, int64_t dst_block, int64_t row) {
+  copy_block_row_dims(a, src_block, dst_block, row, 0, a.head_dim);
+}
+
+// Work item of a wide backend: one chunk (row_chunk_elements dims) of a row.
+KVSIM_HD inline void copy_block_row_chunk(const BlockCopyArgs& a, int64_t src_block, int64_t dst_block, int64_t row,
+                                          int32_t chunk) {
+  const int32_t c = row_chunk_elements(a.dtype);
+  copy_block_row_dims(a, src_block, dst_block, row, chunk * c, a.head_dim - chunk * c < c ? a.head_dim - chunk * c : c);
 }
 
 // ================================================================ host validation

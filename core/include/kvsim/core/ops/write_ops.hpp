@@ -201,9 +201,17 @@ KVSIM_HD inline void write_pool_row(const KvPools& pools, const PoolRow& r, int3
   const PoolStrides& s = pools.strides_of(PoolKind::primary);
   uint8_t* pool = pools.bytes(PoolKind::primary);
   const CacheDtype pool_dtype = pools.geometry.dtype;
+  // Whether the row's dims [dim0, dim0 + count) are one run of pool bytes
+  // (NHD, HND, and split-x K inside one x-group).
+  const bool pool_run = dims_contiguous(s.inner[r.kv], dim0, count);
   switch (encoding) {
     case RowEncoding::copy_bytes: {
       const int nbytes = bytes_per_element(pool_dtype);
+      if (pool_run && in.stride == 1) {  // the same bytes, moved as one run
+        copy_bytes_run(pool + pool_row_offset(s, r, dim0) * nbytes,
+                       static_cast<const uint8_t*>(in.data) + in.at(0) * nbytes, static_cast<int64_t>(count) * nbytes);
+        break;
+      }
       for (int32_t d = 0; d < count; ++d) copy_element(pool, pool_row_offset(s, r, dim0 + d), in.data, in.at(d), nbytes);
       break;
     }
@@ -222,6 +230,17 @@ KVSIM_HD inline void write_pool_row(const KvPools& pools, const PoolRow& r, int3
       break;
     }
     case RowEncoding::fp8_divide:
+      if (pool_run) {  // codes of 16 elements at a time, stored as one run
+        uint8_t* run = pool + pool_row_offset(s, r, dim0);
+        for (int32_t d0 = 0; d0 < count; d0 += 16) {
+          uint8_t codes[16];
+          const int32_t n = count - d0 < 16 ? count - d0 : 16;
+          for (int32_t d = 0; d < n; ++d)
+            codes[d] = fp8_encode_divided(load_float(in.data, in.dtype, in.at(d0 + d)), scale, pool_dtype);
+          copy_bytes_run(run + d0, codes, n);
+        }
+        break;
+      }
       for (int32_t d = 0; d < count; ++d)
         store_byte(pool, pool_row_offset(s, r, dim0 + d),
                    fp8_encode_divided(load_float(in.data, in.dtype, in.at(d)), scale, pool_dtype));
@@ -280,6 +299,28 @@ KVSIM_HD inline PoolRow append_target(const CsrPageTable& table, int32_t layer, 
   return r;
 }
 
+// Chunk `chunk` of row r -- dims [chunk * c, chunk * c + c), c =
+// row_chunk_elements, the last chunk possibly short -- from input row `in`:
+// the work item of a wide backend. Chunks own disjoint bytes (nvfp4 chunks
+// are whole 16-element blocks, so no byte is shared between two of them).
+KVSIM_HD inline void write_pool_row_chunk(const KvPools& pools, const PoolRow& r, int32_t chunk, InputRow in,
+                                          RowEncoding encoding, float scale) {
+  const int32_t c = row_chunk_elements(pools.geometry.dtype), D = pools.geometry.head_dim;
+  const int32_t dim0 = chunk * c;
+  in.base = in.at(dim0);
+  write_pool_row(pools, r, dim0, D - dim0 < c ? D - dim0 : c, in, encoding, scale);
+}
+
+// Work item (token i, KV head, kv, chunk): one chunk of the K (kv 0) or V (kv 1) row.
+KVSIM_HD inline void append_paged_chunk(const KvPools& pools, const AppendPagedArgs& a, int64_t i, int32_t head,
+                                        int32_t kv, int32_t chunk) {
+  PoolRow r = append_target(a.table, a.layer, a.batch_indices[i], a.positions[i]);
+  r.head = head;
+  r.kv = kv;
+  write_pool_row_chunk(pools, r, chunk, input_row(kv == 0 ? a.k : a.v, i, head), a.encoding,
+                       kv == 0 ? a.k_global_scale : a.v_global_scale);
+}
+
 // Work item (token i, KV head): K and V rows of that head.
 KVSIM_HD inline void append_paged_token_head(const KvPools& pools, const AppendPagedArgs& a, int64_t i, int32_t head) {
   PoolRow r = append_target(a.table, a.layer, a.batch_indices[i], a.positions[i]);
@@ -321,17 +362,35 @@ inline ReshapeAndCacheArgs make_reshape_and_cache_args(const KvPools& pools, con
   return a;
 }
 
-// Work item (token t, KV head); a negative slot writes nothing.
-KVSIM_HD inline void reshape_and_cache_token_head(const KvPools& pools, const ReshapeAndCacheArgs& a, int64_t t,
-                                                  int32_t head) {
-  const int64_t slot = a.slot_mapping[t];
-  if (slot < 0) return;
+// vLLM's slot -> (block, entry) of token t's row of `head`.
+KVSIM_HD inline PoolRow reshape_target(const KvPools& pools, const ReshapeAndCacheArgs& a, int64_t slot, int32_t head) {
   const SlotLocation loc = locate_slot(slot, pools.geometry.page_divider());
   PoolRow r;
   r.block = loc.block;
   r.layer = a.layer;
   r.head = head;
   r.entry = loc.entry;
+  return r;
+}
+
+// Work item (token t, KV head, kv, chunk), as append_paged_chunk; a negative
+// slot writes nothing.
+KVSIM_HD inline void reshape_and_cache_chunk(const KvPools& pools, const ReshapeAndCacheArgs& a, int64_t t,
+                                             int32_t head, int32_t kv, int32_t chunk) {
+  const int64_t slot = a.slot_mapping[t];
+  if (slot < 0) return;
+  PoolRow r = reshape_target(pools, a, slot, head);
+  r.kv = kv;
+  write_pool_row_chunk(pools, r, chunk, input_row(kv == 0 ? a.key : a.value, t, head),
+                       kv == 0 ? a.key_encoding : a.value_encoding, kv == 0 ? a.k_scale : a.v_scale);
+}
+
+// Work item (token t, KV head); a negative slot writes nothing.
+KVSIM_HD inline void reshape_and_cache_token_head(const KvPools& pools, const ReshapeAndCacheArgs& a, int64_t t,
+                                                  int32_t head) {
+  const int64_t slot = a.slot_mapping[t];
+  if (slot < 0) return;
+  PoolRow r = reshape_target(pools, a, slot, head);
   const int32_t D = pools.geometry.head_dim;
   r.kv = 0;
   write_pool_row(pools, r, 0, D, input_row(a.key, t, head), a.key_encoding, a.k_scale);
