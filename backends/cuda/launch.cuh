@@ -1,5 +1,6 @@
 // One thread per work item: a grid-stride loop over [0, items) calling a
-// functor that runs one of core's KVSIM_HD work-item functions. Each work
+// functor that runs one of core's KVSIM_HD work-item functions (or, for row
+// items, a 32-bit grid of rows x items per row). Each work
 // item owns its output bytes (proved by validation), so the schedule cannot
 // change a byte.
 #pragma once
@@ -26,6 +27,44 @@ void launch_items(const char* op, const char* kernel, cudaStream_t stream, int64
   const int64_t blocks = std::min<int64_t>((items + kItemThreads - 1) / kItemThreads, kMaxItemBlocks);
   run_items_kernel<<<static_cast<unsigned>(blocks), kItemThreads, 0, stream>>>(items, item);
   check_launch(op, kernel, stream);
+}
+
+// Rows of `per_row` work items each, one thread per item: item(row, i) for
+// row in [0, rows), i in [0, per_row). Consecutive threads take consecutive
+// i of a row, so a warp's chunk items touch consecutive bytes. Index math is
+// 32-bit (one division per thread) when rows * per_row < 2^32: the 64-bit
+// divisions of the grid-stride form cost more instructions than the 16-byte
+// move each item makes.
+template <class Item>
+__global__ void run_row_items32_kernel(uint32_t items, uint32_t per_row, Item item) {
+  const uint32_t w = blockIdx.x * blockDim.x + threadIdx.x;
+  if (w >= items) return;
+  const uint32_t row = w / per_row;
+  item(static_cast<int64_t>(row), static_cast<int32_t>(w - row * per_row));
+}
+
+template <class Item>
+struct RowItemAdapter {
+  Item item;
+  int64_t per_row;
+  __device__ void operator()(int64_t w) const { item(w / per_row, static_cast<int32_t>(w % per_row)); }
+};
+
+inline constexpr int kRowItemThreads = 256;
+
+template <class Item>
+void launch_row_items(const char* op, const char* kernel, cudaStream_t stream, int64_t rows, int32_t per_row,
+                      const Item& item) {
+  const int64_t items = rows * per_row;
+  if (items <= 0) return;
+  if (items < (int64_t{1} << 32)) {
+    const int64_t blocks = (items + kRowItemThreads - 1) / kRowItemThreads;
+    run_row_items32_kernel<<<static_cast<unsigned>(blocks), kRowItemThreads, 0, stream>>>(
+        static_cast<uint32_t>(items), static_cast<uint32_t>(per_row), item);
+    check_launch(op, kernel, stream);
+    return;
+  }
+  launch_items(op, kernel, stream, items, RowItemAdapter<Item>{item, per_row});
 }
 
 }  // namespace kvsim::cuda

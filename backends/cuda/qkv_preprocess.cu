@@ -1,6 +1,7 @@
 // CUDA qkv_preprocess_write (SPEC §5.3): core's qkv_preprocess_token_head
 // (bias, RoPE from the shared table, quantize, GQA, window mapping, V-tail
-// zeroing): one thread per 16-dim chunk of a fused head (qkv_preprocess_chunk),
+// zeroing): one thread per chunk of a fused head (qkv_preprocess_chunk: 4 dims,
+// 16 for nvfp4),
 // then the V tails (qkv_zero_v_tail_head) -- the same core functions the CPU
 // oracle's (row, kv head) items run.
 #include <vector>
@@ -12,20 +13,16 @@ namespace kvsim {
 
 namespace {
 
-// (fused-qkv row, fused head, 16-dim chunk), chunk fastest: a warp reads and
-// writes consecutive dims of the same heads.
+// Row = fused-qkv row, i = (fused head, chunk), chunk fastest: a warp reads
+// and writes consecutive dims of the same heads.
 struct QkvPreprocessItem {
   KvPools pools;
   QkvPreprocessArgs args;
   const int32_t* row_sequence;
   const int32_t* row_token;
-  int32_t fused_heads, chunks;
-  __device__ void operator()(int64_t i) const {
-    const int32_t chunk = static_cast<int32_t>(i % chunks);
-    const int64_t rest = i / chunks;
-    const int32_t head = static_cast<int32_t>(rest % fused_heads);
-    const int64_t row = rest / fused_heads;
-    qkv_preprocess_chunk(pools, args, row_sequence[row], row_token[row], row, head, chunk);
+  int32_t chunks;
+  __device__ void operator()(int64_t row, int32_t i) const {
+    qkv_preprocess_chunk(pools, args, row_sequence[row], row_token[row], row, i / chunks, i % chunks);
   }
 };
 
@@ -59,12 +56,12 @@ void CudaBackend::run_qkv_preprocess_write(const KvPools& pools, const QkvPrepro
   args.position_offsets = op.position_offsets.empty() ? nullptr : static_cast<const int32_t*>(d[2]);
   args.table.table = static_cast<const int32_t*>(d[3]);
   const int32_t kv_heads = pools.geometry.kv_heads;
-  const int32_t fused_heads = op.num_q_heads + 2 * kv_heads, chunks = qkv_chunks_per_head(pools.geometry.head_dim);
-  const int64_t items = static_cast<int64_t>(row_sequence.size()) * fused_heads * chunks;
+  const int32_t fused_heads = op.num_q_heads + 2 * kv_heads, chunks = qkv_chunks_per_head(pools.geometry.head_dim, pools.geometry.dtype);
   begin_kernels();
-  cuda::launch_items(kOp, "qkv_preprocess_chunk", stream_, items,
-                     QkvPreprocessItem{pools, args, static_cast<const int32_t*>(d[4]),
-                                       static_cast<const int32_t*>(d[5]), fused_heads, chunks});
+  cuda::launch_row_items(kOp, "qkv_preprocess_chunk", stream_, static_cast<int64_t>(row_sequence.size()),
+                         fused_heads * chunks,
+                         QkvPreprocessItem{pools, args, static_cast<const int32_t*>(d[4]),
+                                           static_cast<const int32_t*>(d[5]), chunks});
   if (args.zero_v_tail)  // disjoint from every chunk's bytes (rows no token of the step occupies)
     cuda::launch_items(kOp, "qkv_zero_v_tail_head", stream_, static_cast<int64_t>(op.seq_lens.size()) * kv_heads,
                        QkvZeroTailItem{pools, args, kv_heads});

@@ -16,29 +16,23 @@ namespace kvsim {
 
 namespace {
 
-// (token, head, chunk), chunk fastest.
+// Row = token, i = (head, chunk), chunk fastest.
 struct GatherItem {
   GatherPagedArgs args;
-  int32_t heads, chunks;
-  __device__ void operator()(int64_t i) const {
-    const int64_t row = i / chunks;
-    gather_paged_chunk(args, row / heads, static_cast<int32_t>(row % heads), static_cast<int32_t>(i % chunks));
-  }
+  int32_t chunks;
+  __device__ void operator()(int64_t t, int32_t i) const { gather_paged_chunk(args, t, i / chunks, i % chunks); }
 };
 
-// 16-byte chunks of the rows of every (src, dst) block pair, chunk fastest so
-// a warp moves consecutive bytes; the pairs' block indices are on the device.
+// Row = (pair, block row), i = 16-byte chunk: a warp moves consecutive bytes;
+// the pairs' block indices are on the device.
 struct CopyRowsItem {
   BlockCopyArgs args;
   const int32_t* src_blocks;
   const int32_t* dst_blocks;
   int64_t rows;
-  int32_t chunks;
-  __device__ void operator()(int64_t i) const {
-    const int64_t row = i / chunks;
+  __device__ void operator()(int64_t row, int32_t chunk) const {
     const int64_t p = row / rows;
-    copy_block_row_chunk(args, BlockRef{src_blocks[p]}.block(), BlockRef{dst_blocks[p]}.block(), row % rows,
-                         static_cast<int32_t>(i % chunks));
+    copy_block_row_chunk(args, BlockRef{src_blocks[p]}.block(), BlockRef{dst_blocks[p]}.block(), row - p * rows, chunk);
   }
 };
 
@@ -46,11 +40,10 @@ void launch_copy_rows(CudaBackend& b, const char* op, const BlockCopyArgs& args,
                       std::span<const int32_t> dst) {
   const std::vector<const void*> d = b.upload(op, {src, dst});
   const int64_t rows = args.rows_per_block();
-  const int32_t chunks = row_chunks(args.head_dim, args.dtype);
   b.begin_kernels();
-  cuda::launch_items(op, "copy_block_row_chunk", b.stream(), static_cast<int64_t>(src.size()) * rows * chunks,
-                     CopyRowsItem{args, static_cast<const int32_t*>(d[0]), static_cast<const int32_t*>(d[1]), rows,
-                                  chunks});
+  cuda::launch_row_items(op, "copy_block_row_chunk", b.stream(), static_cast<int64_t>(src.size()) * rows,
+                         row_chunks(args.head_dim, args.dtype),
+                         CopyRowsItem{args, static_cast<const int32_t*>(d[0]), static_cast<const int32_t*>(d[1]), rows});
 }
 
 bool same_strides(const PoolStrides& a, const PoolStrides& b) {
@@ -98,8 +91,7 @@ void CudaBackend::run_gather_paged(const KvPools& pools, const GatherPagedOp& op
   args.block_ids = static_cast<const int32_t*>(upload(kOp, {pages})[0]);
   const int32_t heads = pools.geometry.kv_heads, chunks = row_chunks(pools.geometry.head_dim, pools.geometry.dtype);
   begin_kernels();
-  cuda::launch_items(kOp, "gather_paged_chunk", stream_, op.num_tokens * heads * chunks,
-                     GatherItem{args, heads, chunks});
+  cuda::launch_row_items(kOp, "gather_paged_chunk", stream_, op.num_tokens, heads * chunks, GatherItem{args, chunks});
   finish(kOp);
 }
 

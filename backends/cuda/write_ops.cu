@@ -10,40 +10,23 @@ namespace kvsim {
 
 namespace {
 
-// Work item w -> (token, kv, head, chunk), chunk fastest: a warp's lanes take
+// Row = (token, kv), i = (head, chunk), chunk fastest: a warp's lanes take
 // consecutive 16-byte chunks of the same rows, so loads and stores coalesce.
-struct RowChunk {
-  int64_t token;
-  int32_t kv, head, chunk;
-};
-__device__ __forceinline__ RowChunk row_chunk_of(int64_t w, int32_t heads, int32_t chunks) {
-  RowChunk c;
-  c.chunk = static_cast<int32_t>(w % chunks);
-  int64_t rest = w / chunks;
-  c.head = static_cast<int32_t>(rest % heads);
-  rest /= heads;
-  c.kv = static_cast<int32_t>(rest % 2);
-  c.token = rest / 2;
-  return c;
-}
-
 struct AppendPagedItem {
   KvPools pools;
   AppendPagedArgs args;
-  int32_t heads, chunks;
-  __device__ void operator()(int64_t w) const {
-    const RowChunk c = row_chunk_of(w, heads, chunks);
-    append_paged_chunk(pools, args, c.token, c.head, c.kv, c.chunk);
+  int32_t chunks;
+  __device__ void operator()(int64_t row, int32_t i) const {
+    append_paged_chunk(pools, args, row >> 1, i / chunks, static_cast<int32_t>(row & 1), i % chunks);
   }
 };
 
 struct ReshapeAndCacheItem {
   KvPools pools;
   ReshapeAndCacheArgs args;
-  int32_t heads, chunks;
-  __device__ void operator()(int64_t w) const {
-    const RowChunk c = row_chunk_of(w, heads, chunks);
-    reshape_and_cache_chunk(pools, args, c.token, c.head, c.kv, c.chunk);
+  int32_t chunks;
+  __device__ void operator()(int64_t row, int32_t i) const {
+    reshape_and_cache_chunk(pools, args, row >> 1, i / chunks, static_cast<int32_t>(row & 1), i % chunks);
   }
 };
 
@@ -81,8 +64,8 @@ void CudaBackend::run_append_paged(const KvPools& pools, const AppendPagedOp& op
                       args.batch_indices, args.positions, args.table);
   const int32_t heads = pools.geometry.kv_heads, chunks = row_chunks(pools.geometry.head_dim, pools.geometry.dtype);
   begin_kernels();
-  cuda::launch_items(kOp, "append_paged_chunk", stream_, args.nnz * 2 * heads * chunks,
-                     AppendPagedItem{pools, args, heads, chunks});
+  cuda::launch_row_items(kOp, "append_paged_chunk", stream_, args.nnz * 2, heads * chunks,
+                         AppendPagedItem{pools, args, chunks});
   finish(kOp);
 }
 
@@ -93,8 +76,8 @@ void CudaBackend::run_reshape_and_cache(const KvPools& pools, const ReshapeAndCa
   args.slot_mapping = static_cast<const int64_t*>(upload(kOp, {op.slot_mapping})[0]);
   const int32_t heads = pools.geometry.kv_heads, chunks = row_chunks(pools.geometry.head_dim, pools.geometry.dtype);
   begin_kernels();
-  cuda::launch_items(kOp, "reshape_and_cache_chunk", stream_, args.num_tokens * 2 * heads * chunks,
-                     ReshapeAndCacheItem{pools, args, heads, chunks});
+  cuda::launch_row_items(kOp, "reshape_and_cache_chunk", stream_, args.num_tokens * 2, heads * chunks,
+                         ReshapeAndCacheItem{pools, args, chunks});
   finish(kOp);
 }
 

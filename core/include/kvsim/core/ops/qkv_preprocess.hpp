@@ -34,8 +34,8 @@
 // every cache byte has exactly one writer even when a chunk wraps the ring.
 // Q is produced for every token.
 //
-// Work items: qkv_preprocess_chunk writes 16 dims of one fused head of one
-// row (Q to q_out, K/V to the cache); qkv_zero_v_tail_head zeroes one
+// Work items: qkv_preprocess_chunk writes 4 dims (16 for nvfp4) of one fused
+// head of one row (Q to q_out, K/V to the cache); qkv_zero_v_tail_head zeroes one
 // sequence's V tail for one kv head. Every output byte has one writer. The
 // narrow item qkv_preprocess_token_head (row, kv head h) runs the chunks of
 // the q heads [h*G, (h+1)*G), G = Hq / H, of K and V of head h, then the tail.
@@ -282,21 +282,23 @@ KVSIM_HD inline void qkv_zero_cache_row(const KvPools& pools, int32_t layer, int
   }
 }
 
-// Dims of one chunk of a head, the unit a wide backend gives one thread: 16
-// elements (one nvfp4 block); the last chunk of a head may be short.
-inline constexpr int32_t kQkvChunk = 16;
-KVSIM_HD constexpr int32_t qkv_chunks_per_head(int32_t head_dim) { return (head_dim + kQkvChunk - 1) / kQkvChunk; }
+// Dims of one chunk of a head, the unit a wide backend gives one thread: 4
+// (a warp then reads and writes 128 consecutive dims), 16 for an nvfp4 cache
+// (one scale block); the last chunk of a head may be short.
+KVSIM_HD constexpr int32_t qkv_chunk_elements(CacheDtype cache) { return cache == CacheDtype::nvfp4 ? 16 : 4; }
+KVSIM_HD constexpr int32_t qkv_chunks_per_head(int32_t head_dim, CacheDtype cache) {
+  return (head_dim + qkv_chunk_elements(cache) - 1) / qkv_chunk_elements(cache);
+}
 
-// Work item (token t of sequence b = fused qkv row `row`, fused head, chunk):
-// fused heads [0, Hq) are Q (written to q_out), [Hq, Hq + H) K and
-// [Hq + H, Hq + 2H) V (written to the cache when the token reaches it). Every
-// chunk owns its output bytes.
-KVSIM_HD inline void qkv_preprocess_chunk(const KvPools& pools, const QkvPreprocessArgs& a, int32_t b, int32_t t,
-                                          int64_t row, int32_t fused_head, int32_t chunk) {
+// Dims [dim0, dim0 + count) (count <= kMax) of fused head `fused_head` of
+// token t of sequence b (fused qkv row `row`): fused heads [0, Hq) are Q
+// (written to q_out), [Hq, Hq + H) K and [Hq + H, Hq + 2H) V (written to the
+// cache when the token reaches it). nvfp4: dim0 and count multiples of 16.
+template <int kMax>
+KVSIM_HD inline void qkv_preprocess_dims(const KvPools& pools, const QkvPreprocessArgs& a, int32_t b, int32_t t,
+                                         int64_t row, int32_t fused_head, int32_t dim0, int32_t count) {
   const int64_t cache_len = a.cache_lens[b];
   const int64_t position = cache_len - a.seq_lens[b] + t;
-  const int32_t dim0 = chunk * kQkvChunk;
-  const int32_t count = a.head_dim - dim0 < kQkvChunk ? a.head_dim - dim0 : kQkvChunk;
   const bool is_q = fused_head < a.num_q_heads;
   const bool is_v = fused_head >= a.num_q_heads + a.kv_heads;
   if (!is_q && !qkv_token_reaches_cache(a.window, cache_len, position)) return;
@@ -304,7 +306,7 @@ KVSIM_HD inline void qkv_preprocess_chunk(const KvPools& pools, const QkvPreproc
   const int64_t rotary_position = position + (a.position_offsets ? a.position_offsets[b] : 0);
   const float* cos_sin_row =
       a.rope_style != RopeStyle::none && !is_v ? a.cos_sin + rotary_position * a.cos_sin_row_stride : nullptr;
-  float x[kQkvChunk];
+  float x[kMax];
   for (int32_t d = 0; d < count; ++d) x[d] = qkv_element(a, row, fused_head, dim0 + d, cos_sin_row);
   if (is_q) {
     for (int32_t d = 0; d < count; ++d)
@@ -319,6 +321,14 @@ KVSIM_HD inline void qkv_preprocess_chunk(const KvPools& pools, const QkvPreproc
                        is_v ? a.v_encode_scale : a.k_encode_scale, is_v ? a.v_global_scale : a.k_global_scale);
 }
 
+// Work item of a wide backend: chunk `chunk` of a fused head (qkv_chunk_elements dims).
+KVSIM_HD inline void qkv_preprocess_chunk(const KvPools& pools, const QkvPreprocessArgs& a, int32_t b, int32_t t,
+                                          int64_t row, int32_t fused_head, int32_t chunk) {
+  const int32_t c = qkv_chunk_elements(pools.geometry.dtype);
+  const int32_t dim0 = chunk * c;
+  qkv_preprocess_dims<16>(pools, a, b, t, row, fused_head, dim0, a.head_dim - dim0 < c ? a.head_dim - dim0 : c);
+}
+
 // Work item (sequence b, kv head) of a context step with zero_v_tail: the
 // zeroed V rows of the chunk's last token (header comment).
 KVSIM_HD inline void qkv_zero_v_tail_head(const KvPools& pools, const QkvPreprocessArgs& a, int32_t b, int32_t kv_head) {
@@ -331,18 +341,16 @@ KVSIM_HD inline void qkv_zero_v_tail_head(const KvPools& pools, const QkvPreproc
 }
 
 // The work item of a narrow backend: token t of sequence b (fused qkv row
-// `row`) and kv head `kv_head` -- the chunks of the kv head's query group, its
-// K and V rows, and, for the chunk's last token in a context step, its zeroed
-// V tail.
+// `row`) and kv head `kv_head` -- the whole heads of the kv head's query
+// group, its K and V heads, and, for the chunk's last token in a context
+// step, its zeroed V tail.
 KVSIM_HD inline void qkv_preprocess_token_head(const KvPools& pools, const QkvPreprocessArgs& a, int32_t b, int32_t t,
                                                int64_t row, int32_t kv_head) {
   const int32_t group = a.num_q_heads / a.kv_heads;
-  const int32_t chunks = qkv_chunks_per_head(a.head_dim);
   for (int32_t q = kv_head * group; q < (kv_head + 1) * group; ++q)
-    for (int32_t c = 0; c < chunks; ++c) qkv_preprocess_chunk(pools, a, b, t, row, q, c);
-  for (int32_t c = 0; c < chunks; ++c) qkv_preprocess_chunk(pools, a, b, t, row, a.num_q_heads + kv_head, c);
-  for (int32_t c = 0; c < chunks; ++c)
-    qkv_preprocess_chunk(pools, a, b, t, row, a.num_q_heads + a.kv_heads + kv_head, c);
+    qkv_preprocess_dims<kQkvMaxHeadDim>(pools, a, b, t, row, q, 0, a.head_dim);
+  qkv_preprocess_dims<kQkvMaxHeadDim>(pools, a, b, t, row, a.num_q_heads + kv_head, 0, a.head_dim);
+  qkv_preprocess_dims<kQkvMaxHeadDim>(pools, a, b, t, row, a.num_q_heads + a.kv_heads + kv_head, 0, a.head_dim);
   if (t == a.seq_lens[b] - 1) qkv_zero_v_tail_head(pools, a, b, kv_head);
 }
 
