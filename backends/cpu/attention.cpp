@@ -7,6 +7,7 @@
 #include <tbb/enumerable_thread_specific.h>
 #include <tbb/parallel_for.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <string_view>
@@ -31,6 +32,7 @@ struct Plan {
   int bytes = 0;  // bytes per element (direct rows)
   std::vector<int32_t> perm;
   std::vector<uint16_t> perm_mask;
+  int32_t lane_of_position[kWarp] = {};
 };
 
 bool row_is_contiguous(const PoolStrides& st, int32_t kv, int32_t D) {
@@ -66,6 +68,7 @@ Plan make_plan(const AttentionArgs& a, Isa isa) {
     }
     p.bytes = bits_per_element(g.dtype) / 8;
   }
+  p.kernels->lane_order(p.format, p.D, p.lane_of_position);
   // K transposition: output (j, half h) lane i is dim (16h + i) * c + j, i.e.
   // element s = i * c + j of the 16c natural floats from vector h * c on;
   // vector pair s / 32, index s % 32 within the pair.
@@ -134,13 +137,16 @@ void attend_fast(const AttentionArgs& a, const Plan& pl, int32_t seq, int64_t po
   const int32_t D = pl.D, G = pl.G, c = pl.c;
   ws.layout(pl, parts);
 
-  for (int32_t g = 0; g < G; ++g)
+  // q of each head, then its transposed copy in the kernel's lane order.
+  float* qrow = ws.merged;
+  for (int32_t g = 0; g < G; ++g) {
+    for (int32_t d = 0; d < D; ++d) qrow[d] = load_float(a.q.data, a.q.dtype, a.q.offset(row, kv_head * G + g, d));
     for (int32_t j = 0; j < c; ++j)
-      for (int l = 0; l < kWarp; ++l) {
-        const int32_t d = l * c + j;
-        ws.qt[(static_cast<int64_t>(g) * c + j) * kWarp + l] =
-            d < D ? load_float(a.q.data, a.q.dtype, a.q.offset(row, kv_head * G + g, d)) : -0.0f;
+      for (int pos = 0; pos < kWarp; ++pos) {
+        const int32_t d = pl.lane_of_position[pos] * c + j;
+        ws.qt[(static_cast<int64_t>(g) * c + j) * kWarp + pos] = d < D ? qrow[d] : -0.0f;
       }
+  }
 
   PartitionTask t;
   t.head_dim = D;
@@ -148,6 +154,7 @@ void attend_fast(const AttentionArgs& a, const Plan& pl, int32_t seq, int64_t po
   t.group = G;
   t.quads = pl.quads;
   t.format = pl.format;
+  t.row_bytes = pl.direct ? D * pl.bytes : D * 4;
   t.k_rows = ws.k_rows.data();
   t.v_rows = ws.v_rows.data();
   t.qt = ws.qt;
@@ -167,6 +174,22 @@ void attend_fast(const AttentionArgs& a, const Plan& pl, int32_t seq, int64_t po
   for (int64_t part = 0; part < parts; ++part) {
     const int64_t first = part * kPartitionSize;
     const int32_t count = static_cast<int32_t>(n - first < kPartitionSize ? n - first : kPartitionSize);
+    if (pl.direct && !a.window.enabled()) {
+      // Without a window key j's slot is j itself (attended keys 0..p, then
+      // the tail p+1.. of the same page), so the keys walk whole pages.
+      for (int32_t j = 0; j < count;) {
+        const int64_t slot = first + j;
+        const int64_t block = BlockRef{table[page.div(slot)]}.block();
+        const int32_t entry0 = page.mod(slot);
+        const int32_t run = std::min<int32_t>(count - j, page.page_size - entry0);
+        for (int32_t e = 0; e < run; ++e, ++j) {
+          const bool masked = first + j >= keys.n_attended;
+          ws.k_rows[j] =
+              masked ? nullptr : pool + element_offset(st, block, a.layer, 0, kv_head, entry0 + e, 0) * pl.bytes;
+          ws.v_rows[j] = pool + element_offset(st, block, a.layer, 1, kv_head, entry0 + e, 0) * pl.bytes;
+        }
+      }
+    } else {
     for (int32_t j = 0; j < count; ++j) {
       bool masked = false;
       const int64_t slot = keys.slot(first + j, a.window, masked);
@@ -184,6 +207,7 @@ void attend_fast(const AttentionArgs& a, const Plan& pl, int32_t seq, int64_t po
         ws.k_rows[j] = masked ? nullptr : reinterpret_cast<const uint8_t*>(krow);
         ws.v_rows[j] = reinterpret_cast<const uint8_t*>(vrow);
       }
+    }
     }
     t.count = count;
     t.acc = ws.part_acc + part * D;
@@ -211,10 +235,9 @@ void attend_fast(const AttentionArgs& a, const Plan& pl, int32_t seq, int64_t po
       const float* acc = ws.part_acc + (static_cast<int64_t>(g) * parts + part) * D;
       for (int32_t d = 0; d < D; ++d) merged[d] = canon::fma_f32(acc[d], w, merged[d]);
     }
-    for (int32_t d = 0; d < D; ++d) {
-      const float o = (merged[d] / L) * a.scales.v_scale;
-      store_float(a.out.data, a.out.dtype, a.out.offset(row, kv_head * G + g, d), o);
-    }
+    const float v_scale = a.scales.v_scale;
+    for (int32_t d = 0; d < D; ++d) merged[d] = (merged[d] / L) * v_scale;
+    for (int32_t d = 0; d < D; ++d) store_float(a.out.data, a.out.dtype, a.out.offset(row, kv_head * G + g, d), merged[d]);
   }
 }
 

@@ -53,9 +53,7 @@ inline __m512 dec16<RowFormat::bf16>(const uint8_t* row, int32_t i) {
 
 // codec::f16_to_f32: Inf/NaN keep their payload; normals rebias the
 // exponent; subnormals are m * 2^-24 (exact); the sign is or-ed in.
-template <>
-inline __m512 dec16<RowFormat::f16>(const uint8_t* row, int32_t i) {
-  const __m512i x = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + 2 * i)));
+inline __m512 f16_to_f32x16(__m512i x) {  // x: 16 codes zero-extended to 32 bits
   const __m512i sign = _mm512_slli_epi32(_mm512_and_si512(x, _mm512_set1_epi32(0x8000)), 16);
   const __m512i mag = _mm512_and_si512(x, _mm512_set1_epi32(0x7FFF));
   const __m512i shifted = _mm512_slli_epi32(mag, 13);
@@ -65,6 +63,11 @@ inline __m512 dec16<RowFormat::f16>(const uint8_t* row, int32_t i) {
   const __m512 sub = _mm512_mul_ps(_mm512_cvtepi32_ps(mag), _mm512_set1_ps(0x1p-24f));
   bits = _mm512_mask_mov_epi32(bits, _mm512_cmplt_epu32_mask(mag, _mm512_set1_epi32(0x400)), _mm512_castps_si512(sub));
   return _mm512_castsi512_ps(_mm512_or_si512(bits, sign));
+}
+
+template <>
+inline __m512 dec16<RowFormat::f16>(const uint8_t* row, int32_t i) {
+  return f16_to_f32x16(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + 2 * i))));
 }
 
 // codec::e4m3_to_f32: S.1111.111 is NaN (sign | 0x7FC00000).
@@ -170,7 +173,18 @@ void scores_impl(const PartitionTask& t) {
   const __m512 zero = _mm512_setzero_ps();
   const __m128 masked = _mm_castsi128_ps(_mm_set1_epi32(static_cast<int>(0xFF800000u)));
   constexpr int kNat = 2 * (C > 0 ? C : kMaxC) + 1;
+  // Prefetch: K rows kAhead keys ahead into L1; each V row into L2 while its
+  // score is computed, for the P.V pass that follows.
+  constexpr int32_t kAhead = 8;
+  const int32_t lines = (t.row_bytes + 63) / 64;
+  for (int32_t j = 0; j < kAhead && j < t.count; ++j)
+    if (t.k_rows[j] != nullptr)
+      for (int32_t ln = 0; ln < lines; ++ln) _mm_prefetch(reinterpret_cast<const char*>(t.k_rows[j]) + 64 * ln, _MM_HINT_T0);
   for (int32_t j = 0; j < t.count; ++j) {
+    if (j + kAhead < t.count && t.k_rows[j + kAhead] != nullptr)
+      for (int32_t ln = 0; ln < lines; ++ln)
+        _mm_prefetch(reinterpret_cast<const char*>(t.k_rows[j + kAhead]) + 64 * ln, _MM_HINT_T0);
+    for (int32_t ln = 0; ln < lines; ++ln) _mm_prefetch(reinterpret_cast<const char*>(t.v_rows[j]) + 64 * ln, _MM_HINT_T1);
     const uint8_t* row = t.k_rows[j];
     if (row == nullptr) {
       for (int32_t q = 0; q < t.quads; ++q) _mm_storeu_ps(t.s + (static_cast<int64_t>(q) * kPartitionSize + j) * kQuad, masked);
@@ -212,8 +226,185 @@ void scores_impl(const PartitionTask& t) {
   }
 }
 
+// ---------------------------------------------------------------- scores, head_dim 128
+// With c = 4 each lane owns 4 consecutive dims, so the transposition is a 4x4
+// transpose inside 128-bit lanes. The 32 butterfly lanes then sit at vector
+// positions pos = 16h + 4k + v (h: half, k: 128-bit lane, v: element) as:
+//   nat4 (rows decoded 16 dims per vector):   lane 16h + 4v + k
+//   w16  (16-bit rows widened by unpacking):  lane 16h + 8(v >> 1) + 2k + (v & 1)
+// qt is laid out with the same map (lane_order), and butterfly4_* add lane l
+// and lane l + off, own lane first, level by level as the warp does.
+enum class Route { generic, nat4, w16 };
+
+inline Route route_for(RowFormat f, int32_t head_dim) {
+  if (head_dim != 128) return Route::generic;
+  return f == RowFormat::bf16 || f == RowFormat::f16 ? Route::w16 : Route::nat4;
+}
+
+void lane_order(RowFormat f, int32_t head_dim, int32_t* lane_of_position) {
+  const Route r = route_for(f, head_dim);
+  for (int pos = 0; pos < 32; ++pos) {
+    const int h = pos / 16, k = (pos % 16) / 4, v = pos % 4;
+    lane_of_position[pos] = r == Route::generic ? pos
+                            : r == Route::nat4  ? 16 * h + 4 * v + k
+                                                : 16 * h + 8 * (v >> 1) + 2 * k + (v & 1);
+  }
+}
+
+// out[j] element (k, v) = r[v] element (k, j): a 4x4 transpose per 128-bit lane.
+inline void transpose4(const __m512* r, __m512* out) {
+  const __m512d t0 = _mm512_castps_pd(_mm512_unpacklo_ps(r[0], r[1]));
+  const __m512d t1 = _mm512_castps_pd(_mm512_unpackhi_ps(r[0], r[1]));
+  const __m512d t2 = _mm512_castps_pd(_mm512_unpacklo_ps(r[2], r[3]));
+  const __m512d t3 = _mm512_castps_pd(_mm512_unpackhi_ps(r[2], r[3]));
+  out[0] = _mm512_castpd_ps(_mm512_unpacklo_pd(t0, t2));
+  out[1] = _mm512_castpd_ps(_mm512_unpackhi_pd(t0, t2));
+  out[2] = _mm512_castpd_ps(_mm512_unpacklo_pd(t1, t3));
+  out[3] = _mm512_castpd_ps(_mm512_unpackhi_pd(t1, t3));
+}
+
+// Butterfly lane 0 of four heads, nat4 positions; h[g] holds level 16
+// (position p = 4k + v is lane 4v + k). Returns the heads' sums in lanes 0..3.
+inline __m128 butterfly4_nat4(const __m512* h) {
+  // level 8: lane l < 8 (v < 2) + lane l + 8 (v + 2); heads A, B -> [A v0, A v1, B v0, B v1]
+  const __m512 ab = _mm512_add_ps(_mm512_shuffle_ps(h[0], h[1], _MM_SHUFFLE(1, 0, 1, 0)),
+                                  _mm512_shuffle_ps(h[0], h[1], _MM_SHUFFLE(3, 2, 3, 2)));
+  const __m512 cd = _mm512_add_ps(_mm512_shuffle_ps(h[2], h[3], _MM_SHUFFLE(1, 0, 1, 0)),
+                                  _mm512_shuffle_ps(h[2], h[3], _MM_SHUFFLE(3, 2, 3, 2)));
+  // level 4: lane k (v 0) + lane k + 4 (v 1) -> [A, B, C, D] in every 128-bit lane k
+  const __m512 z = _mm512_add_ps(_mm512_shuffle_ps(ab, cd, _MM_SHUFFLE(2, 0, 2, 0)),
+                                 _mm512_shuffle_ps(ab, cd, _MM_SHUFFLE(3, 1, 3, 1)));
+  // level 2: 128-bit lane k + k + 2; level 1: 0 + 1
+  const __m512 w = _mm512_add_ps(z, _mm512_shuffle_f32x4(z, z, _MM_SHUFFLE(1, 0, 3, 2)));
+  const __m512 v = _mm512_add_ps(w, _mm512_shuffle_f32x4(w, w, _MM_SHUFFLE(2, 3, 0, 1)));
+  return _mm512_castps512_ps128(v);
+}
+
+// The same for w16 positions (p = 4k + v is lane 8(v >> 1) + 2k + (v & 1)).
+inline __m128 butterfly4_w16(const __m512* h) {
+  // level 8: v < 2 + v + 2 -> [A v0, A v1, B v0, B v1] = lanes 2k, 2k + 1
+  const __m512 ab = _mm512_add_ps(_mm512_shuffle_ps(h[0], h[1], _MM_SHUFFLE(1, 0, 1, 0)),
+                                  _mm512_shuffle_ps(h[0], h[1], _MM_SHUFFLE(3, 2, 3, 2)));
+  const __m512 cd = _mm512_add_ps(_mm512_shuffle_ps(h[2], h[3], _MM_SHUFFLE(1, 0, 1, 0)),
+                                  _mm512_shuffle_ps(h[2], h[3], _MM_SHUFFLE(3, 2, 3, 2)));
+  // level 4: 128-bit lane k < 2 + k + 2 -> [AB k0, AB k1, CD k0, CD k1]
+  const __m512 z = _mm512_add_ps(_mm512_shuffle_f32x4(ab, cd, _MM_SHUFFLE(1, 0, 1, 0)),
+                                 _mm512_shuffle_f32x4(ab, cd, _MM_SHUFFLE(3, 2, 3, 2)));
+  // level 2: k 0 + k 1; level 1: v 0 + v 1
+  const __m512 w = _mm512_add_ps(z, _mm512_shuffle_f32x4(z, z, _MM_SHUFFLE(2, 3, 0, 1)));
+  const __m512 v = _mm512_add_ps(w, _mm512_permute_ps(w, _MM_SHUFFLE(2, 3, 0, 1)));
+  // A, B at elements 0, 2 of 128-bit lane 0; C, D at elements 0, 2 of lane 2
+  return _mm512_castps512_ps128(
+      _mm512_permutexvar_ps(_mm512_setr_epi32(0, 2, 8, 10, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0), v));
+}
+
+// 16 codes of a 16-bit row at words [8k, 8k + 4) (lo) or [8k + 4, 8k + 8) (hi)
+// of each 128-bit lane k, as fp32.
+template <RowFormat F, bool Hi>
+inline __m512 widen16(__m512i raw) {
+  if constexpr (F == RowFormat::bf16) {
+    const __m512i z = _mm512_setzero_si512();
+    return _mm512_castsi512_ps(Hi ? _mm512_unpackhi_epi16(z, raw) : _mm512_unpacklo_epi16(z, raw));
+  } else {
+    const __m512i z = _mm512_setzero_si512();
+    return f16_to_f32x16(Hi ? _mm512_unpackhi_epi16(raw, z) : _mm512_unpacklo_epi16(raw, z));
+  }
+}
+
+// K row of one key, transposed: kt[2j + h] = dim j of the lanes of half h.
+template <RowFormat F, Route R>
+inline void load_kt_d128(const uint8_t* row, __m512* kt) {
+  for (int h = 0; h < 2; ++h) {
+    __m512 r[4], o[4];
+    if constexpr (R == Route::nat4) {
+      for (int v = 0; v < 4; ++v) r[v] = dec16<F>(row, 64 * h + 16 * v);
+    } else {
+      const __m512i raw0 = _mm512_loadu_si512(row + 128 * h);
+      const __m512i raw1 = _mm512_loadu_si512(row + 128 * h + 64);
+      r[0] = widen16<F, false>(raw0);
+      r[1] = widen16<F, true>(raw0);
+      r[2] = widen16<F, false>(raw1);
+      r[3] = widen16<F, true>(raw1);
+    }
+    transpose4(r, o);
+    for (int jj = 0; jj < 4; ++jj) kt[2 * jj + h] = o[jj];
+  }
+}
+
+// Scores of NK keys (none masked) for every query head: NK independent
+// chains side by side, so consecutive keys' latency overlaps.
+template <RowFormat F, Route R, int NK>
+inline void scores_d128_keys(const PartitionTask& t, const uint8_t* const* rows, int32_t j0, __m128 scale) {
+  const __m512 zero = _mm512_setzero_ps();
+  __m512 kt[NK][8];
+  for (int n = 0; n < NK; ++n) load_kt_d128<F, R>(rows[n], kt[n]);
+  for (int32_t q = 0; q < t.quads; ++q) {
+    __m512 half[NK][kQuad];
+    for (int gi = 0; gi < kQuad; ++gi) {
+      const int32_t g = q * kQuad + gi;
+      if (g >= t.group) {
+        for (int n = 0; n < NK; ++n) half[n][gi] = zero;
+        continue;
+      }
+      const float* qg = t.qt + static_cast<int64_t>(g) * 4 * 32;
+      __m512 lo[NK], hi[NK];
+      for (int n = 0; n < NK; ++n) lo[n] = hi[n] = zero;
+      for (int jj = 0; jj < 4; ++jj) {
+        const __m512 ql = _mm512_load_ps(qg + jj * 32), qh = _mm512_load_ps(qg + jj * 32 + 16);
+        for (int n = 0; n < NK; ++n) {
+          lo[n] = _mm512_fmadd_ps(ql, kt[n][2 * jj], lo[n]);
+          hi[n] = _mm512_fmadd_ps(qh, kt[n][2 * jj + 1], hi[n]);
+        }
+      }
+      for (int n = 0; n < NK; ++n) half[n][gi] = _mm512_add_ps(lo[n], hi[n]);  // level 16
+    }
+    for (int n = 0; n < NK; ++n) {
+      const __m128 sum = R == Route::nat4 ? butterfly4_nat4(half[n]) : butterfly4_w16(half[n]);
+      _mm_storeu_ps(t.s + (static_cast<int64_t>(q) * kPartitionSize + j0 + n) * kQuad, _mm_mul_ps(sum, scale));
+    }
+  }
+}
+
+template <RowFormat F, Route R>
+void scores_d128(const PartitionTask& t) {
+  const __m128 scale = _mm_set1_ps(t.score_scale);
+  const __m128 masked = _mm_castsi128_ps(_mm_set1_epi32(static_cast<int>(0xFF800000u)));
+  constexpr int32_t kAhead = 8;
+  const int32_t lines = (t.row_bytes + 63) / 64;
+  const int32_t count = t.count;
+  const uint8_t* const* k_rows = t.k_rows;
+  for (int32_t j = 0; j < kAhead && j < count; ++j)
+    if (k_rows[j] != nullptr)
+      for (int32_t ln = 0; ln < lines; ++ln) _mm_prefetch(reinterpret_cast<const char*>(k_rows[j]) + 64 * ln, _MM_HINT_T0);
+  for (int32_t j = 0; j < count;) {
+    for (int32_t n = j; n < j + 2 && n < count; ++n) {
+      if (n + kAhead < count && k_rows[n + kAhead] != nullptr)
+        for (int32_t ln = 0; ln < lines; ++ln)
+          _mm_prefetch(reinterpret_cast<const char*>(k_rows[n + kAhead]) + 64 * ln, _MM_HINT_T0);
+      for (int32_t ln = 0; ln < lines; ++ln) _mm_prefetch(reinterpret_cast<const char*>(t.v_rows[n]) + 64 * ln, _MM_HINT_T1);
+    }
+    if (j + 1 < count && k_rows[j] != nullptr && k_rows[j + 1] != nullptr) {
+      scores_d128_keys<F, R, 2>(t, k_rows + j, j, scale);
+      j += 2;
+    } else if (k_rows[j] != nullptr) {
+      scores_d128_keys<F, R, 1>(t, k_rows + j, j, scale);
+      j += 1;
+    } else {
+      for (int32_t q = 0; q < t.quads; ++q) _mm_storeu_ps(t.s + (static_cast<int64_t>(q) * kPartitionSize + j) * kQuad, masked);
+      j += 1;
+    }
+  }
+}
+
 template <RowFormat F>
 void scores_format(const PartitionTask& t) {
+  switch (route_for(F, t.head_dim)) {
+    case Route::nat4: return scores_d128<F, Route::nat4>(t);
+    case Route::w16:
+      if constexpr (F == RowFormat::bf16 || F == RowFormat::f16) return scores_d128<F, Route::w16>(t);
+      break;
+    case Route::generic: break;
+  }
   switch (t.lanes_c) {
     case 2: return scores_impl<F, 2>(t);
     case 3: return scores_impl<F, 3>(t);
@@ -358,7 +549,7 @@ void avx512_decode_row(RowFormat format, const uint8_t* row, float* out, int32_t
 namespace kvsim::cpu_attention {
 
 const Kernels* avx512_kernels() {
-  static const Kernels k{&scores, &softmax, &pv, &head_dim_ok};
+  static const Kernels k{&scores, &softmax, &pv, &head_dim_ok, &lane_order};
   return &k;
 }
 

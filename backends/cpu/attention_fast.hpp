@@ -66,9 +66,12 @@ struct PartitionTask {
   int32_t quads = 0;    // ceil(group / 4)
   int32_t count = 0;    // keys of the partition (1..kPartitionSize)
   RowFormat format = RowFormat::f32;
+  int32_t row_bytes = 0;  // bytes of one row (prefetch hints only)
   const uint8_t* const* k_rows = nullptr;  // [count] first byte of each K row; nullptr = masked key
   const uint8_t* const* v_rows = nullptr;  // [count] V rows (masked keys too: p = 0 still enters P.V)
-  const float* qt = nullptr;               // [group][c][32]: qt[(g*c + j)*32 + l] = q_g[l*c + j], -0 beyond D
+  // [group][c][32]: qt[(g*c + j)*32 + pos] = q_g[lane(pos)*c + j], -0 beyond D,
+  // lane(pos) being the kernel's lane_order for this format and head_dim.
+  const float* qt = nullptr;
   const int32_t* perm = nullptr;           // [c][pairs][16] K transposition indices (avx512, see plan)
   const uint16_t* perm_mask = nullptr;     // [c][pairs]
   float score_scale = 1.0f;
@@ -87,6 +90,10 @@ struct Kernels {
   void (*pv)(const PartitionTask&);
   // Whether this kernel set handles a head_dim (the portable one: all).
   bool (*supports_head_dim)(int32_t head_dim);
+  // Which butterfly lane the scores kernel keeps at each of the 32 vector
+  // positions (a permutation; the identity unless a kernel transposes K rows
+  // in another order). The butterfly still adds lane l and lane l + off.
+  void (*lane_order)(RowFormat format, int32_t head_dim, int32_t* lane_of_position);
 };
 
 const Kernels& portable_kernels();

@@ -122,10 +122,14 @@ void pv(const PartitionTask& t) {
 
 bool any_head_dim(int32_t) { return true; }
 
+void identity_lanes(RowFormat, int32_t, int32_t* lane_of_position) {
+  for (int pos = 0; pos < kWarp; ++pos) lane_of_position[pos] = pos;
+}
+
 }  // namespace
 
 const Kernels& portable_kernels() {
-  static const Kernels k{&scores, &softmax, &pv, &any_head_dim};
+  static const Kernels k{&scores, &softmax, &pv, &any_head_dim, &identity_lanes};
   return k;
 }
 
