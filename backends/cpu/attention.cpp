@@ -33,6 +33,7 @@ struct Plan {
   std::vector<int32_t> perm;
   std::vector<uint16_t> perm_mask;
   int32_t lane_of_position[kWarp] = {};
+  std::vector<int32_t> kt_source;
 };
 
 bool row_is_contiguous(const PoolStrides& st, int32_t kv, int32_t D) {
@@ -69,6 +70,12 @@ Plan make_plan(const AttentionArgs& a, Isa isa) {
     p.bytes = bits_per_element(g.dtype) / 8;
   }
   p.kernels->lane_order(p.format, p.D, p.lane_of_position);
+  p.kt_source.resize(static_cast<size_t>(p.c) * kWarp);
+  for (int32_t j = 0; j < p.c; ++j)
+    for (int pos = 0; pos < kWarp; ++pos) {
+      const int32_t d = p.lane_of_position[pos] * p.c + j;
+      p.kt_source[static_cast<size_t>(j) * kWarp + pos] = d < p.D ? d : p.D;
+    }
   // K transposition: output (j, half h) lane i is dim (16h + i) * c + j, i.e.
   // element s = i * c + j of the 16c natural floats from vector h * c on;
   // vector pair s / 32, index s % 32 within the pair.
@@ -104,7 +111,7 @@ struct Workspace {
         G * parts,                                 // part_l
         G * parts * D,                             // part_acc
         D,                                         // merged
-        int64_t{kWarp} * pl.c + 64,                // kbuf
+        2 * int64_t{kWarp} * pl.c + 64,            // kbuf
         pl.direct ? 0 : int64_t{kPartitionSize} * D,  // kstage
         pl.direct ? 0 : int64_t{kPartitionSize} * D,  // vstage
     };
@@ -158,6 +165,7 @@ void attend_fast(const AttentionArgs& a, const Plan& pl, int32_t seq, int64_t po
   t.k_rows = ws.k_rows.data();
   t.v_rows = ws.v_rows.data();
   t.qt = ws.qt;
+  t.kt_source = pl.kt_source.data();
   t.perm = pl.perm.data();
   t.perm_mask = pl.perm_mask.data();
   t.score_scale = a.scales.sm_scale * a.scales.k_scale;

@@ -72,6 +72,7 @@ struct PartitionTask {
   // [group][c][32]: qt[(g*c + j)*32 + pos] = q_g[lane(pos)*c + j], -0 beyond D,
   // lane(pos) being the kernel's lane_order for this format and head_dim.
   const float* qt = nullptr;
+  const int32_t* kt_source = nullptr;      // [c*32]: kt[j*32 + pos] = k[kt_source[...]], D (a +0 slot) beyond D
   const int32_t* perm = nullptr;           // [c][pairs][16] K transposition indices (avx512, see plan)
   const uint16_t* perm_mask = nullptr;     // [c][pairs]
   float score_scale = 1.0f;
@@ -81,7 +82,7 @@ struct PartitionTask {
   float* l = nullptr;    // [quads * 4] partition sum per head (out)
   float* acc = nullptr;  // head g's P.V accumulators at acc + g * acc_stride, head_dim floats (out)
   int64_t acc_stride = 0;
-  float* kbuf = nullptr;  // scratch of >= 32 * c + 64 floats, zero beyond head_dim
+  float* kbuf = nullptr;  // scratch of >= 64 * c + 64 floats
 };
 
 struct Kernels {

@@ -51,9 +51,13 @@ float butterfly_lane0(float* v) {
   return v[0];
 }
 
+// kbuf: [0, 32c) the K row transposed (kt[j*32 + l] = k[l*c + j], +0 beyond
+// D, through the plan's kt_source table), then the decoded row and a +0. Dims beyond D meet q = -0 (qt's padding):
+// fma(-0, +0, acc) is acc for every acc, so the lane loops need no branch.
 void scores(const PartitionTask& t) {
   const int32_t D = t.head_dim, c = t.lanes_c;
-  float* k = t.kbuf;
+  float* kt = t.kbuf;
+  float* k = t.kbuf + c * kWarp;
   for (int32_t j = 0; j < t.count; ++j) {
     if (t.k_rows[j] == nullptr) {
       for (int32_t q = 0; q < t.quads; ++q)
@@ -61,21 +65,18 @@ void scores(const PartitionTask& t) {
       continue;
     }
     decode_row(t.format, t.k_rows[j], k, D);
+    k[D] = 0.0f;
+    for (int32_t i = 0; i < c * kWarp; ++i) kt[i] = k[t.kt_source[i]];
     for (int32_t q = 0; q < t.quads; ++q)
       for (int gi = 0; gi < kQuad; ++gi) {
         const int32_t g = q * kQuad + gi;
         float score = 0.0f;
         if (g < t.group) {
           float partial[kWarp];
+          for (int l = 0; l < kWarp; ++l) partial[l] = 0.0f;
           const float* qt = t.qt + static_cast<int64_t>(g) * c * kWarp;
-          for (int l = 0; l < kWarp; ++l) {
-            float acc = 0.0f;
-            for (int32_t jj = 0; jj < c; ++jj) {
-              const int32_t d = l * c + jj;
-              if (d < D) acc = canon::fma_f32(qt[jj * kWarp + l], k[d], acc);
-            }
-            partial[l] = acc;
-          }
+          for (int32_t jj = 0; jj < c; ++jj)
+            for (int l = 0; l < kWarp; ++l) partial[l] = canon::fma_f32(qt[jj * kWarp + l], kt[jj * kWarp + l], partial[l]);
           score = butterfly_lane0(partial) * t.score_scale;
         }
         t.s[(static_cast<int64_t>(q) * kPartitionSize + j) * kQuad + gi] = score;
@@ -109,7 +110,7 @@ void pv(const PartitionTask& t) {
     float* acc = t.acc + g * t.acc_stride;
     for (int32_t d = 0; d < D; ++d) acc[d] = 0.0f;
   }
-  float* v = t.kbuf;
+  float* v = t.kbuf + t.lanes_c * kWarp;
   for (int32_t j = 0; j < t.count; ++j) {
     decode_row(t.format, t.v_rows[j], v, D);
     for (int32_t g = 0; g < t.group; ++g) {
