@@ -31,6 +31,17 @@ namespace {
 // concurrently.
 template <class PairAt>
 void copy_block_rows(tbb::task_arena& arena, const BlockCopyArgs& args, int64_t pairs, PairAt pair_at) {
+  if (args.run_bytes > 0) {  // each block one run of bytes: one copy per pair
+    arena.execute([&] {
+      tbb::parallel_for(tbb::blocked_range<int64_t>(0, pairs), [&](const tbb::blocked_range<int64_t>& r) {
+        for (int64_t i = r.begin(); i != r.end(); ++i) {
+          const std::pair<int64_t, int64_t> p = pair_at(i);
+          copy_block_run(args, p.first, p.second, 0, args.run_bytes + args.scale_run_bytes);
+        }
+      });
+    });
+    return;
+  }
   const int64_t rows = args.rows_per_block();
   arena.execute([&] {
     tbb::parallel_for(tbb::blocked_range<int64_t>(0, pairs * rows), [&](const tbb::blocked_range<int64_t>& r) {

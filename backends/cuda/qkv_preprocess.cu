@@ -15,6 +15,8 @@ namespace {
 
 // Row = fused-qkv row, i = (fused head, chunk), chunk fastest: a warp reads
 // and writes consecutive dims of the same heads.
+// kChunk: the chunk's size, a constant so its values stay in registers.
+template <int kChunk>
 struct QkvPreprocessItem {
   KvPools pools;
   QkvPreprocessArgs args;
@@ -22,7 +24,7 @@ struct QkvPreprocessItem {
   const int32_t* row_token;
   int32_t chunks;
   __device__ void operator()(int64_t row, int32_t i) const {
-    qkv_preprocess_chunk(pools, args, row_sequence[row], row_token[row], row, i / chunks, i % chunks);
+    qkv_preprocess_chunk<kChunk>(pools, args, row_sequence[row], row_token[row], row, i / chunks, i % chunks);
   }
 };
 
@@ -58,10 +60,16 @@ void CudaBackend::run_qkv_preprocess_write(const KvPools& pools, const QkvPrepro
   const int32_t kv_heads = pools.geometry.kv_heads;
   const int32_t fused_heads = op.num_q_heads + 2 * kv_heads, chunks = qkv_chunks_per_head(pools.geometry.head_dim, pools.geometry.dtype);
   begin_kernels();
-  cuda::launch_row_items(kOp, "qkv_preprocess_chunk", stream_, static_cast<int64_t>(row_sequence.size()),
-                         fused_heads * chunks,
-                         QkvPreprocessItem{pools, args, static_cast<const int32_t*>(d[4]),
-                                           static_cast<const int32_t*>(d[5]), chunks});
+  const int64_t rows = static_cast<int64_t>(row_sequence.size());
+  const auto* row_seq = static_cast<const int32_t*>(d[4]);
+  const auto* row_tok = static_cast<const int32_t*>(d[5]);
+  static_assert(qkv_chunk_elements(CacheDtype::bf16) == 4 && qkv_chunk_elements(CacheDtype::nvfp4) == 16);
+  if (pools.geometry.dtype == CacheDtype::nvfp4)
+    cuda::launch_row_items(kOp, "qkv_preprocess_chunk<16>", stream_, rows, fused_heads * chunks,
+                           QkvPreprocessItem<16>{pools, args, row_seq, row_tok, chunks});
+  else
+    cuda::launch_row_items(kOp, "qkv_preprocess_chunk<4>", stream_, rows, fused_heads * chunks,
+                           QkvPreprocessItem<4>{pools, args, row_seq, row_tok, chunks});
   if (args.zero_v_tail)  // disjoint from every chunk's bytes (rows no token of the step occupies)
     cuda::launch_items(kOp, "qkv_zero_v_tail_head", stream_, static_cast<int64_t>(op.seq_lens.size()) * kv_heads,
                        QkvZeroTailItem{pools, args, kv_heads});

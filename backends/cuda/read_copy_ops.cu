@@ -23,14 +23,27 @@ struct GatherItem {
   __device__ void operator()(int64_t t, int32_t i) const { gather_paged_chunk(args, t, i / chunks, i % chunks); }
 };
 
+// Row = pair, i = 16-byte chunk of a block that is one run of bytes.
+struct CopyRunItem {
+  BlockCopyArgs args;
+  const int32_t* src_blocks;
+  const int32_t* dst_blocks;
+  __device__ void operator()(int64_t p, int32_t chunk) const {
+    copy_block_run_chunk(args, BlockRef{src_blocks[p]}.block(), BlockRef{dst_blocks[p]}.block(), chunk);
+  }
+};
+
 // Row = (pair, block row), i = 16-byte chunk: a warp moves consecutive bytes;
 // the pairs' block indices are on the device.
+// kNvfp4: the pool's dtype class, a constant so the other path is not compiled in.
+template <bool kNvfp4>
 struct CopyRowsItem {
   BlockCopyArgs args;
   const int32_t* src_blocks;
   const int32_t* dst_blocks;
   int64_t rows;
   __device__ void operator()(int64_t row, int32_t chunk) const {
+    __builtin_assume((args.dtype == CacheDtype::nvfp4) == kNvfp4);
     const int64_t p = row / rows;
     copy_block_row_chunk(args, BlockRef{src_blocks[p]}.block(), BlockRef{dst_blocks[p]}.block(), row - p * rows, chunk);
   }
@@ -41,18 +54,24 @@ void launch_copy_rows(CudaBackend& b, const char* op, const BlockCopyArgs& args,
   const std::vector<const void*> d = b.upload(op, {src, dst});
   const int64_t rows = args.rows_per_block();
   b.begin_kernels();
-  cuda::launch_row_items(op, "copy_block_row_chunk", b.stream(), static_cast<int64_t>(src.size()) * rows,
-                         row_chunks(args.head_dim, args.dtype),
-                         CopyRowsItem{args, static_cast<const int32_t*>(d[0]), static_cast<const int32_t*>(d[1]), rows});
-}
-
-bool same_strides(const PoolStrides& a, const PoolStrides& b) {
-  auto same_inner = [](const InnerStrides& x, const InnerStrides& y) {
-    return x.head == y.head && x.token == y.token && x.dim_outer == y.dim_outer && x.dim_inner == y.dim_inner &&
-           x.x == y.x;
-  };
-  return a.block == b.block && a.layer == b.layer && a.kv == b.kv && same_inner(a.inner[0], b.inner[0]) &&
-         same_inner(a.inner[1], b.inner[1]);
+  const auto* src_blocks = static_cast<const int32_t*>(d[0]);
+  const auto* dst_blocks = static_cast<const int32_t*>(d[1]);
+  if (args.run_bytes > 0) {
+    const int64_t chunks = (args.run_bytes + args.scale_run_bytes + 15) / 16;
+    if (chunks <= INT32_MAX) {
+      cuda::launch_row_items(op, "copy_block_run_chunk", b.stream(), static_cast<int64_t>(src.size()),
+                             static_cast<int32_t>(chunks), CopyRunItem{args, src_blocks, dst_blocks});
+      return;
+    }
+  }
+  const int64_t all_rows = static_cast<int64_t>(src.size()) * rows;
+  const int32_t chunks = row_chunks(args.head_dim, args.dtype);
+  if (args.dtype == CacheDtype::nvfp4)
+    cuda::launch_row_items(op, "copy_block_row_chunk<nvfp4>", b.stream(), all_rows, chunks,
+                           CopyRowsItem<true>{args, src_blocks, dst_blocks, rows});
+  else
+    cuda::launch_row_items(op, "copy_block_row_chunk", b.stream(), all_rows, chunks,
+                           CopyRowsItem<false>{args, src_blocks, dst_blocks, rows});
 }
 
 // Contiguous strides of a (data or scale) pool: every (block, layer) holds

@@ -160,6 +160,14 @@ KVSIM_HD constexpr InnerStrides contiguous_inner_strides(const PoolGeometry& g, 
   return s;
 }
 
+KVSIM_HD constexpr bool same_inner_strides(const InnerStrides& a, const InnerStrides& b) {
+  return a.head == b.head && a.token == b.token && a.dim_outer == b.dim_outer && a.dim_inner == b.dim_inner && a.x == b.x;
+}
+KVSIM_HD constexpr bool same_strides(const PoolStrides& a, const PoolStrides& b) {
+  return a.block == b.block && a.layer == b.layer && a.kv == b.kv && same_inner_strides(a.inner[0], b.inner[0]) &&
+         same_inner_strides(a.inner[1], b.inner[1]);
+}
+
 // Dense strides of the pool tensor for one pool kind. per_layer needs the
 // pool's block count for its layer stride, so primary and secondary differ.
 KVSIM_HD constexpr PoolStrides contiguous_strides(const PoolGeometry& g, PoolKind kind = PoolKind::primary) {

@@ -321,12 +321,14 @@ KVSIM_HD inline void qkv_preprocess_dims(const KvPools& pools, const QkvPreproce
                        is_v ? a.v_encode_scale : a.k_encode_scale, is_v ? a.v_global_scale : a.k_global_scale);
 }
 
-// Work item of a wide backend: chunk `chunk` of a fused head (qkv_chunk_elements dims).
+// Work item of a wide backend: chunk `chunk` of a fused head (qkv_chunk_elements
+// dims; kMax >= that, a backend may instantiate the exact chunk size).
+template <int kMax = 16>
 KVSIM_HD inline void qkv_preprocess_chunk(const KvPools& pools, const QkvPreprocessArgs& a, int32_t b, int32_t t,
                                           int64_t row, int32_t fused_head, int32_t chunk) {
   const int32_t c = qkv_chunk_elements(pools.geometry.dtype);
   const int32_t dim0 = chunk * c;
-  qkv_preprocess_dims<16>(pools, a, b, t, row, fused_head, dim0, a.head_dim - dim0 < c ? a.head_dim - dim0 : c);
+  qkv_preprocess_dims<kMax>(pools, a, b, t, row, fused_head, dim0, a.head_dim - dim0 < c ? a.head_dim - dim0 : c);
 }
 
 // Work item (sequence b, kv head) of a context step with zero_v_tail: the

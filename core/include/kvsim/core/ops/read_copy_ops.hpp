@@ -191,6 +191,11 @@ struct BlockCopyArgs {
   int32_t heads = 1;
   int32_t tokens = 1;  // entries copied per (layer, kv, head)
   int32_t head_dim = 1;
+  // Whole blocks that are one run of bytes in both pools, in the same order
+  // (in_block placement, allocate_pools' dense strides on both sides): the
+  // copy is then a copy of that run. 0: copy row by row.
+  int64_t run_bytes = 0;
+  int64_t scale_run_bytes = 0;
 
   KVSIM_HD constexpr int64_t rows_per_block() const {
     return static_cast<int64_t>(layers) * kv_factor * heads * tokens;
@@ -217,7 +222,45 @@ inline BlockCopyArgs make_block_copy_args(const KvPools& pools, PoolKind src, Po
   a.heads = g.kv_heads;
   a.tokens = tokens;
   a.head_dim = g.head_dim;
+  const bool dense = tokens == g.tokens_per_block && g.placement == LayerPlacement::in_block &&
+                     same_strides(a.src_strides, contiguous_strides(g, src)) &&
+                     same_strides(a.dst_strides, contiguous_strides(g, dst));
+  if (dense && !g.has_scale_pool()) a.run_bytes = g.block_bytes();
+  if (dense && g.has_scale_pool()) {
+    const PoolGeometry sg = g.scale_geometry();
+    if (same_strides(a.src_scale_strides, contiguous_strides(sg, src)) &&
+        same_strides(a.dst_scale_strides, contiguous_strides(sg, dst))) {
+      a.run_bytes = g.block_bytes();
+      a.scale_run_bytes = sg.block_bytes();
+    }
+  }
   return a;
+}
+
+// Bytes [byte0, byte0 + n) of a block copy that is one run (run_bytes > 0),
+// counted over the data run followed by the scale run.
+KVSIM_HD inline void copy_block_run(const BlockCopyArgs& a, int64_t src_block, int64_t dst_block, int64_t byte0,
+                                    int64_t n) {
+  if (byte0 < a.run_bytes) {
+    const int64_t m = a.run_bytes - byte0 < n ? a.run_bytes - byte0 : n;
+    const int64_t s = element_byte_offset(element_offset(a.src_strides, src_block, 0, 0, 0, 0, 0), a.dtype);
+    const int64_t d = element_byte_offset(element_offset(a.dst_strides, dst_block, 0, 0, 0, 0, 0), a.dtype);
+    copy_bytes_run(a.dst_data + d + byte0, a.src_data + s + byte0, m);
+    byte0 += m;
+    n -= m;
+  }
+  if (n > 0) {
+    const int64_t at = byte0 - a.run_bytes;
+    const int64_t s = element_offset(a.src_scale_strides, src_block, 0, 0, 0, 0, 0);  // one byte per scale
+    const int64_t d = element_offset(a.dst_scale_strides, dst_block, 0, 0, 0, 0, 0);
+    copy_bytes_run(a.dst_scales + d + at, a.src_scales + s + at, n);
+  }
+}
+
+// Work item of a wide backend for a run copy: 16 bytes of the run.
+KVSIM_HD inline void copy_block_run_chunk(const BlockCopyArgs& a, int64_t src_block, int64_t dst_block, int64_t chunk) {
+  const int64_t total = a.run_bytes + a.scale_run_bytes, byte0 = chunk * 16;
+  copy_block_run(a, src_block, dst_block, byte0, total - byte0 < 16 ? total - byte0 : 16);
 }
 
 // Copies dims [dim0, dim0 + count) of row `row` (in [0, rows_per_block())) of
