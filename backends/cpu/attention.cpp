@@ -28,7 +28,7 @@ struct Plan {
   const Kernels* kernels = nullptr;
   RowFormat format = RowFormat::f32;
   bool direct = false;  // rows read in place (else staged through load_head_row as fp32)
-  int32_t D = 0, c = 0, G = 0, quads = 0, pairs = 0;
+  int32_t D = 0, c = 0, G = 0, pairs = 0;
   int bytes = 0;  // bytes per element (direct rows)
   std::vector<int32_t> perm;
   std::vector<uint16_t> perm_mask;
@@ -49,7 +49,6 @@ Plan make_plan(const AttentionArgs& a, Isa isa) {
   p.D = g.head_dim;
   p.c = (p.D + kWarp - 1) / kWarp;
   p.G = a.group;
-  p.quads = (p.G + kQuad - 1) / kQuad;
   p.pairs = (p.c + 1) / 2;
   p.kernels = &portable_kernels();
   if (isa == Isa::avx512 && avx512_kernels() != nullptr && avx512_kernels()->supports_head_dim(p.D))
@@ -98,15 +97,16 @@ struct Workspace {
   float *qt = nullptr, *s = nullptr, *p = nullptr, *m = nullptr, *l = nullptr, *part_m = nullptr, *part_l = nullptr,
         *part_acc = nullptr, *merged = nullptr, *kbuf = nullptr, *kstage = nullptr, *vstage = nullptr;
 
-  void layout(const Plan& pl, int64_t parts) {
+  // Scratch for `heads` query heads (a row group's rows x the GQA group).
+  void layout(const Plan& pl, int64_t parts, int32_t heads) {
     const auto round16 = [](int64_t n) { return (n + 15) / 16 * 16; };
-    const int64_t G = pl.G, D = pl.D;
+    const int64_t G = heads, D = pl.D, quads = (heads + kQuad - 1) / kQuad;
     const int64_t sizes[] = {
         G * pl.c * kWarp,                          // qt
-        pl.quads * int64_t{kPartitionSize} * kQuad,  // s
-        pl.quads * int64_t{kPartitionSize} * kQuad,  // p
-        pl.quads * int64_t{kQuad},                 // m
-        pl.quads * int64_t{kQuad},                 // l
+        quads * int64_t{kPartitionSize} * kQuad,   // s
+        quads * int64_t{kPartitionSize} * kQuad,   // p
+        quads * int64_t{kQuad},                    // m
+        quads * int64_t{kQuad},                    // l
         G * parts,                                 // part_m
         G * parts,                                 // part_l
         G * parts * D,                             // part_acc
@@ -133,33 +133,77 @@ struct Workspace {
   }
 };
 
-// attend_query's work item through the fast kernels: same inputs, same bytes.
-void attend_fast(const AttentionArgs& a, const Plan& pl, int32_t seq, int64_t position, int64_t row, int32_t kv_head,
+using Rows = std::vector<std::pair<int32_t, int64_t>>;  // (sequence, position) of each q/out row
+
+// Query rows [first, first + count) of one sequence whose key lists have the
+// same length. Without a window such rows see the same slots in the same
+// partitions (key j is slot j) and differ only in where masking starts, so
+// one decoded K/V row serves all of them: their count x G query heads run as
+// one item, and each row's keys past its own position get score -inf exactly
+// where attend_query masks them. With a window a group is a single row.
+struct RowGroup {
+  int64_t first = 0;
+  int32_t count = 1;
+};
+inline constexpr int32_t kMaxGroupHeads = 32;
+
+std::vector<RowGroup> group_rows(const AttentionArgs& a, const Rows& rows) {
+  std::vector<RowGroup> groups;
+  const PageDivider page = a.pools.geometry.page_divider();
+  const int32_t max_rows = std::max<int32_t>(1, kMaxGroupHeads / a.group);
+  int64_t last_size = -1;
+  for (int64_t i = 0; i < static_cast<int64_t>(rows.size()); ++i) {
+    const int64_t size = make_key_list(rows[i].second, a.window, page).size();
+    if (!a.window.enabled() && !groups.empty() && groups.back().count < max_rows &&
+        rows[groups.back().first].first == rows[i].first && size == last_size) {
+      ++groups.back().count;
+    } else {
+      groups.push_back(RowGroup{i, 1});
+    }
+    last_size = size;
+  }
+  return groups;
+}
+
+// attend_query's work items (rows of the group x KV head) through the fast
+// kernels: same inputs, same bytes.
+void attend_fast(const AttentionArgs& a, const Plan& pl, const Rows& rows, RowGroup grp, int32_t kv_head,
                  Workspace& ws) {
   const PoolGeometry& geo = a.pools.geometry;
   const PageDivider page = geo.page_divider();
-  const KeyList keys = make_key_list(position, a.window, page);
+  const int32_t seq = rows[grp.first].first;
+  const int32_t R = grp.count;
+  // The row attending the most keys resolves the slots; the list length is common.
+  KeyList keys = make_key_list(rows[grp.first].second, a.window, page);
+  int64_t n_attended[kMaxGroupHeads];
+  for (int32_t r = 0; r < R; ++r) {
+    const KeyList kr = make_key_list(rows[grp.first + r].second, a.window, page);
+    n_attended[r] = kr.n_attended;
+    if (kr.n_attended > keys.n_attended) keys = kr;
+  }
   const int64_t n = keys.size();
   const int64_t parts = (n + kPartitionSize - 1) / kPartitionSize;
-  const int32_t D = pl.D, G = pl.G, c = pl.c;
-  ws.layout(pl, parts);
+  const int32_t D = pl.D, G = pl.G, c = pl.c, H = R * G;
+  ws.layout(pl, parts, H);
 
-  // q of each head, then its transposed copy in the kernel's lane order.
+  // q of each head (h = r * G + g), then its transposed copy in the kernel's lane order.
   float* qrow = ws.merged;
-  for (int32_t g = 0; g < G; ++g) {
-    for (int32_t d = 0; d < D; ++d) qrow[d] = load_float(a.q.data, a.q.dtype, a.q.offset(row, kv_head * G + g, d));
+  for (int32_t h = 0; h < H; ++h) {
+    const int64_t row = grp.first + h / G;
+    const int32_t qh = kv_head * G + h % G;
+    for (int32_t d = 0; d < D; ++d) qrow[d] = load_float(a.q.data, a.q.dtype, a.q.offset(row, qh, d));
     for (int32_t j = 0; j < c; ++j)
       for (int pos = 0; pos < kWarp; ++pos) {
         const int32_t d = pl.lane_of_position[pos] * c + j;
-        ws.qt[(static_cast<int64_t>(g) * c + j) * kWarp + pos] = d < D ? qrow[d] : -0.0f;
+        ws.qt[(static_cast<int64_t>(h) * c + j) * kWarp + pos] = d < D ? qrow[d] : -0.0f;
       }
   }
 
   PartitionTask t;
   t.head_dim = D;
   t.lanes_c = c;
-  t.group = G;
-  t.quads = pl.quads;
+  t.group = H;
+  t.quads = (H + kQuad - 1) / kQuad;
   t.format = pl.format;
   t.row_bytes = pl.direct ? D * pl.bytes : D * 4;
   t.k_rows = ws.k_rows.data();
@@ -198,41 +242,51 @@ void attend_fast(const AttentionArgs& a, const Plan& pl, int32_t seq, int64_t po
         }
       }
     } else {
-    for (int32_t j = 0; j < count; ++j) {
-      bool masked = false;
-      const int64_t slot = keys.slot(first + j, a.window, masked);
-      if (pl.direct) {
-        const BlockRef ref{table[page.div(slot)]};
-        const int64_t block = ref.block();
-        const int32_t entry = page.mod(slot);
-        ws.k_rows[j] = masked ? nullptr : pool + element_offset(st, block, a.layer, 0, kv_head, entry, 0) * pl.bytes;
-        ws.v_rows[j] = pool + element_offset(st, block, a.layer, 1, kv_head, entry, 0) * pl.bytes;
-      } else {
-        float* krow = ws.kstage + static_cast<int64_t>(j) * D;
-        float* vrow = ws.vstage + static_cast<int64_t>(j) * D;
-        if (!masked) load_head_row(a, seq, slot, 0, kv_head, krow);
-        load_head_row(a, seq, slot, 1, kv_head, vrow);
-        ws.k_rows[j] = masked ? nullptr : reinterpret_cast<const uint8_t*>(krow);
-        ws.v_rows[j] = reinterpret_cast<const uint8_t*>(vrow);
+      for (int32_t j = 0; j < count; ++j) {
+        bool masked = false;
+        const int64_t slot = keys.slot(first + j, a.window, masked);
+        if (pl.direct) {
+          const BlockRef ref{table[page.div(slot)]};
+          const int64_t block = ref.block();
+          const int32_t entry = page.mod(slot);
+          ws.k_rows[j] = masked ? nullptr : pool + element_offset(st, block, a.layer, 0, kv_head, entry, 0) * pl.bytes;
+          ws.v_rows[j] = pool + element_offset(st, block, a.layer, 1, kv_head, entry, 0) * pl.bytes;
+        } else {
+          float* krow = ws.kstage + static_cast<int64_t>(j) * D;
+          float* vrow = ws.vstage + static_cast<int64_t>(j) * D;
+          if (!masked) load_head_row(a, seq, slot, 0, kv_head, krow);
+          load_head_row(a, seq, slot, 1, kv_head, vrow);
+          ws.k_rows[j] = masked ? nullptr : reinterpret_cast<const uint8_t*>(krow);
+          ws.v_rows[j] = reinterpret_cast<const uint8_t*>(vrow);
+        }
       }
-    }
     }
     t.count = count;
     t.acc = ws.part_acc + part * D;
     pl.kernels->scores(t);
+    // Rows that stop attending earlier than the resolving row: their keys
+    // from n_attended on are masked (score -inf), as in their own key list.
+    for (int32_t r = 0; r < R; ++r) {
+      const int64_t from = std::max<int64_t>(n_attended[r] - first, 0);
+      for (int64_t j = from; j < count; ++j)
+        for (int32_t g = 0; g < G; ++g) {
+          const int32_t h = r * G + g;
+          ws.s[((h / kQuad) * int64_t{kPartitionSize} + j) * kQuad + h % kQuad] = canon::neg_inf();
+        }
+    }
     pl.kernels->softmax(t);
-    for (int32_t g = 0; g < G; ++g) {
-      ws.part_m[g * parts + part] = ws.m[g];
-      ws.part_l[g * parts + part] = ws.l[g];
+    for (int32_t h = 0; h < H; ++h) {
+      ws.part_m[h * parts + part] = ws.m[h];
+      ws.part_l[h * parts + part] = ws.l[h];
     }
     pl.kernels->pv(t);
   }
 
   // Merge in partition order: attend_query's loop, operation for operation.
   float* merged = ws.merged;
-  for (int32_t g = 0; g < G; ++g) {
-    const float* part_m = ws.part_m + static_cast<int64_t>(g) * parts;
-    const float* part_l = ws.part_l + static_cast<int64_t>(g) * parts;
+  for (int32_t h = 0; h < H; ++h) {
+    const float* part_m = ws.part_m + static_cast<int64_t>(h) * parts;
+    const float* part_l = ws.part_l + static_cast<int64_t>(h) * parts;
     float global_max = canon::neg_inf();
     for (int64_t part = 0; part < parts; ++part) global_max = part_m[part] > global_max ? part_m[part] : global_max;
     float L = 0.0f;
@@ -240,12 +294,14 @@ void attend_fast(const AttentionArgs& a, const Plan& pl, int32_t seq, int64_t po
     for (int64_t part = 0; part < parts; ++part) {
       const float w = canon::merge_weight(part_m[part], global_max);
       L = canon::fma_f32(part_l[part], w, L);
-      const float* acc = ws.part_acc + (static_cast<int64_t>(g) * parts + part) * D;
+      const float* acc = ws.part_acc + (static_cast<int64_t>(h) * parts + part) * D;
       for (int32_t d = 0; d < D; ++d) merged[d] = canon::fma_f32(acc[d], w, merged[d]);
     }
     const float v_scale = a.scales.v_scale;
     for (int32_t d = 0; d < D; ++d) merged[d] = (merged[d] / L) * v_scale;
-    for (int32_t d = 0; d < D; ++d) store_float(a.out.data, a.out.dtype, a.out.offset(row, kv_head * G + g, d), merged[d]);
+    const int64_t row = grp.first + h / G;
+    const int32_t qh = kv_head * G + h % G;
+    for (int32_t d = 0; d < D; ++d) store_float(a.out.data, a.out.dtype, a.out.offset(row, qh, d), merged[d]);
   }
 }
 
@@ -304,15 +360,16 @@ void run_attention_rows(tbb::task_arena& arena, const AttentionArgs& a,
     isa = Isa::portable;
   }
   const Plan plan = make_plan(a, isa);
+  const std::vector<RowGroup> groups = group_rows(a, rows);
   tbb::enumerable_thread_specific<Workspace> workspaces;
   const int32_t heads = a.pools.geometry.kv_heads;
   arena.execute([&] {
-    tbb::parallel_for(tbb::blocked_range2d<int64_t, int32_t>(0, static_cast<int64_t>(rows.size()), 0, heads),
+    tbb::parallel_for(tbb::blocked_range2d<int64_t, int32_t>(0, static_cast<int64_t>(groups.size()), 0, heads),
                       [&](const tbb::blocked_range2d<int64_t, int32_t>& r) {
                         Workspace& ws = workspaces.local();
                         for (int64_t i = r.rows().begin(); i < r.rows().end(); ++i)
                           for (int32_t h = r.cols().begin(); h < r.cols().end(); ++h)
-                            attend_fast(a, plan, rows[i].first, rows[i].second, i, h, ws);
+                            attend_fast(a, plan, rows, groups[i], h, ws);
                       });
   });
 }
