@@ -35,13 +35,17 @@ void launch_items(const char* op, const char* kernel, cudaStream_t stream, int64
 // 32-bit (one division per thread) when rows * per_row < 2^32: the 64-bit
 // divisions of the grid-stride form cost more instructions than the 16-byte
 // move each item makes.
-template <class Item>
-__global__ void run_row_items32_kernel(uint32_t items, uint32_t per_row, Item item) {
+// kMinBlocks > 1 caps registers so that many CTAs fit an SM (more 16-byte
+// moves in flight): for kernels whose items only move bytes.
+template <int kMinBlocks, class Item>
+__global__ void __launch_bounds__(256, kMinBlocks) run_row_items32_kernel(uint32_t items, uint32_t per_row, Item item) {
   const uint32_t w = blockIdx.x * blockDim.x + threadIdx.x;
   if (w >= items) return;
   const uint32_t row = w / per_row;
   item(static_cast<int64_t>(row), static_cast<int32_t>(w - row * per_row));
 }
+
+inline constexpr int kRowItemThreads = 256;
 
 template <class Item>
 struct RowItemAdapter {
@@ -50,16 +54,15 @@ struct RowItemAdapter {
   __device__ void operator()(int64_t w) const { item(w / per_row, static_cast<int32_t>(w % per_row)); }
 };
 
-inline constexpr int kRowItemThreads = 256;
-
-template <class Item>
+template <int kMinBlocks = 1, class Item>
 void launch_row_items(const char* op, const char* kernel, cudaStream_t stream, int64_t rows, int32_t per_row,
                       const Item& item) {
+  static_assert(kRowItemThreads == 256, "the kernel's launch bounds assume 256 threads");
   const int64_t items = rows * per_row;
   if (items <= 0) return;
   if (items < (int64_t{1} << 32)) {
     const int64_t blocks = (items + kRowItemThreads - 1) / kRowItemThreads;
-    run_row_items32_kernel<<<static_cast<unsigned>(blocks), kRowItemThreads, 0, stream>>>(
+    run_row_items32_kernel<kMinBlocks><<<static_cast<unsigned>(blocks), kRowItemThreads, 0, stream>>>(
         static_cast<uint32_t>(items), static_cast<uint32_t>(per_row), item);
     check_launch(op, kernel, stream);
     return;

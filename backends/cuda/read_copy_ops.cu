@@ -59,7 +59,7 @@ void launch_copy_rows(CudaBackend& b, const char* op, const BlockCopyArgs& args,
   if (args.run_bytes > 0) {
     const int64_t chunks = (args.run_bytes + args.scale_run_bytes + 15) / 16;
     if (chunks <= INT32_MAX) {
-      cuda::launch_row_items(op, "copy_block_run_chunk", b.stream(), static_cast<int64_t>(src.size()),
+      cuda::launch_row_items<8>(op, "copy_block_run_chunk", b.stream(), static_cast<int64_t>(src.size()),
                              static_cast<int32_t>(chunks), CopyRunItem{args, src_blocks, dst_blocks});
       return;
     }

@@ -75,7 +75,7 @@ void CudaBackend::run_append_paged(const KvPools& pools, const AppendPagedOp& op
   const int32_t heads = pools.geometry.kv_heads, chunks = row_chunks(pools.geometry.head_dim, pools.geometry.dtype);
   begin_kernels();
   if (args.encoding == RowEncoding::copy_bytes)
-    cuda::launch_row_items(kOp, "append_paged_chunk<copy>", stream_, args.nnz * 2, heads * chunks,
+    cuda::launch_row_items<8>(kOp, "append_paged_chunk<copy>", stream_, args.nnz * 2, heads * chunks,
                            AppendPagedItem<true>{pools, args, chunks});
   else
     cuda::launch_row_items(kOp, "append_paged_chunk", stream_, args.nnz * 2, heads * chunks,
@@ -91,7 +91,7 @@ void CudaBackend::run_reshape_and_cache(const KvPools& pools, const ReshapeAndCa
   const int32_t heads = pools.geometry.kv_heads, chunks = row_chunks(pools.geometry.head_dim, pools.geometry.dtype);
   begin_kernels();
   if (args.key_encoding == RowEncoding::copy_bytes && args.value_encoding == RowEncoding::copy_bytes)
-    cuda::launch_row_items(kOp, "reshape_and_cache_chunk<copy>", stream_, args.num_tokens * 2, heads * chunks,
+    cuda::launch_row_items<8>(kOp, "reshape_and_cache_chunk<copy>", stream_, args.num_tokens * 2, heads * chunks,
                            ReshapeAndCacheItem<true>{pools, args, chunks});
   else
     cuda::launch_row_items(kOp, "reshape_and_cache_chunk", stream_, args.num_tokens * 2, heads * chunks,

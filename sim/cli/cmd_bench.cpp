@@ -39,6 +39,7 @@ struct BenchOptions {
   double min_seconds = 0.3;
   std::vector<std::string> only;
   std::string baseline;
+  std::string output;  // also write the JSON report here
   bool list = false;
   bool json = false;
   bool sizes_given = false;
@@ -227,6 +228,11 @@ void run_bench(BenchOptions o) {
     }
   }
   if (o.json) std::cout << out.dump(2) << '\n';
+  if (!o.output.empty()) {
+    std::ofstream file(o.output);
+    file << out.dump(2) << '\n';
+    if (!file) fail(ErrorCode::bad_argument, "--output " + o.output + ": cannot write the report");
+  }
   if (differing > 0) {
     std::cerr << "kvsim: error: " << differing
               << " configuration(s) differ from the CPU oracle or did not run; their speed is not reported\n";
@@ -258,6 +264,7 @@ void register_bench(CLI::App& app) {
   cmd->add_option("--only", opts->only, "run only configurations whose name contains this text (repeatable)");
   cmd->add_option("--baseline", opts->baseline,
                   "JSON of bench/pytorch_baseline.py --cases ... --json: adds PyTorch's time and the speed-up per row");
+  cmd->add_option("--output", opts->output, "also write the JSON report to this file (the table still prints)");
   cmd->add_flag("--list", opts->list, "print the configurations and exit (with --json: for pytorch_baseline.py --cases)");
   cmd->add_flag("--json", opts->json, "print one JSON object");
   cmd->callback([opts, cmd] {

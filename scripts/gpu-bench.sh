@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# On the GPU machine, after scripts/gpu-check.sh has built build-gpu: issue
+# 8's benchmark in one run -- PyTorch's baseline of the same configurations,
+# then `kvsim bench` of the full CUDA suite joined with it (speed-up per row),
+# then the CPU oracle's small suite at 1 and all threads beside PyTorch's CPU
+# baseline. Tables and JSON go to $OUT. Every step runs under `timeout`.
+#   usage: scripts/gpu-bench.sh            (after gpu-check.sh; carry [".deps"])
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT="${OUT:-/tmp/kvsim-out}"
+mkdir -p "$OUT"
+export LD_LIBRARY_PATH="/tmp/pfx/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+bin=build-gpu/bin
+min_seconds="${KVSIM_BENCH_MIN_SECONDS:-0.15}"
+step() { echo "== $1 ($(( $(date +%s) - start )) s)"; }
+start=$(date +%s)
+
+step "cuda: configurations"
+"$bin/kvsim" bench --backend cuda --list --json > "$OUT/cases-cuda.json"
+step "cuda: PyTorch baseline"
+timeout 150 python3 bench/pytorch_baseline.py --cases "$OUT/cases-cuda.json" --json > "$OUT/torch-cuda.json" 2> "$OUT/torch-cuda.err"
+echo "rc=$? ($(grep -c '"seconds"' "$OUT/torch-cuda.json") rows)"; tail -3 "$OUT/torch-cuda.err"
+step "cuda: kvsim bench"
+timeout 200 stdbuf -oL "$bin/kvsim" bench --backend cuda --min-seconds "$min_seconds" \
+  --baseline "$OUT/torch-cuda.json" --output "$OUT/bench-cuda.json" > "$OUT/bench-cuda.txt" 2>&1
+echo "rc=$?"; cat "$OUT/bench-cuda.txt"
+
+threads=$(nproc)
+step "cpu: configurations"
+"$bin/kvsim" bench --backend cpu --list --json > "$OUT/cases-cpu.json"
+step "cpu: PyTorch baseline ($threads threads)"
+timeout 60 python3 bench/pytorch_baseline.py --device cpu --cases "$OUT/cases-cpu.json" --json > "$OUT/torch-cpu.json" 2> "$OUT/torch-cpu.err"
+echo "rc=$?"; tail -3 "$OUT/torch-cpu.err"
+step "cpu: kvsim bench (1 and $threads threads)"
+timeout 150 stdbuf -oL "$bin/kvsim" bench --backend cpu --threads 1 --threads "$threads" --min-seconds "$min_seconds" \
+  --baseline "$OUT/torch-cpu.json" --output "$OUT/bench-cpu.json" > "$OUT/bench-cpu.txt" 2>&1
+echo "rc=$?"; cat "$OUT/bench-cpu.txt"
+step "done"
