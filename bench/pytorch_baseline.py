@@ -107,12 +107,16 @@ class Pool:
         self.P, self.H, self.D = p["page"], p["kv_heads"], p["head_dim"]
         shape = (blocks, self.P, self.H, self.D) if self.layout == "nhd" else (blocks, self.H, self.P, self.D)
         need(device, 2 * blocks * self.P * self.H * self.D * self.dtype.itemsize * 2)
-        if fill:
-            self.k = torch.randn(shape, device=device).to(self.dtype)
-            self.v = torch.randn(shape, device=device).to(self.dtype)
+        if fill:  # no fp32 temporary (a 32 GB pool would need 64 GB more)
+            self.k, self.v = self.random(shape, device), self.random(shape, device)
         else:
             self.k = torch.zeros(shape, dtype=self.dtype, device=device)
             self.v = torch.zeros_like(self.k)
+
+    def random(self, shape, device):
+        if self.dtype == torch.float8_e4m3fn:  # finite codes only (0x7F is NaN)
+            return torch.randint(0, 0x7E, shape, dtype=torch.uint8, device=device).view(self.dtype)
+        return torch.empty(shape, dtype=self.dtype, device=device).uniform_(-1, 1)
 
     def write(self, slots, k, v, scale=0.125):
         """Rows k, v [T, H, D] (bf16) into cache slots (block * P + entry)."""
