@@ -1,8 +1,12 @@
 // decode_attention / prefill_attention on oneTBB: one work item per (query
-// token, KV head). Each item runs the fast path of attention_fast.hpp (the
+// rows, KV head). Each item runs the fast path of attention_fast.hpp (the
 // canonical order of core's attend_query, arranged for SIMD, same bytes) or,
-// with Isa::reference, attend_query itself. Work items write disjoint output
-// rows, so the result is the same for any thread count.
+// with Isa::reference (KVSIM_CPU_ATTENTION=reference), attend_query itself
+// per (query row, KV head). A decode item is one row; a prefill item is a
+// group of rows of one sequence sharing their K/V reads (RowGroup below).
+// Work items write disjoint output rows and every reduction stays inside one
+// item in the canonical order, so the bytes are the same for any thread
+// count, ISA and grouping.
 #include <tbb/blocked_range2d.h>
 #include <tbb/enumerable_thread_specific.h>
 #include <tbb/parallel_for.h>
@@ -361,12 +365,13 @@ void run_attention_rows(tbb::task_arena& arena, const AttentionArgs& a,
   }
   const Plan plan = make_plan(a, isa);
   const std::vector<RowGroup> groups = group_rows(a, rows);
-  tbb::enumerable_thread_specific<Workspace> workspaces;
   const int32_t heads = a.pools.geometry.kv_heads;
   arena.execute([&] {
     tbb::parallel_for(tbb::blocked_range2d<int64_t, int32_t>(0, static_cast<int64_t>(groups.size()), 0, heads),
                       [&](const tbb::blocked_range2d<int64_t, int32_t>& r) {
-                        Workspace& ws = workspaces.local();
+                        // Kept by each thread across ops: no allocation or first touch per op. An
+                        // item runs start to finish on one thread (it never waits on other tasks).
+                        thread_local Workspace ws;
                         for (int64_t i = r.rows().begin(); i < r.rows().end(); ++i)
                           for (int32_t h = r.cols().begin(); h < r.cols().end(); ++h)
                             attend_fast(a, plan, rows, groups[i], h, ws);
