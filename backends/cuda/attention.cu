@@ -1,6 +1,12 @@
 // decode_attention / prefill_attention kernels, byte-identical to the CPU
 // oracle's attend_query() (core/include/kvsim/core/ops/attention.hpp).
 //
+// Paths: bulk (attention_bulk.cuh; the default wherever its shape conditions
+// hold: 8/16/32-bit codes, contiguous 16-byte aligned rows of up to 1024
+// bytes, D = 64/128/256, group 1/4/8 with D/32 * group <= 32), staged (the
+// previous fast kernel, attention_staged.cuh; kept for comparison, rows up to
+// 256 bytes) and general (every other shape: nvfp4, split-x, D = 80, ...).
+//
 // Work: every query row's key list (make_key_list, core) is cut into
 // partitions of canon::kPartitionSize keys. Kernel 1 computes, per
 // (row, head, partition), the partition max m_p, sum l_p and the P.V
@@ -9,8 +15,9 @@
 // oracle does. All arithmetic is core's (canon::*, codecs, element_offset);
 // the kernels only choose which thread performs which canonical step:
 //  * score butterfly: __shfl_xor_sync at offsets 16..1 adds the same pairs as
-//    canon::butterfly_sum32; the staged path uses a reduce-scatter form
-//    (staged::reduce_scatter32) that adds exactly those pairs too;
+//    canon::butterfly_sum32; the staged and bulk paths use reduce-scatter forms
+//    (staged::reduce_scatter32, bulk::reduce_scatter_xor) that add exactly
+//    those pairs too;
 //  * partition max: each lane takes its 8-key run in order, runs are joined
 //    left to right (ties keep the left value), which is the oracle's
 //    sequential "first maximum" (this matters for +0 / -0);
@@ -163,69 +170,132 @@ __global__ void __launch_bounds__(kGeneralWarps * kWarp)
 // One CTA per (query row, query head): the oracle's merge in partition order.
 __global__ void __launch_bounds__(kMergeThreads)
     attention_merge_kernel(AttentionArgs a, RowTables rt, int32_t hq, const float* part_stats, const float* part_acc) {
+  // Every thread loads a share of the partitions' (m_p, l_p) into shared
+  // memory; thread 0 takes the global max in partition order (the oracle's
+  // first maximum); weights are computed in parallel; then each thread runs
+  // the fma chains of its dims over the partitions in order, loads batched.
   __shared__ float weights[kMergeChunk];
+  __shared__ float sums[kMergeChunk];
+  __shared__ float maxima[kMergeChunk];
   __shared__ float global_max_s;
   const int32_t row = blockIdx.x / hq;
   const int32_t qh = blockIdx.x % hq;
   const int32_t D = a.pools.geometry.head_dim;
+  const int32_t dims = (D + kMergeThreads - 1) / kMergeThreads;  // per thread
   const int32_t base = rt.part_base[row];
   const int32_t parts = rt.part_base[row + 1] - base;
   auto stat = [&](int32_t p, int which) { return part_stats[(static_cast<int64_t>(base + p) * hq + qh) * 2 + which]; };
-  if (threadIdx.x == 0) {
-    float global_max = canon::neg_inf();
-    for (int32_t p = 0; p < parts; ++p) global_max = stat(p, 0) > global_max ? stat(p, 0) : global_max;
-    global_max_s = global_max;
+  // One chunk (parts <= kMergeChunk, every decode of up to 256K keys): the
+  // stats are loaded once and kept.
+  const bool one_chunk = parts <= kMergeChunk;
+  float global_max = canon::neg_inf();  // thread 0's
+  for (int32_t c0 = 0; c0 < parts; c0 += kMergeChunk) {
+    const int32_t n = parts - c0 < kMergeChunk ? parts - c0 : kMergeChunk;
+    __syncthreads();
+    for (int32_t p = threadIdx.x; p < n; p += kMergeThreads) {
+      maxima[p] = stat(c0 + p, 0);
+      if (one_chunk) sums[p] = stat(c0 + p, 1);
+    }
+    __syncthreads();
+    if (threadIdx.x == 0)
+      for (int32_t p = 0; p < n; ++p) global_max = maxima[p] > global_max ? maxima[p] : global_max;
   }
+  if (threadIdx.x == 0) global_max_s = global_max;
   __syncthreads();
-  const float global_max = global_max_s;
+  global_max = global_max_s;
   float L = 0.0f;  // every thread computes the same chain
   float merged[kMergeDimsPerThread];
+#pragma unroll
   for (int i = 0; i < kMergeDimsPerThread; ++i) merged[i] = 0.0f;
   for (int32_t c0 = 0; c0 < parts; c0 += kMergeChunk) {
     const int32_t n = parts - c0 < kMergeChunk ? parts - c0 : kMergeChunk;
     __syncthreads();
-    for (int32_t p = threadIdx.x; p < n; p += kMergeThreads) weights[p] = canon::merge_weight(stat(c0 + p, 0), global_max);
+    for (int32_t p = threadIdx.x; p < n; p += kMergeThreads) {
+      if (one_chunk) {
+        weights[p] = canon::merge_weight(maxima[p], global_max);
+      } else {
+        weights[p] = canon::merge_weight(stat(c0 + p, 0), global_max);
+        sums[p] = stat(c0 + p, 1);
+      }
+    }
     __syncthreads();
-    for (int32_t p = 0; p < n; ++p) {
-      const float w = weights[p];
-      L = canon::fma_f32(stat(c0 + p, 1), w, L);
-      const float* acc = part_acc + (static_cast<int64_t>(base + c0 + p) * hq + qh) * D;
-      for (int i = 0; i < kMergeDimsPerThread; ++i) {
-        const int32_t d = threadIdx.x + i * kMergeThreads;
-        if (d < D) merged[i] = canon::fma_f32(acc[d], w, merged[i]);
+    const float* acc = part_acc + (static_cast<int64_t>(base + c0) * hq + qh) * D + threadIdx.x;
+    const int64_t part_stride = static_cast<int64_t>(hq) * D;
+    if (dims == 1 && static_cast<int32_t>(threadIdx.x) < D) {
+      // One dim per thread (D <= 128): sixteen partitions' loads in flight.
+      int32_t p = 0;
+      for (; p + 16 <= n; p += 16) {
+        float x[16];
+#pragma unroll
+        for (int k = 0; k < 16; ++k) x[k] = acc[(p + k) * part_stride];
+#pragma unroll
+        for (int k = 0; k < 16; ++k) {
+          L = canon::fma_f32(sums[p + k], weights[p + k], L);
+          merged[0] = canon::fma_f32(x[k], weights[p + k], merged[0]);
+        }
+      }
+      for (; p < n; ++p) {
+        L = canon::fma_f32(sums[p], weights[p], L);
+        merged[0] = canon::fma_f32(acc[p * part_stride], weights[p], merged[0]);
+      }
+    } else {
+      for (int32_t p = 0; p < n; ++p) {
+        const float w = weights[p];
+        L = canon::fma_f32(sums[p], w, L);
+#pragma unroll
+        for (int i = 0; i < kMergeDimsPerThread; ++i) {
+          const int32_t d = threadIdx.x + i * kMergeThreads;
+          if (i < dims && d < D) merged[i] = canon::fma_f32(acc[p * part_stride + i * kMergeThreads], w, merged[i]);
+        }
       }
     }
   }
+#pragma unroll
   for (int i = 0; i < kMergeDimsPerThread; ++i) {
     const int32_t d = threadIdx.x + i * kMergeThreads;
-    if (d < D) store_float(a.out.data, a.out.dtype, a.out.offset(row, qh, d), (merged[i] / L) * a.scales.v_scale);
+    if (i < dims && d < D) store_float(a.out.data, a.out.dtype, a.out.offset(row, qh, d), (merged[i] / L) * a.scales.v_scale);
   }
 }
 
 }  // namespace
 
-AttentionPath choose_path(const KvPools& pools, const TensorView& q) {
+namespace {
+// Shape conditions shared by the staged and bulk paths, with the largest row
+// (bytes) the path takes: rows must be contiguous and 16-byte aligned
+// (element_offset(.., d) is the row start plus d, and every stride moves whole
+// 16-byte units), 8/16/32-bit codes, D = 32 * C with C in {2, 4, 8}, group 1, 4
+// or 8 with C * group <= 32.
+bool rows_apply(const KvPools& pools, const TensorView& q, int64_t max_row_bytes) {
   const PoolGeometry& g = pools.geometry;
   const int bits = bits_per_element(g.dtype);
-  if (g.dtype == CacheDtype::nvfp4 || g.kv_factor != 2) return AttentionPath::general;
+  if (g.dtype == CacheDtype::nvfp4 || g.kv_factor != 2) return false;
   const int64_t elem = bits / 8;
   const int D = g.head_dim;
   const int C = D / kWarp;
   const int64_t group = q.shape[1] / g.kv_heads;
-  if (D % kWarp != 0 || (C != 2 && C != 4 && C != 8) || D * elem > 256) return AttentionPath::general;
-  if ((group != 1 && group != 4 && group != 8) || C * group > 32) return AttentionPath::general;
-  // Rows must be contiguous and 16-byte aligned: element_offset(.., d) is the
-  // row start plus d, and every stride moves whole 16-byte units.
+  if (D % kWarp != 0 || (C != 2 && C != 4 && C != 8) || D * elem > max_row_bytes) return false;
+  if ((group != 1 && group != 4 && group != 8) || C * group > 32) return false;
   const PoolStrides& st = pools.strides[0];
-  if (reinterpret_cast<uintptr_t>(pools.data[0]) % 16 != 0) return AttentionPath::general;
+  if (reinterpret_cast<uintptr_t>(pools.data[0]) % 16 != 0) return false;
   for (const int64_t s : {st.block, st.layer, st.kv})
-    if (s * elem % 16 != 0) return AttentionPath::general;
+    if (s * elem % 16 != 0) return false;
   for (int kv = 0; kv < 2; ++kv) {
     const InnerStrides& in = st.inner[kv];
-    if (in.x != D || in.dim_inner != 1 || in.head * elem % 16 != 0 || in.token * elem % 16 != 0)
-      return AttentionPath::general;
+    if (in.x != D || in.dim_inner != 1 || in.head * elem % 16 != 0 || in.token * elem % 16 != 0) return false;
   }
-  return AttentionPath::staged;
+  return true;
+}
+}  // namespace
+
+bool staged_applies(const KvPools& pools, const TensorView& q) { return rows_apply(pools, q, 256); }
+
+AttentionPath choose_path(const KvPools& pools, const TensorView& q) {
+  // The bulk kernel keeps row offsets in 16-byte units in 32 bits: pools up
+  // to 64 GiB (larger ones take the staged or general path).
+  const int64_t bytes = pools.data_allocation(PoolKind::primary) * (bits_per_element(pools.geometry.dtype) / 8);
+  if (rows_apply(pools, q, 1024) && bytes / 16 <= static_cast<int64_t>(UINT32_MAX)) return AttentionPath::bulk;
+  if (staged_applies(pools, q)) return AttentionPath::staged;
+  return AttentionPath::general;
 }
 
 AttentionPlan make_plan(const char* op, const KvPools& pools, int32_t layer, const TensorView& q,
@@ -247,6 +317,7 @@ AttentionPlan make_plan(const char* op, const KvPools& pools, int32_t layer, con
   plan.rows = static_cast<int32_t>(row_seq.size());
   plan.path = choose_path(pools, q);
   plan.staged_tile_keys = default_staged_tile_keys(pools.geometry.dtype);
+  plan.bulk_tile_keys = default_bulk_tile_keys(pools.geometry.dtype);
 
   // Host tables: [part_info | block_table | row_seq | row_position | row_part_base | part_row].
   const PageDivider page = pools.geometry.page_divider();
@@ -300,15 +371,19 @@ AttentionPlan make_plan(const char* op, const KvPools& pools, int32_t layer, con
 void launch_plan(const AttentionPlan& plan, cudaStream_t stream) {
   if (plan.rows == 0 || plan.parts == 0) return;
   const RowTables rt{plan.row_seq, plan.row_position, plan.row_part_base, plan.part_row};
-  const bool staged = plan.path == AttentionPath::staged &&
-                      (launch_staged_wide(plan, stream) || launch_staged_byte(plan, stream));
-  if (!staged) {
+  bool done = false;
+  if (plan.path == AttentionPath::bulk) done = launch_bulk_wide(plan, stream) || launch_bulk_byte(plan, stream);
+  if (plan.path == AttentionPath::staged)
+    done = staged_applies(plan.args.pools, plan.args.q) &&
+           (launch_staged_wide(plan, stream) || launch_staged_byte(plan, stream));
+  if (!done) {
     const int64_t items = static_cast<int64_t>(plan.parts) * plan.query_heads;
     const unsigned blocks = static_cast<unsigned>((items + kGeneralWarps - 1) / kGeneralWarps);
     attention_general_kernel<<<blocks, kGeneralWarps * kWarp, 0, stream>>>(plan.args, rt, plan.parts, plan.query_heads,
                                                                             plan.part_stats, plan.part_acc);
     check_launch(plan.op, "attention_general_kernel", stream);
   }
+  if (!plan.merge) return;
   attention_merge_kernel<<<static_cast<unsigned>(plan.rows) * plan.query_heads, kMergeThreads, 0, stream>>>(
       plan.args, rt, plan.query_heads, plan.part_stats, plan.part_acc);
   check_launch(plan.op, "attention_merge_kernel", stream);

@@ -20,7 +20,20 @@ namespace kvsim::cuda {
 // contiguous head row (NHD/HND strides), 8/16/32-bit codes, D in
 // {64, 128, 256} with a row of <= 256 bytes, group 1, 4 or 8 with
 // (D/32)*group <= 32, 16-byte aligned rows.
-enum class AttentionPath { general, staged };
+// bulk: the staged path's shapes (rows up to 1024 bytes), one warp per
+// (query row, KV head, partition), K/V tiles brought by cp.async.bulk into a
+// per-warp ring (attention_bulk.cuh); fewest instructions per key.
+enum class AttentionPath { general, staged, bulk };
+
+// Resources of the bulk kernel a plan launches (benchmark report).
+struct KernelInfo {
+  int registers = 0;
+  int smem_per_cta = 0;
+  int ctas_per_sm = 0;
+  int warps_per_cta = 0;
+  int tile_keys = 0;
+  int slots = 0;
+};
 
 struct AttentionPlan {
   const char* op = "";
@@ -39,6 +52,15 @@ struct AttentionPlan {
   // the H200 (decode, D 128, GQA 32:8, batch 64 x 8K): 32 is 11% faster for
   // bf16, 16 is 4% faster for fp8 e4m3; the plan starts with that choice.
   int32_t staged_tile_keys = 32;
+  // Keys per ring slot of the bulk path when G >= 4: 16 or 32.
+  int32_t bulk_tile_keys = 16;
+  // Ring slots of the bulk path: 0 = the kernel's default (3); a benchmark
+  // may ask for the instantiated alternatives (D 128, G 4: bf16 16-key tiles
+  // 2; fp8 e4m3 16-key tiles 4, 32-key tiles 2), anything else runs the default.
+  int32_t bulk_slots = 0;
+  // Run the merge kernel after the partition kernel (a benchmark times the
+  // partition kernel alone by turning it off).
+  bool merge = true;
   float* part_stats = nullptr;  // [parts][Hq][2]: m_p, l_p
   float* part_acc = nullptr;    // [parts][Hq][D]
   void* meta = nullptr;         // one device allocation holding the int32 tables
@@ -46,6 +68,9 @@ struct AttentionPlan {
 
 // Default ring slot of the staged path (16 keys for 8-bit codes, else 32).
 inline int32_t default_staged_tile_keys(CacheDtype t) { return bits_per_element(t) == 8 ? 16 : 32; }
+
+// Default ring slot of the bulk path (G >= 4).
+inline int32_t default_bulk_tile_keys(CacheDtype) { return 16; }
 
 // Path the plan takes for this geometry and op (staged where it applies).
 AttentionPath choose_path(const KvPools& pools, const TensorView& q);
@@ -62,6 +87,13 @@ void launch_plan(const AttentionPlan& plan, cudaStream_t stream);
 // the plan's (dtype, D, group) has no staged instantiation.
 bool launch_staged_wide(const AttentionPlan& plan, cudaStream_t stream);
 bool launch_staged_byte(const AttentionPlan& plan, cudaStream_t stream);
+// Bulk kernels by cache width (attention_bulk_{wide,byte}.cu); false when the
+// plan's (dtype, D, group) has no instantiation. With `info`, only reports the
+// kernel's resources (nothing is launched).
+bool launch_bulk_wide(const AttentionPlan& plan, cudaStream_t stream, KernelInfo* info = nullptr);
+bool launch_bulk_byte(const AttentionPlan& plan, cudaStream_t stream, KernelInfo* info = nullptr);
+// The staged path's conditions (rows <= 256 bytes) hold for this geometry.
+bool staged_applies(const KvPools& pools, const TensorView& q);
 void release_plan(AttentionPlan& plan, cudaStream_t stream);
 
 }  // namespace kvsim::cuda

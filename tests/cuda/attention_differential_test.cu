@@ -45,9 +45,10 @@ std::string first_difference(const AttentionProblem& p, const std::vector<uint8_
   return "none";
 }
 
-// Runs the problem on the GPU through the public entry points and, when the
-// staged path applies, again through the general kernel; each output must
-// equal the oracle's bytes. Returns how many paths ran.
+// Runs the problem on the GPU through the public entry points (the bulk path
+// where it applies) and, when a faster path applies, again through the general
+// kernel, the bulk kernel's other tile size and the staged kernel; each output
+// must equal the oracle's bytes. Returns how many kernel runs were compared.
 int check_against_oracle(Backend& cpu, const AttentionCase& c) {
   const AttentionProblem p = make_problem(c);
   const std::vector<uint8_t> want = oracle_output(cpu, p);
@@ -68,9 +69,10 @@ int check_against_oracle(Backend& cpu, const AttentionCase& c) {
   INFO("path " << (cuda::choose_path(dev.placed.pools, q_view(p, dev.placed.q)) == cuda::AttentionPath::staged ? "staged" : "general"));
   INFO("first difference: " << first_difference(p, want, got));
   CHECK(want == got);
-  if (cuda::choose_path(dev.placed.pools, q_view(p, dev.placed.q)) != cuda::AttentionPath::staged) return 1;
+  const cuda::AttentionPath chosen = cuda::choose_path(dev.placed.pools, q_view(p, dev.placed.q));
+  if (chosen == cuda::AttentionPath::general) return 1;
 
-  // The same op forced through the general kernel.
+  // The same op forced through the other kernels.
   std::vector<int32_t> seq, position;
   for (size_t b = 0; b < c.seq_lens.size(); ++b) {
     const int32_t n = decode ? 1 : c.chunk[b];
@@ -86,21 +88,32 @@ int check_against_oracle(Backend& cpu, const AttentionCase& c) {
                         p.max_blocks, p.attention_scales, p.window, seq, position, nullptr);
     plan.path = path;
     plan.staged_tile_keys = tile_keys;
+    plan.bulk_tile_keys = tile_keys;
     cuda::launch_plan(plan, nullptr);
     cuda::release_plan(plan, nullptr);
     REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
     return dev.download_out(p);
   };
+  int runs = 1;
   const std::vector<uint8_t> general = run_plan(cuda::AttentionPath::general, 32);
   INFO("general path, first difference: " << first_difference(p, want, general));
   CHECK(want == general);
-  if (c.group == 1) return 2;
-  // The staged path's other ring shape (16- or 32-key tiles).
-  const int other_tile = cuda::default_staged_tile_keys(c.dtype) == 16 ? 32 : 16;
-  const std::vector<uint8_t> other = run_plan(cuda::AttentionPath::staged, other_tile);
-  INFO("staged path with " << other_tile << "-key tiles, first difference: " << first_difference(p, want, other));
-  CHECK(want == other);
-  return 3;
+  ++runs;
+  if (c.group != 1) {
+    // The bulk path's other ring shape (16- or 32-key tiles).
+    const int other_tile = cuda::default_bulk_tile_keys(c.dtype) == 16 ? 32 : 16;
+    const std::vector<uint8_t> other = run_plan(cuda::AttentionPath::bulk, other_tile);
+    INFO("bulk path with " << other_tile << "-key tiles, first difference: " << first_difference(p, want, other));
+    CHECK(want == other);
+    ++runs;
+  }
+  if (cuda::staged_applies(dev.placed.pools, q_view(p, dev.placed.q))) {
+    const std::vector<uint8_t> staged = run_plan(cuda::AttentionPath::staged, cuda::default_staged_tile_keys(c.dtype));
+    INFO("staged path, first difference: " << first_difference(p, want, staged));
+    CHECK(want == staged);
+    ++runs;
+  }
+  return runs;
 }
 
 constexpr CacheDtype kDtypes[] = {CacheDtype::fp32,     CacheDtype::fp16,     CacheDtype::bf16, CacheDtype::fp8_e4m3,
@@ -174,8 +187,9 @@ TEST_CASE("PrefillAttentionIsEquivalentToRef over a sampled product of every axi
   MESSAGE("prefill: 28 cases, " << runs << " kernel runs compared");
 }
 
-// The staged path's every instantiation family: 8/16/32-bit codes, D 64/128/256,
-// G 1/4/8, NHD and HND, pages 16 and 64 and odd ones, long contexts.
+// The bulk (and staged) paths' every instantiation family: 8/16/32-bit codes,
+// D 64/128/256, G 1/4/8, NHD and HND, pages 16 and 64 and odd ones (1, 3, 7,
+// 17), long contexts, windows with sinks.
 TEST_CASE("DecodeAttentionStagedPathIsEquivalentToRef") {
   SKIP_WITHOUT_GPU();
   auto cpu = make_backend("cpu");
@@ -190,7 +204,8 @@ TEST_CASE("DecodeAttentionStagedPathIsEquivalentToRef") {
         c.group = G;
         c.layout = i % 2 ? BlockLayout::hnd : BlockLayout::nhd;
         c.placement = i % 3 ? LayerPlacement::in_block : LayerPlacement::per_layer;
-        c.page = (i % 4 == 0) ? 64 : (i % 4 == 1 ? 16 : (i % 4 == 2 ? 7 : 1));
+        constexpr int32_t kStagedPages[] = {64, 16, 7, 1, 3, 17};
+        c.page = kStagedPages[i % 6];
         c.kv_heads = 1 + i % 2;
         c.q_dtype = i % 2 ? CacheDtype::bf16 : CacheDtype::fp32;
         c.out_dtype = i % 3 ? CacheDtype::bf16 : CacheDtype::fp32;
@@ -198,6 +213,10 @@ TEST_CASE("DecodeAttentionStagedPathIsEquivalentToRef") {
         if (i % 5 == 4) {
           c.window = 300;
           c.sinks = 3;
+        } else if (i % 7 == 3) {
+          c.window = 517;
+          c.sinks = 16;
+          c.one_more_block = true;
         }
         c.seed = 77 + i;
         check_against_oracle(*cpu, c);
@@ -243,6 +262,55 @@ TEST_CASE("OneTokenPrefillIsEquivalentToDecodeOnTheGpu") {
   CHECK(d1.download_out(decode) == d2.download_out(prefill));
 }
 
+// Inf and NaN codes inside attended K and V rows (not only the V tail): the
+// bulk path's arithmetic-only decoders must give the oracle's bytes (NaN and
+// Inf outputs included), for every float cache dtype, GQA 32:8 and 64:8.
+TEST_CASE("DecodeAttentionInfNanCodesAreEquivalentToRef") {
+  SKIP_WITHOUT_GPU();
+  auto cpu = make_backend("cpu");
+  int i = 0;
+  for (CacheDtype dtype : {CacheDtype::bf16, CacheDtype::fp8_e4m3, CacheDtype::fp8_e5m2, CacheDtype::fp16, CacheDtype::fp32})
+    for (int32_t G : {4, 8})
+      for (int32_t every : {60000, 200000}) {
+        AttentionCase c;
+        c.dtype = dtype;
+        c.layout = i % 2 ? BlockLayout::hnd : BlockLayout::nhd;
+        c.page = i % 3 == 0 ? 16 : (i % 3 == 1 ? 17 : 3);
+        c.group = G;
+        c.kv_heads = 3;
+        c.head_dim = 128;
+        c.seq_lens = {40, 300, 1, 700, 257};
+        c.out_dtype = i % 2 ? CacheDtype::fp32 : CacheDtype::bf16;
+        c.special_every = every;
+        c.seed = 500 + i;
+        check_against_oracle(*cpu, c);
+        ++i;
+      }
+}
+
+// A small problem per main instantiation, for compute-sanitizer (memcheck,
+// racecheck): bf16 and fp8 e4m3, GQA 4 and 8, both tile sizes, a partial last
+// tile, a one-key sequence and a window with sinks.
+TEST_CASE("DecodeAttentionBulkSmall") {
+  SKIP_WITHOUT_GPU();
+  auto cpu = make_backend("cpu");
+  for (CacheDtype dtype : {CacheDtype::bf16, CacheDtype::fp8_e4m3})
+    for (int32_t G : {4, 8}) {
+      AttentionCase c;
+      c.dtype = dtype;
+      c.layout = BlockLayout::hnd;
+      c.group = G;
+      c.page = 16;
+      c.seq_lens = {300, 1, 45};
+      c.seed = 9 + G;
+      check_against_oracle(*cpu, c);
+      c.window = 100;
+      c.sinks = 4;
+      c.seq_lens = {333, 7};
+      check_against_oracle(*cpu, c);
+    }
+}
+
 namespace {
 // Every code of the packed decoders in every position of its word, with
 // neighbours that are finite and Inf/NaN codes alike.
@@ -252,6 +320,21 @@ __global__ void packed_decode_kernel(const uint32_t* words, int64_t n, float* e4
     canon::decode_e5m2x4(words[i], e5m2 + 4 * i);
     canon::decode_f16x2(words[i], f16 + 2 * i);
   }
+}
+// The arithmetic-only decoders: [n][4] e4m3, [n][4] e5m2, [n][2] f16,
+// [n][2] e4m3 pairs, [n][2] e5m2 pairs (low half of each word).
+__global__ void arith_decode_kernel(const uint32_t* words, int64_t n, float* out) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    canon::decode_e4m3x4_arith(words[i], out + 4 * i);
+    canon::decode_e5m2x4_arith(words[i], out + 4 * n + 4 * i);
+    canon::decode_f16x2_arith(words[i], out + 8 * n + 2 * i);
+    canon::decode_e4m3x2_arith(static_cast<uint16_t>(words[i]), out + 10 * n + 2 * i);
+    canon::decode_e5m2x2_arith(static_cast<uint16_t>(words[i]), out + 12 * n + 2 * i);
+  }
+}
+// Equal bits, or both NaN (the arithmetic-only contract).
+bool same_or_both_nan(float got, float want) {
+  return float_bits(got) == float_bits(want) || (std::isnan(got) && std::isnan(want));
 }
 }  // namespace
 
@@ -268,14 +351,36 @@ TEST_CASE("PackedDecodersAreEquivalentToCoreCodecsForEveryCode (device and host)
   uint32_t* d_words = nullptr;
   float* d_out = nullptr;
   REQUIRE(cudaMalloc(&d_words, n * 4) == cudaSuccess);
-  REQUIRE(cudaMalloc(&d_out, n * 10 * 4) == cudaSuccess);
+  REQUIRE(cudaMalloc(&d_out, n * 14 * 4) == cudaSuccess);
   REQUIRE(cudaMemcpy(d_words, words.data(), n * 4, cudaMemcpyHostToDevice) == cudaSuccess);
   packed_decode_kernel<<<256, 256>>>(d_words, n, d_out, d_out + 4 * n, d_out + 8 * n);
   REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
   std::vector<float> dev(n * 10);
   REQUIRE(cudaMemcpy(dev.data(), d_out, n * 40, cudaMemcpyDeviceToHost) == cudaSuccess);
+  std::vector<float> arith(n * 14);
+  arith_decode_kernel<<<256, 256>>>(d_words, n, d_out);
+  REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+  REQUIRE(cudaMemcpy(arith.data(), d_out, n * 14 * 4, cudaMemcpyDeviceToHost) == cudaSuccess);
   cudaFree(d_words);
   cudaFree(d_out);
+  int64_t arith_differ = 0, arith_exact_nonnan = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const uint32_t w = words[i];
+    for (int k = 0; k < 4; ++k) {
+      const float e4 = codec::e4m3_to_f32(static_cast<uint8_t>(w >> (8 * k)));
+      const float e5 = codec::e5m2_to_f32(static_cast<uint8_t>(w >> (8 * k)));
+      arith_differ += !same_or_both_nan(arith[4 * i + k], e4);
+      arith_differ += !same_or_both_nan(arith[4 * n + 4 * i + k], e5);
+      arith_exact_nonnan += !std::isnan(e4) && float_bits(arith[4 * i + k]) == float_bits(e4);
+    }
+    for (int k = 0; k < 2; ++k) {
+      arith_differ += !same_or_both_nan(arith[8 * n + 2 * i + k], codec::f16_to_f32(static_cast<uint16_t>(w >> (16 * k))));
+      arith_differ += !same_or_both_nan(arith[10 * n + 2 * i + k], codec::e4m3_to_f32(static_cast<uint8_t>(w >> (8 * k))));
+      arith_differ += !same_or_both_nan(arith[12 * n + 2 * i + k], codec::e5m2_to_f32(static_cast<uint8_t>(w >> (8 * k))));
+    }
+  }
+  CHECK(arith_differ == 0);
+  CHECK(arith_exact_nonnan > 0);
   int64_t differ = 0;
   for (int64_t i = 0; i < n; ++i) {
     float host[10];

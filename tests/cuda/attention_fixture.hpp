@@ -33,6 +33,9 @@ struct AttentionCase {
   bool one_more_block = false;
   CacheDtype q_dtype = CacheDtype::fp32, out_dtype = CacheDtype::fp32;
   bool nan_tail = false;  // leave the last page's slots after the sequence poisoned
+  // Every special_every-th element of a live slot (0: none) gets an Inf or NaN
+  // code of the cache dtype (fp32/fp16/bf16/e4m3/e5m2; none in int8/nvfp4).
+  int32_t special_every = 0;
   uint32_t seed = 1;
 
   std::string describe() const {
@@ -41,7 +44,8 @@ struct AttentionCase {
                     std::to_string(kv_heads) + " G=" + std::to_string(group) + " D=" + std::to_string(head_dim) +
                     " q=" + std::string(dtype_name(q_dtype)) + " out=" + std::string(dtype_name(out_dtype)) +
                     " window=" + std::to_string(window) + "/" + std::to_string(sinks) + (one_more_block ? "+1" : "") +
-                    (nan_tail ? " nan-tail" : "") + " lens=";
+                    (nan_tail ? " nan-tail" : "") +
+                    (special_every ? " inf/nan every " + std::to_string(special_every) : "") + " lens=";
     for (int32_t l : seq_lens) s += std::to_string(l) + ",";
     if (!chunk.empty()) {
       s += " chunks=";
@@ -93,6 +97,35 @@ inline uint8_t random_code(CacheDtype t, std::mt19937& rng, std::vector<uint8_t>
     case CacheDtype::nvfp4: return static_cast<uint8_t>(rng() & 0xF);
   }
   return 0;
+}
+
+// An Inf or NaN code of a float cache dtype (k picks which, both signs),
+// little-endian bytes; empty for dtypes without such codes.
+inline std::vector<uint8_t> special_code(CacheDtype t, uint32_t k) {
+  const bool neg = (k >> 2) & 1;
+  switch (t) {
+    case CacheDtype::fp32: {
+      const uint32_t v[] = {0x7F800000u, 0x7FC00000u, 0x7FC01234u, 0x7F800001u};
+      const uint32_t x = v[k % 4] | (neg ? 0x80000000u : 0u);
+      return {uint8_t(x), uint8_t(x >> 8), uint8_t(x >> 16), uint8_t(x >> 24)};
+    }
+    case CacheDtype::fp16: {
+      const uint16_t v[] = {0x7C00u, 0x7E00u, 0x7C01u, 0x7FFFu};
+      const uint16_t x = uint16_t(v[k % 4] | (neg ? 0x8000u : 0u));
+      return {uint8_t(x), uint8_t(x >> 8)};
+    }
+    case CacheDtype::bf16: {
+      const uint16_t v[] = {0x7F80u, 0x7FC0u, 0x7F81u, 0x7FFFu};
+      const uint16_t x = uint16_t(v[k % 4] | (neg ? 0x8000u : 0u));
+      return {uint8_t(x), uint8_t(x >> 8)};
+    }
+    case CacheDtype::fp8_e4m3: return {uint8_t(neg ? 0xFF : 0x7F)};
+    case CacheDtype::fp8_e5m2: {
+      const uint8_t v[] = {0x7C, 0x7D, 0x7E, 0x7F};
+      return {uint8_t(v[k % 4] | (neg ? 0x80 : 0))};
+    }
+    default: return {};
+  }
 }
 
 inline AttentionProblem make_problem(const AttentionCase& c) {
@@ -153,6 +186,10 @@ inline AttentionProblem make_problem(const AttentionCase& c) {
                         codec::f32_to_e4m3(0.5f + 1.5f * static_cast<float>(rng() % 1024) / 1024.0f);
                 } else {
                   random_code(g.dtype, rng, code);
+                  if (c.special_every > 0 && rng() % c.special_every == 0) {
+                    const std::vector<uint8_t> sp = special_code(g.dtype, rng());
+                    if (!sp.empty()) code = sp;
+                  }
                   std::memcpy(p.pool.data() + off * elem, code.data(), elem);
                 }
               }

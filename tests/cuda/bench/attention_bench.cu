@@ -3,8 +3,9 @@
 // and the ratio to a device-to-device copy measured in the same run. Every
 // configuration first checks its output: the first sequences byte for byte
 // against the CPU oracle (reading the downloaded pool in place) and every
-// output byte of the staged path against the general path.
-//   attention_bench [batch context]   (default 64 8192)
+// output byte against the general path.
+//   attention_bench [quick | only N]   (quick: the batch 64 x 8K rows only;
+//   only N: row N alone, few launches -- for a profiler)
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -12,6 +13,7 @@
 #include <cstring>
 #include <numeric>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "backends/backend.hpp"
@@ -52,17 +54,19 @@ float time_ms(F&& f, int warmup, int reps) {
   cudaEvent_t a, b;
   ok(cudaEventCreate(&a), "event");
   ok(cudaEventCreate(&b), "event");
-  for (int i = 0; i < warmup; ++i) f();
+  for (int i = 0; i < warmup; ++i) f(i);
+  ok(cudaDeviceSynchronize(), "warm-up");
   std::vector<float> ms;
   for (int i = 0; i < reps; ++i) {
     ok(cudaEventRecord(a), "record");
-    f();
+    f(i);
     ok(cudaEventRecord(b), "record");
     ok(cudaEventSynchronize(b), "sync");
     float t = 0;
     ok(cudaEventElapsedTime(&t, a, b), "elapsed");
     ms.push_back(t);
   }
+  ok(cudaGetLastError(), "timed launches");
   cudaEventDestroy(a);
   cudaEventDestroy(b);
   return median(ms);
@@ -74,21 +78,33 @@ double copy_bandwidth_gbs() {
   ok(cudaMalloc(&src, bytes), "malloc copy src");
   ok(cudaMalloc(&dst, bytes), "malloc copy dst");
   ok(cudaMemset(src, 1, bytes), "memset");
-  const float ms = time_ms([&] { ok(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice), "copy"); }, 3, 21);
+  const float ms = time_ms([&](int) { ok(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice), "copy"); }, 3, 21);
   cudaFree(src);
   cudaFree(dst);
   return 2.0 * bytes / (ms * 1e-3) / 1e9;  // bytes read + written
 }
 
 struct Row {
-  const char* name;
+  std::string name;
   CacheDtype dtype;
   int page;
-  bool force_general;
-  int tile_keys;  // staged ring slot: 16 or 32 keys
+  int batch, context, group;
+  cuda::AttentionPath path;
+  int tile_keys;  // bulk: 16 or 32 keys per ring slot; staged: 16 or 32
+  int slots = 0;  // bulk: ring slots, 0 = the kernel's default
 };
 
-void run_config(const Row& r, int batch, int context, double copy_gbs) {
+struct Result {
+  Row row;
+  float kernel_ms = 0, plan_ms = 0, op_ms = 0;
+  double gbs = 0, pct = 0;
+  bool oracle = false, general = false;
+  cuda::KernelInfo info;
+};
+
+int g_warmup = 10, g_reps = 101;
+
+Result run_config(const Row& r, double copy_gbs) {
   PoolGeometry g;
   g.layers = 1;
   g.kv_factor = 2;
@@ -98,9 +114,12 @@ void run_config(const Row& r, int batch, int context, double copy_gbs) {
   g.dtype = r.dtype;
   g.layout = BlockLayout::hnd;
   g.placement = LayerPlacement::per_layer;
-  const int group = 4;  // GQA 32:8
+  const int batch = r.batch, context = r.context, group = r.group;
   const int max_blocks = (context + r.page - 1) / r.page;
-  g.primary_blocks = int64_t(batch) * max_blocks + 7;
+  // Small problems rotate over several copies so the timing is not of L2.
+  const int64_t kv_bytes_one = 2LL * batch * g.kv_heads * context * g.head_dim * (bits_per_element(g.dtype) / 8);
+  const int copies = kv_bytes_one < (int64_t(512) << 20) ? int(std::min<int64_t>(32, (int64_t(512) << 20) / kv_bytes_one)) : 1;
+  g.primary_blocks = int64_t(batch) * max_blocks * copies + 7;
   validate_geometry(g);
   KvPools pools;
   pools.geometry = g;
@@ -115,7 +134,9 @@ void run_config(const Row& r, int batch, int context, double copy_gbs) {
   std::iota(ids.begin(), ids.end(), 0);
   std::mt19937 rng(7);
   std::shuffle(ids.begin(), ids.end(), rng);
-  std::vector<int32_t> table(ids.begin(), ids.begin() + int64_t(batch) * max_blocks);
+  std::vector<std::vector<int32_t>> tables(copies);
+  for (int c = 0; c < copies; ++c)
+    tables[c].assign(ids.begin() + int64_t(c) * batch * max_blocks, ids.begin() + int64_t(c + 1) * batch * max_blocks);
   std::vector<int32_t> seq_lens(batch, context);
   const int hq = g.kv_heads * group;
   std::vector<uint16_t> q_host(size_t(batch) * hq * g.head_dim);
@@ -127,12 +148,13 @@ void run_config(const Row& r, int batch, int context, double copy_gbs) {
   ok(cudaMalloc(&out, out_bytes), "malloc out");
   ok(cudaMalloc(&out_general, out_bytes), "malloc out");
   ok(cudaMemcpy(q, q_host.data(), out_bytes, cudaMemcpyHostToDevice), "upload q");
+  ok(cudaMemset(out, 0xFF, out_bytes), "poison out");
 
   DecodeAttentionOp op;
   op.q = contiguous_view(q, CacheDtype::bf16, {batch, hq, g.head_dim});
   op.out = contiguous_view(out, CacheDtype::bf16, {batch, hq, g.head_dim});
   op.seq_lens = seq_lens;
-  op.block_table = table;
+  op.block_table = tables[0];
   op.max_blocks_per_seq = max_blocks;
   op.scales.sm_scale = 0.08838834764831845f;
   if (r.dtype == CacheDtype::fp8_e4m3) {
@@ -145,16 +167,24 @@ void run_config(const Row& r, int batch, int context, double copy_gbs) {
     seq[b] = b;
     position[b] = context - 1;
   }
-  cuda::AttentionPlan plan = cuda::make_plan("bench", pools, 0, op.q, op.out, op.block_table, max_blocks, op.scales,
-                                             op.window, seq, position, nullptr);
-  if (r.force_general) plan.path = cuda::AttentionPath::general;
-  plan.staged_tile_keys = r.tile_keys;
+  std::vector<cuda::AttentionPlan> plans;
+  for (int c = 0; c < copies; ++c) {
+    plans.push_back(cuda::make_plan("bench", pools, 0, op.q, op.out, tables[c], max_blocks, op.scales, op.window, seq,
+                                    position, nullptr));
+    plans.back().path = r.path;
+    plans.back().staged_tile_keys = r.tile_keys;
+    plans.back().bulk_tile_keys = r.tile_keys;
+    plans.back().bulk_slots = r.slots;
+  }
+  Result res;
+  res.row = r;
+  if (r.path == cuda::AttentionPath::bulk) cuda::launch_bulk_wide(plans[0], nullptr, &res.info) || cuda::launch_bulk_byte(plans[0], nullptr, &res.info);
 
   // Correctness first: against the general path (every byte) and the oracle
   // (the first sequences, reading the downloaded pool in place).
-  cuda::launch_plan(plan, nullptr);
+  cuda::launch_plan(plans[0], nullptr);
   {
-    cuda::AttentionPlan general = plan;
+    cuda::AttentionPlan general = plans[0];
     general.args.out = contiguous_view(out_general, CacheDtype::bf16, {batch, hq, g.head_dim});
     general.path = cuda::AttentionPath::general;
     cuda::launch_plan(general, nullptr);
@@ -163,8 +193,8 @@ void run_config(const Row& r, int batch, int context, double copy_gbs) {
   std::vector<uint8_t> got(out_bytes), got_general(out_bytes);
   ok(cudaMemcpy(got.data(), out, out_bytes, cudaMemcpyDeviceToHost), "download");
   ok(cudaMemcpy(got_general.data(), out_general, out_bytes, cudaMemcpyDeviceToHost), "download");
-  const bool same_paths = got == got_general;
-  const int check_seqs = std::min(batch, 4);
+  res.general = got == got_general;
+  const int check_seqs = std::min(batch, 2);
   std::vector<uint8_t> pool_host(pool_bytes);
   ok(cudaMemcpy(pool_host.data(), pools.data[0], pool_bytes, cudaMemcpyDeviceToHost), "download pool");
   KvPools host_pools = pools;
@@ -174,25 +204,33 @@ void run_config(const Row& r, int batch, int context, double copy_gbs) {
   host_op.q = contiguous_view(q_host.data(), CacheDtype::bf16, {check_seqs, hq, g.head_dim});
   host_op.out = contiguous_view(want.data(), CacheDtype::bf16, {check_seqs, hq, g.head_dim});
   host_op.seq_lens = std::span<const int32_t>(seq_lens).first(check_seqs);
-  host_op.block_table = std::span<const int32_t>(table).first(size_t(check_seqs) * max_blocks);
+  host_op.block_table = std::span<const int32_t>(tables[0]).first(size_t(check_seqs) * max_blocks);
   make_backend("cpu")->decode_attention(host_pools, host_op);
-  const bool same_oracle = std::memcmp(want.data(), got.data(), want.size()) == 0;
+  res.oracle = std::memcmp(want.data(), got.data(), want.size()) == 0;
 
-  const float kernel_ms = time_ms([&] { cuda::launch_plan(plan, nullptr); }, 10, 101);
-  const float op_ms = time_ms([&] { cuda::decode_attention(pools, op, nullptr); }, 3, 31);
-  const double kv_bytes = 2.0 * batch * g.kv_heads * double(context) * g.head_dim * (bits_per_element(g.dtype) / 8);
-  const double gbs = kv_bytes / (kernel_ms * 1e-3) / 1e9;
-  std::printf("%-22s P=%-3d batch=%-4d ctx=%-6d path=%-7s kernel %8.3f ms  op %8.3f ms  K/V %7.1f MB  %7.1f GB/s  %5.1f%% of copy  "
-              "oracle(first %d seqs) %s  staged==general %s\n",
-              r.name, r.page, batch, context, plan.path == cuda::AttentionPath::staged ? "staged" : "general", kernel_ms,
-              op_ms, kv_bytes / 1e6, gbs, 100.0 * gbs / copy_gbs, check_seqs, same_oracle ? "equal" : "DIFFERENT",
-              same_paths ? "equal" : "DIFFERENT");
-  cuda::release_plan(plan, nullptr);
+  for (auto& p : plans) p.merge = false;
+  res.kernel_ms = time_ms([&](int i) { cuda::launch_plan(plans[i % copies], nullptr); }, g_warmup, g_reps);
+  for (auto& p : plans) p.merge = true;
+  res.plan_ms = time_ms([&](int i) { cuda::launch_plan(plans[i % copies], nullptr); }, g_warmup, g_reps);
+  if (r.path == cuda::choose_path(pools, op.q) && r.tile_keys == cuda::default_bulk_tile_keys(r.dtype) && r.slots == 0)
+    res.op_ms = time_ms([&](int) { cuda::decode_attention(pools, op, nullptr); }, 3, 31);
+  const double kv_bytes = double(kv_bytes_one);
+  res.gbs = kv_bytes / (res.plan_ms * 1e-3) / 1e9;
+  res.pct = 100.0 * res.gbs / copy_gbs;
+  const char* path = r.path == cuda::AttentionPath::bulk ? "bulk" : (r.path == cuda::AttentionPath::staged ? "staged" : "general");
+  std::printf("%-26s %-8s P=%-3d %4dx%-6d G=%d T=%-2d | kernel %7.3f ms  +merge %7.3f ms  op %7.3f ms | %7.1f GB/s %5.1f%% of copy"
+              " | regs %3d smem/CTA %6d warps/SM %2d slots %d | oracle %s general %s%s\n",
+              r.name.c_str(), path, r.page, batch, context, group, r.tile_keys, res.kernel_ms, res.plan_ms, res.op_ms,
+              res.gbs, res.pct, res.info.registers, res.info.smem_per_cta, res.info.ctas_per_sm * res.info.warps_per_cta, res.info.slots,
+              res.oracle ? "equal" : "DIFFERENT", res.general ? "equal" : "DIFFERENT",
+              copies > 1 ? (" (rotating " + std::to_string(copies) + " copies)").c_str() : "");
+  for (auto& p : plans) cuda::release_plan(p, nullptr);
   ok(cudaDeviceSynchronize(), "release");
   cudaFree(pools.data[0]);
   cudaFree(q);
   cudaFree(out);
   cudaFree(out_general);
+  return res;
 }
 
 }  // namespace
@@ -204,23 +242,64 @@ int main(int argc, char** argv) {
     std::printf("SKIPPED (benchmark needs a GPU)\n");
     return 0;
   }
-  const int batch = argc > 2 ? std::atoi(argv[1]) : 64;
-  const int context = argc > 2 ? std::atoi(argv[2]) : 8192;
+  const bool quick = argc > 1 && std::string(argv[1]) == "quick";
+  const int only = argc > 2 && std::string(argv[1]) == "only" ? std::atoi(argv[2]) : -1;
   cudaDeviceProp prop{};
   ok(cudaGetDeviceProperties(&prop, 0), "props");
   const double copy_gbs = copy_bandwidth_gbs();
   std::printf("device %s, %d SMs; device-to-device copy %.1f GB/s (read + write, 2 GiB, median of 21)\n", prop.name,
               prop.multiProcessorCount, copy_gbs);
-  std::printf("decode_attention HND D=128 GQA 32:8, bf16 q/out; bytes = K+V of every attended token\n");
-  const Row rows[] = {{"bf16 tile32", CacheDtype::bf16, 16, false, 32},
-                      {"fp8_e4m3 tile32", CacheDtype::fp8_e4m3, 16, false, 32},
-                      {"bf16 tile16", CacheDtype::bf16, 16, false, 16},
-                      {"fp8_e4m3 tile16", CacheDtype::fp8_e4m3, 16, false, 16},
-                      {"bf16 tile32", CacheDtype::bf16, 64, false, 32},
-                      {"fp8_e4m3 tile32", CacheDtype::fp8_e4m3, 64, false, 32},
-                      {"bf16 general kernel", CacheDtype::bf16, 16, true, 32}};
-  for (const Row& r : rows) run_config(r, batch, context, copy_gbs);
+  std::printf("decode_attention HND D=128, 8 KV heads, bf16 q/out; bytes = K+V of every attended token; times: median of 101 "
+              "launches after 10 warm-ups (CUDA events); GB/s and %% over kernel+merge\n");
+  using P = cuda::AttentionPath;
+  const auto bf = CacheDtype::bf16;
+  const auto f8 = CacheDtype::fp8_e4m3;
+  std::vector<Row> rows = {
+      {"bf16 32:8", bf, 16, 64, 8192, 4, P::bulk, 16},       {"fp8 32:8", f8, 16, 64, 8192, 4, P::bulk, 16},
+      {"bf16 32:8 2 slots", bf, 16, 64, 8192, 4, P::bulk, 16, 2}, {"fp8 32:8 4 slots", f8, 16, 64, 8192, 4, P::bulk, 16, 4},
+      {"bf16 32:8", bf, 16, 64, 8192, 4, P::bulk, 32},       {"fp8 32:8", f8, 16, 64, 8192, 4, P::bulk, 32},
+      {"fp8 32:8 2 slots", f8, 16, 64, 8192, 4, P::bulk, 32, 2},
+      {"bf16 32:8 old staged", bf, 16, 64, 8192, 4, P::staged, 32},
+      {"fp8 32:8 old staged", f8, 16, 64, 8192, 4, P::staged, 16},
+  };
+  if (!quick || only >= 0) {
+    const std::vector<Row> more = {
+        {"bf16 32:8", bf, 16, 16, 32768, 4, P::bulk, 16},  {"fp8 32:8", f8, 16, 16, 32768, 4, P::bulk, 16},
+        {"bf16 32:8", bf, 16, 256, 1024, 4, P::bulk, 16},  {"fp8 32:8", f8, 16, 256, 1024, 4, P::bulk, 16},
+        {"bf16 32:8", bf, 16, 1, 8192, 4, P::bulk, 16},    {"fp8 32:8", f8, 16, 1, 8192, 4, P::bulk, 16},
+        {"bf16 32:8", bf, 64, 64, 8192, 4, P::bulk, 16},   {"fp8 32:8", f8, 64, 64, 8192, 4, P::bulk, 16},
+        {"bf16 64:8", bf, 16, 64, 8192, 8, P::bulk, 16},   {"fp8 64:8", f8, 16, 64, 8192, 8, P::bulk, 16},
+        {"bf16 64:8", bf, 16, 64, 8192, 8, P::bulk, 32},   {"fp8 64:8", f8, 16, 64, 8192, 8, P::bulk, 32},
+    };
+    rows.insert(rows.end(), more.begin(), more.end());
+  }
+  std::vector<Result> results;
+  if (only >= 0) {
+    g_warmup = 1;
+    g_reps = 1;
+    results.push_back(run_config(rows.at(only), copy_gbs));
+    return 0;
+  }
+  for (const Row& r : rows) results.push_back(run_config(r, copy_gbs));
   const double copy_after = copy_bandwidth_gbs();
-  std::printf("device-to-device copy again: %.1f GB/s\n", copy_after);
+  std::printf("device-to-device copy again: %.1f GB/s\n\n", copy_after);
+  std::printf("| config | path | page | batch x ctx | keys/slots | kernel+merge ms | partition kernel ms | GB/s | %% of copy | fp8 speed-up | checks |\n");
+  std::printf("|---|---|---:|---|---:|---:|---:|---:|---:|---:|---|\n");
+  for (const Result& r : results) {
+    // fp8: speed-up over the bf16 row of the same shape with the default settings.
+    std::string ratio = "";
+    if (r.row.dtype == f8)
+      for (const Result& b : results)
+        if (b.row.dtype == bf && b.row.page == r.row.page && b.row.batch == r.row.batch && b.row.context == r.row.context &&
+            b.row.group == r.row.group && b.row.path == P::bulk && b.row.tile_keys == 16 && b.row.slots == 0) {
+          char buf[32];
+          std::snprintf(buf, sizeof buf, "%.2fx", b.plan_ms / r.plan_ms);
+          ratio = buf;
+        }
+    std::printf("| %s | %s | %d | %d x %d | %d/%d | %.3f | %.3f | %.0f | %.1f%% | %s | %s |\n", r.row.name.c_str(),
+                r.row.path == P::bulk ? "bulk" : "staged", r.row.page, r.row.batch, r.row.context, r.row.tile_keys, r.info.slots,
+                r.plan_ms, r.kernel_ms, r.gbs, r.pct, ratio.c_str(), r.oracle && r.general ? "equal" : "DIFFERENT");
+  }
+  std::printf("copy GB/s before %.1f, after %.1f\n", copy_gbs, copy_after);
   return 0;
 }

@@ -199,3 +199,69 @@ KVSIM_HD inline void decode_f16x2(uint32_t word, float* out) {
 }
 
 }  // namespace kvsim::canon
+
+// ---------------------------------------------------------------- decoders for arithmetic
+// Packed decoders for cache codes that only ever enter fp32 arithmetic (the
+// score and P.V fma chains of attention): bit-identical to codec::e4m3_to_f32 /
+// e5m2_to_f32 / f16_to_f32 for every code that is not a NaN, and a NaN for
+// every NaN code -- but not necessarily core's NaN payload or sign. That is
+// enough wherever the value only feeds arithmetic: every device fp32 operation
+// with a NaN operand gives 0x7FFFFFFF, and store_float canonicalises a NaN
+// output on the host, so no payload can reach an output byte. On the device
+// they are the hardware's exact conversions alone (no Inf/NaN check, no
+// branch), the fewest instructions per code the fp8 decode-attention kernel
+// can spend. tests/cuda/attention_differential_test.cu checks every code in
+// every position on the device. Never use them where a decoded value is
+// stored as it is (gather, copies): use the decoders above.
+namespace kvsim::canon {
+
+KVSIM_HD inline void decode_e4m3x2_arith(uint16_t pair, float* out) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+  uint32_t h;
+  asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h) : "h"(pair));
+  detail::f16x2_to_f32(h, out);
+#else
+  for (int i = 0; i < 2; ++i) out[i] = codec::e4m3_to_f32(static_cast<uint8_t>(pair >> (8 * i)));
+#endif
+}
+
+KVSIM_HD inline void decode_e4m3x4_arith(uint32_t word, float* out) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+  uint32_t lo, hi;  // the word's halves as 16-bit registers (no shift for the upper pair)
+  asm("{\n.reg .b16 l, h;\nmov.b32 {l, h}, %2;\ncvt.rn.f16x2.e4m3x2 %0, l;\ncvt.rn.f16x2.e4m3x2 %1, h;\n}"
+      : "=r"(lo), "=r"(hi)
+      : "r"(word));
+  detail::f16x2_to_f32(lo, out);
+  detail::f16x2_to_f32(hi, out + 2);
+#else
+  decode_e4m3x2_arith(static_cast<uint16_t>(word & 0xFFFFu), out);
+  decode_e4m3x2_arith(static_cast<uint16_t>(word >> 16), out + 2);
+#endif
+}
+
+KVSIM_HD inline void decode_e5m2x4_arith(uint32_t word, float* out) {
+#if defined(__CUDA_ARCH__)
+  // An e5m2 code is the high byte of the f16 with the same value (Inf and NaN too).
+  detail::f16x2_to_f32(__byte_perm(word, 0, 0x1404), out);
+  detail::f16x2_to_f32(__byte_perm(word, 0, 0x3424), out + 2);
+#else
+  for (int i = 0; i < 4; ++i) out[i] = codec::e5m2_to_f32(static_cast<uint8_t>(word >> (8 * i)));
+#endif
+}
+
+KVSIM_HD inline void decode_e5m2x2_arith(uint16_t pair, float* out) {
+  float w[4];
+  decode_e5m2x4_arith(pair, w);
+  out[0] = w[0];
+  out[1] = w[1];
+}
+
+KVSIM_HD inline void decode_f16x2_arith(uint32_t word, float* out) {
+#if defined(__CUDA_ARCH__)
+  detail::f16x2_to_f32(word, out);
+#else
+  for (int i = 0; i < 2; ++i) out[i] = codec::f16_to_f32(static_cast<uint16_t>(word >> (16 * i)));
+#endif
+}
+
+}  // namespace kvsim::canon
