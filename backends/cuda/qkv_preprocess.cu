@@ -24,6 +24,7 @@ struct QkvPreprocessItem {
   const int32_t* row_token;
   int32_t chunks;
   __device__ void operator()(int64_t row, int32_t i) const {
+    __builtin_assume((pools.geometry.dtype == CacheDtype::nvfp4) == (kChunk == 16));  // the host chose by dtype
     qkv_preprocess_chunk<kChunk>(pools, args, row_sequence[row], row_token[row], row, i / chunks, i % chunks);
   }
 };

@@ -6,6 +6,14 @@
 
 #include <cstdint>
 
+// KVSIM_UNROLL: unroll a loop with a constant trip bound on the device, so a
+// small local array indexed by it lives in registers (the host ignores it).
+#if defined(__CUDA_ARCH__)
+#define KVSIM_UNROLL _Pragma("unroll")
+#else
+#define KVSIM_UNROLL
+#endif
+
 #if defined(__CUDACC__)
 #define KVSIM_HD __host__ __device__
 #define KVSIM_FORCEINLINE __forceinline__

@@ -187,40 +187,56 @@ KVSIM_HD constexpr QkvVTail qkv_v_tail(const WindowMapping& w, PageDivider page,
   return z;
 }
 
-// Element d of fused head `fused_head` of row `row` after bias and RoPE: the
-// value rope_rotate leaves in x[d] (d's pair is rotated from the two loaded
-// elements with the same products and the same add), or x[d] itself.
-KVSIM_HD inline float qkv_element(const QkvPreprocessArgs& a, int64_t row, int32_t fused_head, int32_t d,
-                                  const float* cos_sin_row) {
+// float(qkv[row, col0 + e]) (+ float(bias[col0 + e])): one fp32 add, one rounding.
+KVSIM_HD inline float qkv_input(const QkvPreprocessArgs& a, int64_t row, int64_t col0, int32_t e) {
+  float v = load_float(a.qkv.data, a.qkv.dtype, a.qkv.offset(row, col0 + e));
+  if (!a.bias.empty()) v = v + load_float(a.bias.data, a.bias.dtype, a.bias.offset(col0 + e));
+  return v;
+}
+
+// out[0..count) = dims [dim0, dim0 + count) of fused head `fused_head` of row
+// `row` after bias and RoPE (count <= kMax): the values rope_rotate leaves in
+// the head. Each rotated dim comes from its own value and its pair partner's
+// with rope_rotate's products and add, in its operand order:
+//   first of the pair (a):  a*c - b*s     second (b):  b*c + a*s
+// Own values, partners and the rotation run as separate loops over the
+// chunk, so a CPU vectorizes them; no value depends on the chunking.
+template <int kMax>
+KVSIM_HD inline void qkv_head_dims(const QkvPreprocessArgs& a, int64_t row, int32_t fused_head, int32_t dim0,
+                                   int32_t count, const float* cos_sin_row, float* out) {
   const int64_t col0 = static_cast<int64_t>(fused_head) * a.head_dim;
-  auto load = [&](int32_t e) {
-    float v = load_float(a.qkv.data, a.qkv.dtype, a.qkv.offset(row, col0 + e));
-    if (!a.bias.empty()) v = v + load_float(a.bias.data, a.bias.dtype, a.bias.offset(col0 + e));
-    return v;
-  };
-  if (cos_sin_row == nullptr || d >= a.rotary_dim) return load(d);
+  KVSIM_UNROLL
+  for (int32_t d = 0; d < kMax; ++d)
+    if (d < count) out[d] = qkv_input(a, row, col0, dim0 + d);
+  if (cos_sin_row == nullptr) return;
   const int32_t half = a.rotary_dim / 2;
   const bool gptj = a.rope_style == RopeStyle::gptj;
-  const int32_t i = gptj ? d / 2 : (d < half ? d : d - half);
-  const bool first = gptj ? (d % 2 == 0) : d < half;
-  const int32_t ia = gptj ? 2 * i : i;
-  const int32_t ib = gptj ? 2 * i + 1 : i + half;
-  const float c = cos_sin_row[i];
-  const float sn = cos_sin_row[half + i];
-  const float xa = load(ia);
-  const float xb = load(ib);
-  if (first) {
-    const float ac = xa * c, bs = xb * sn;
-    return ac - bs;
+  const int32_t rotated = a.rotary_dim - dim0 < count ? (a.rotary_dim - dim0 > 0 ? a.rotary_dim - dim0 : 0) : count;
+  float partner[kMax];
+  KVSIM_UNROLL
+  for (int32_t d = 0; d < kMax; ++d) {
+    if (d >= rotated) break;
+    const int32_t e = dim0 + d;
+    const int32_t other = gptj ? (e ^ 1) : (e < half ? e + half : e - half);
+    partner[d] = qkv_input(a, row, col0, other);
   }
-  const float bc = xb * c, as = xa * sn;
-  return bc + as;
+  KVSIM_UNROLL
+  for (int32_t d = 0; d < kMax; ++d) {
+    if (d >= rotated) break;
+    const int32_t e = dim0 + d;
+    const bool first = gptj ? (e % 2 == 0) : e < half;
+    const int32_t i = gptj ? e / 2 : (first ? e : e - half);
+    const float c = cos_sin_row[i], sn = cos_sin_row[half + i];
+    const float own_c = out[d] * c, partner_s = partner[d] * sn;
+    out[d] = first ? own_c - partner_s : own_c + partner_s;
+  }
 }
 
 // Dims [dim0, dim0 + count) of one head's row of this layer's K (kv = 0) or V
 // (kv = 1) into the primary pool at (block, entry), from x[0..count),
 // converted per the cache dtype (header comment). nvfp4: dim0 and count are
 // multiples of 16.
+template <int kMax>
 KVSIM_HD inline void qkv_store_cache_dims(const KvPools& pools, int32_t layer, int64_t block, int32_t entry, int32_t kv,
                                           int32_t head, int32_t dim0, int32_t count, const float* x,
                                           float encode_scale, float global_scale) {
@@ -232,19 +248,24 @@ KVSIM_HD inline void qkv_store_cache_dims(const KvPools& pools, int32_t layer, i
     case CacheDtype::fp32:
     case CacheDtype::fp16:
     case CacheDtype::bf16:
-      for (int32_t d = 0; d < count; ++d) store_float(pool, g.dtype, at(d), x[d]);
+      KVSIM_UNROLL
+      for (int32_t d = 0; d < kMax; ++d)
+        if (d < count) store_float(pool, g.dtype, at(d), x[d]);
       break;
     case CacheDtype::fp8_e4m3:
-      for (int32_t d = 0; d < count; ++d)
-        store_byte(pool, at(d), codec::f32_to_e4m3(x[d] * encode_scale, codec::Saturation::finite));
+      KVSIM_UNROLL
+      for (int32_t d = 0; d < kMax; ++d)
+        if (d < count) store_byte(pool, at(d), codec::f32_to_e4m3(x[d] * encode_scale, codec::Saturation::finite));
       break;
     case CacheDtype::fp8_e5m2:
-      for (int32_t d = 0; d < count; ++d)
-        store_byte(pool, at(d), codec::f32_to_e5m2(x[d] * encode_scale, codec::Saturation::finite));
+      KVSIM_UNROLL
+      for (int32_t d = 0; d < kMax; ++d)
+        if (d < count) store_byte(pool, at(d), codec::f32_to_e5m2(x[d] * encode_scale, codec::Saturation::finite));
       break;
     case CacheDtype::int8:
-      for (int32_t d = 0; d < count; ++d)
-        store_byte(pool, at(d), static_cast<uint8_t>(codec::f32_to_int8(x[d] * encode_scale)));
+      KVSIM_UNROLL
+      for (int32_t d = 0; d < kMax; ++d)
+        if (d < count) store_byte(pool, at(d), static_cast<uint8_t>(codec::f32_to_int8(x[d] * encode_scale)));
       break;
     case CacheDtype::nvfp4: {
       uint8_t* scales = pools.scale_bytes(PoolKind::primary);
@@ -307,17 +328,18 @@ KVSIM_HD inline void qkv_preprocess_dims(const KvPools& pools, const QkvPreproce
   const float* cos_sin_row =
       a.rope_style != RopeStyle::none && !is_v ? a.cos_sin + rotary_position * a.cos_sin_row_stride : nullptr;
   float x[kMax];
-  for (int32_t d = 0; d < count; ++d) x[d] = qkv_element(a, row, fused_head, dim0 + d, cos_sin_row);
+  qkv_head_dims<kMax>(a, row, fused_head, dim0, count, cos_sin_row, x);
   if (is_q) {
-    for (int32_t d = 0; d < count; ++d)
-      store_float(a.q_out.data, a.q_out.dtype, a.q_out.offset(row, fused_head, dim0 + d), x[d]);
+    KVSIM_UNROLL
+    for (int32_t d = 0; d < kMax; ++d)
+      if (d < count) store_float(a.q_out.data, a.q_out.dtype, a.q_out.offset(row, fused_head, dim0 + d), x[d]);
     return;
   }
   const int32_t kv = is_v ? 1 : 0;
   const int32_t head = fused_head - a.num_q_heads - kv * a.kv_heads;
   const int64_t slot = a.window.cache_token(position);
   const int64_t block = a.table.block_at(b, a.page.div(slot)).block();
-  qkv_store_cache_dims(pools, a.layer, block, a.page.mod(slot), kv, head, dim0, count, x,
+  qkv_store_cache_dims<kMax>(pools, a.layer, block, a.page.mod(slot), kv, head, dim0, count, x,
                        is_v ? a.v_encode_scale : a.k_encode_scale, is_v ? a.v_global_scale : a.k_global_scale);
 }
 
