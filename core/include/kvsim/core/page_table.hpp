@@ -96,24 +96,37 @@ inline std::string seq_entry(int32_t b, const char* array, int64_t i) {
 }  // namespace detail
 
 // A reference used by an op: must be a live block of a primary pool in range.
-inline void validate_block_ref(BlockRef r, const PoolGeometry& g, const std::string& where, bool is_write) {
+// `where` names the reference in the error: a string, or a callable that
+// returns one -- built only when the check fails, so validating a table of a
+// million pages does not build a million messages.
+namespace detail {
+inline const std::string& where_text(const std::string& s) { return s; }
+inline std::string where_text(const char* s) { return s; }
+template <class F>
+std::string where_text(const F& f) {
+  return f();
+}
+}  // namespace detail
+
+template <class Where>
+inline void validate_block_ref(BlockRef r, const PoolGeometry& g, const Where& where, bool is_write) {
+  if (!r.is_bad() && !r.is_secondary() && r.raw >= 0 && r.block() < g.primary_blocks) return;  // the common case
   if (r.is_bad()) {
     if (is_write)
       fail(ErrorCode::write_through_bad_page,
-           where + " = -1 (BAD_PAGE): rule: a write must land in a live page, never through BAD_PAGE");
+           detail::where_text(where) + " = -1 (BAD_PAGE): rule: a write must land in a live page, never through BAD_PAGE");
     return;  // reads of BAD_PAGE are defined per op (gather reads zeros)
   }
   if (r.is_secondary()) {
     if (r.block() >= g.secondary_blocks)
-      fail(ErrorCode::block_out_of_range, where + " = " + describe_ref(r) + ": rule: block id < secondary_blocks = " +
-                                              std::to_string(g.secondary_blocks));
-    fail(ErrorCode::secondary_not_onboarded,
-         where + " = " + describe_ref(r) + ": rule: a secondary-pool block must be onboarded before it is read or written");
+      fail(ErrorCode::block_out_of_range, detail::where_text(where) + " = " + describe_ref(r) +
+                                              ": rule: block id < secondary_blocks = " + std::to_string(g.secondary_blocks));
+    fail(ErrorCode::secondary_not_onboarded, detail::where_text(where) + " = " + describe_ref(r) +
+                                                 ": rule: a secondary-pool block must be onboarded before it is read or written");
   }
-  if (r.raw < 0 || r.block() >= g.primary_blocks)
-    fail(ErrorCode::block_out_of_range, where + " = " + std::to_string(r.raw) +
-                                            ": rule: block id must be in [0, primary_blocks = " +
-                                            std::to_string(g.primary_blocks) + ")");
+  fail(ErrorCode::block_out_of_range, detail::where_text(where) + " = " + std::to_string(r.raw) +
+                                          ": rule: block id must be in [0, primary_blocks = " +
+                                          std::to_string(g.primary_blocks) + ")");
 }
 
 // CSR structure: indptr starts at 0 and never decreases, indices has
@@ -140,7 +153,8 @@ inline void validate_csr(std::span<const int32_t> indptr, std::span<const int32_
                                         std::to_string(batch) + " sequences");
   for (int64_t b = 0; b < batch; ++b) {
     for (int32_t i = indptr[b]; i < indptr[b + 1]; ++i)
-      validate_block_ref(BlockRef{indices[i]}, g, detail::seq_entry(static_cast<int32_t>(b), "indices", i), for_write);
+      validate_block_ref(
+          BlockRef{indices[i]}, g, [&] { return detail::seq_entry(static_cast<int32_t>(b), "indices", i); }, for_write);
     if (indptr[b + 1] > indptr[b] && (last_page_len[b] < 1 || last_page_len[b] > g.tokens_per_block))
       fail(ErrorCode::last_page_len_out_of_range,
            detail::seq_entry(static_cast<int32_t>(b), "last_page_len", b) + " = " + std::to_string(last_page_len[b]) +

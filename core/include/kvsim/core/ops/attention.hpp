@@ -284,10 +284,12 @@ inline void validate_attention_common(const KvPools& pools, int32_t layer, const
                                                     std::to_string(max_blocks) + " columns");
     for (int64_t pg = 0; pg < pages; ++pg) {
       const BlockRef r{block_table[b * max_blocks + pg]};
-      const std::string where = o + "sequence " + std::to_string(b) + ", block_table[" + std::to_string(b) + "][" +
-                                std::to_string(pg) + "]";
+      auto where = [&] {
+        return o + "sequence " + std::to_string(b) + ", block_table[" + std::to_string(b) + "][" + std::to_string(pg) +
+               "]";
+      };
       if (r.is_bad())
-        fail(ErrorCode::write_through_bad_page, where + " = -1 (BAD_PAGE) is read: rule: every page of a live sequence is a live block");
+        fail(ErrorCode::write_through_bad_page, where() + " = -1 (BAD_PAGE) is read: rule: every page of a live sequence is a live block");
       validate_block_ref(r, g, where, /*is_write=*/false);
     }
   }

@@ -554,16 +554,19 @@ inline void validate_qkv_preprocess(const KvPools& pools, const QkvPreprocessOp&
     for (size_t i = 0; i < pages.size(); ++i) {
       if (i > 0 && pages[i].first == pages[i - 1].first) continue;
       const auto [logical, pos] = pages[i];
-      const std::string who = pos != kVTailOnly ? "token position " + std::to_string(pos) : std::string("the V-tail zeroing");
+      auto who = [&] { return pos != kVTailOnly ? "token position " + std::to_string(pos) : std::string("the V-tail zeroing"); };
       if (logical >= op.max_blocks_per_seq)
-        fail(ErrorCode::shape_mismatch, detail::qkv_seq(b) + ": " + who + " needs logical page " +
+        fail(ErrorCode::shape_mismatch, detail::qkv_seq(b) + ": " + who() + " needs logical page " +
                                             std::to_string(logical) + " but block_table has max_blocks_per_seq = " +
                                             std::to_string(op.max_blocks_per_seq) + " columns");
       const BlockRef ref{op.block_table[b * op.max_blocks_per_seq + logical]};
-      validate_block_ref(ref, g,
-                         detail::qkv_seq(b) + " (" + who + "), block_table[" + std::to_string(b) + "][" +
-                             std::to_string(logical) + "]",
-                         /*is_write=*/true);
+      validate_block_ref(
+          ref, g,
+          [&] {
+            return detail::qkv_seq(b) + " (" + who() + "), block_table[" + std::to_string(b) + "][" +
+                   std::to_string(logical) + "]";
+          },
+          /*is_write=*/true);
       auto [it, inserted] = page_of_block.emplace(ref.block(), logical);
       if (!inserted)
         fail(ErrorCode::shared_block_write, detail::qkv_seq(b) + ": block_table[" + std::to_string(b) + "][" +

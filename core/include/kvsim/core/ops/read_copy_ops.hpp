@@ -435,7 +435,7 @@ inline void validate_gather_source(const KvPools& pools, const GatherPagedOp& op
                                                   std::to_string(static_cast<int64_t>(op.block_ids.size())) +
                                                   " entries: rule: the gathered tokens lie inside the table");
   for (int64_t i = 0; i < pages; ++i)
-    validate_block_ref(BlockRef{op.block_ids[i]}, g, "gather_paged: block_ids[" + std::to_string(i) + "]",
+    validate_block_ref(BlockRef{op.block_ids[i]}, g, [&] { return "gather_paged: block_ids[" + std::to_string(i) + "]"; },
                        /*is_write=*/false);
   if (op.num_tokens > 0) validate_pool_memory(pools, PoolKind::primary, "gather_paged");
 }

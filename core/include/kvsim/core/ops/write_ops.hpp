@@ -599,24 +599,27 @@ inline void validate_append_targets(const PoolGeometry& g, std::span<const int32
   writes.reserve(static_cast<size_t>(nnz));
   for (int64_t i = 0; i < nnz; ++i) {
     const int32_t b = batch_indices[i];
-    const std::string token = "token " + std::to_string(i);
+    auto token = [&] { return "token " + std::to_string(i); };
     if (b < 0 || b >= table.batch)
-      fail(ErrorCode::bad_argument, token + ": batch_indices[" + std::to_string(i) + "] = " + std::to_string(b) +
+      fail(ErrorCode::bad_argument, token() + ": batch_indices[" + std::to_string(i) + "] = " + std::to_string(b) +
                                         ": rule: a sequence index in [0, batch = " + std::to_string(table.batch) + ")");
     const int64_t length = table.length(b);
     if (positions[i] < 0 || positions[i] >= length)
       fail(ErrorCode::position_beyond_sequence,
-           token + " (sequence " + std::to_string(b) + "): positions[" + std::to_string(i) + "] = " +
+           token() + " (sequence " + std::to_string(b) + "): positions[" + std::to_string(i) + "] = " +
                std::to_string(positions[i]) + " but the sequence's length from the CSR table is " +
                std::to_string(length) + ": rule: 0 <= position < length (the table already includes appended tokens)");
     int64_t page_slot = 0;
     int32_t entry = 0;
     table.locate(b, positions[i], page_slot, entry);
     const BlockRef ref = table.block_at(page_slot);
-    validate_block_ref(ref, g,
-                       token + " (sequence " + std::to_string(b) + ", position " + std::to_string(positions[i]) +
-                           ") writes through indices[" + std::to_string(page_slot) + "]",
-                       /*is_write=*/true);
+    validate_block_ref(
+        ref, g,
+        [&] {
+          return token() + " (sequence " + std::to_string(b) + ", position " + std::to_string(positions[i]) +
+                 ") writes through indices[" + std::to_string(page_slot) + "]";
+        },
+        /*is_write=*/true);
     writes.emplace_back(b, ref.block());
   }
   validate_exclusive_writers(writes);
