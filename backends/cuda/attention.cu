@@ -394,7 +394,8 @@ void release_plan(AttentionPlan& plan, cudaStream_t stream) {
   plan.meta = nullptr;
 }
 
-void decode_attention(const KvPools& pools, const DecodeAttentionOp& op, cudaStream_t stream) {
+void decode_attention(const KvPools& pools, const DecodeAttentionOp& op, cudaStream_t stream,
+                      cudaEvent_t kernels_start) {
   std::vector<int32_t> seq(op.seq_lens.size()), position(op.seq_lens.size());
   for (size_t b = 0; b < op.seq_lens.size(); ++b) {
     seq[b] = static_cast<int32_t>(b);
@@ -402,11 +403,13 @@ void decode_attention(const KvPools& pools, const DecodeAttentionOp& op, cudaStr
   }
   AttentionPlan plan = make_plan("decode_attention", pools, op.layer, op.q, op.out, op.block_table,
                                  op.max_blocks_per_seq, op.scales, op.window, seq, position, stream);
+  if (kernels_start) KVSIM_CUDA_CHECK("attention timing", cudaEventRecord(kernels_start, stream));  // after the upload
   launch_plan(plan, stream);
   release_plan(plan, stream);
 }
 
-void prefill_attention(const KvPools& pools, const PrefillAttentionOp& op, cudaStream_t stream) {
+void prefill_attention(const KvPools& pools, const PrefillAttentionOp& op, cudaStream_t stream,
+                       cudaEvent_t kernels_start) {
   std::vector<int32_t> seq, position;
   for (size_t b = 0; b + 1 < op.q_indptr.size(); ++b)
     for (int32_t i = op.q_indptr[b]; i < op.q_indptr[b + 1]; ++i) {
@@ -415,6 +418,7 @@ void prefill_attention(const KvPools& pools, const PrefillAttentionOp& op, cudaS
     }
   AttentionPlan plan = make_plan("prefill_attention", pools, op.layer, op.q, op.out, op.block_table,
                                  op.max_blocks_per_seq, op.scales, op.window, seq, position, stream);
+  if (kernels_start) KVSIM_CUDA_CHECK("attention timing", cudaEventRecord(kernels_start, stream));  // after the upload
   launch_plan(plan, stream);
   release_plan(plan, stream);
 }

@@ -174,7 +174,7 @@ double CudaBackend::run_end(double host_seconds) {
 // ---------------------------------------------------------------- attention (part B's kernels)
 void CudaBackend::run_decode_attention(const KvPools& pools, const DecodeAttentionOp& op) {
 #if KVSIM_CUDA_ATTENTION
-  cuda::decode_attention(pools, op, stream_);
+  cuda::decode_attention(pools, op, stream_, kernel_timing() ? kernels_start_ : nullptr);
   finish("decode_attention");
 #else
   (void)pools;
@@ -185,7 +185,7 @@ void CudaBackend::run_decode_attention(const KvPools& pools, const DecodeAttenti
 
 void CudaBackend::run_prefill_attention(const KvPools& pools, const PrefillAttentionOp& op) {
 #if KVSIM_CUDA_ATTENTION
-  cuda::prefill_attention(pools, op, stream_);
+  cuda::prefill_attention(pools, op, stream_, kernel_timing() ? kernels_start_ : nullptr);
   finish("prefill_attention");
 #else
   (void)pools;
