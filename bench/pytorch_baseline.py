@@ -251,6 +251,7 @@ def main():
     ap.add_argument("--cases", required=True, help="JSON of `kvsim bench --list --json`")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--output", help="also write the JSON report here, rewritten after every row")
     args = ap.parse_args()
     device = args.device
     with open(args.cases) as f:
@@ -259,6 +260,8 @@ def main():
     torch.manual_seed(1)
     copy_gbs = copy_bandwidth(device)
     rows = []
+    report = dict(device=torch.cuda.get_device_name() if device == "cuda" else "cpu", torch=torch.__version__,
+                  threads=torch.get_num_threads(), copy_gbs=copy_gbs, rows=rows)
     for case in cases:
         row = dict(case=case["name"], op=case["op"], bytes=case["bytes"])
         try:
@@ -272,14 +275,15 @@ def main():
         if device == "cuda":
             torch.cuda.empty_cache()
         rows.append(row)
+        if args.output:  # a run cut short by a time limit still leaves every finished row
+            with open(args.output, "w") as f:
+                json.dump(report, f, indent=1)
         if not args.json:
             if "seconds" in row:
                 print(f"{row['case']:64s} {row['seconds'] * 1e3:10.4f} ms {row['gbs']:8.1f} GB/s "
                       f"{100 * row['copy_ratio']:5.1f}% of copy", flush=True)
             else:
                 print(f"{row['case']:64s} skipped: {row['skipped']}", flush=True)
-    report = dict(device=torch.cuda.get_device_name() if device == "cuda" else "cpu", torch=torch.__version__,
-                  threads=torch.get_num_threads(), copy_gbs=copy_gbs, rows=rows)
     if args.json:
         json.dump(report, sys.stdout, indent=1)
         print()

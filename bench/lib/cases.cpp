@@ -25,7 +25,7 @@
 namespace kvsim::bench {
 namespace {
 
-constexpr int64_t kPatternBytes = int64_t{256} << 20;
+constexpr int64_t kPatternBytes = int64_t{64} << 20;  // content repeats every 64 MiB of blocks
 
 std::string dtype_text(CacheDtype t) { return std::string(dtype_name(t)); }
 
