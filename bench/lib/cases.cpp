@@ -108,41 +108,49 @@ Case kv_write_case(const char* op, const PoolGeometry& g, CacheDtype in, int32_t
   return c;
 }
 
-// ---------------------------------------------------------------- append_paged
-struct AppendPagedFixture final : PoolWriteFixture {
-  CacheDtype input;
-  Batch batch;
-  Mirrored k, v;
+// FlashInfer's append inputs for every token of a Batch: (sequence, position)
+// per token and the CSR page table (indptr, indices, last_page_len).
+struct AppendCoordinates {
   std::vector<int32_t> batch_indices, positions, indptr{0}, indices, last_page_len;
-  AppendPagedOp op;
-
-  AppendPagedFixture(Backend& b, const PoolGeometry& geometry, CacheDtype in, int32_t sequences, int32_t tokens)
-      : PoolWriteFixture(b, geometry), input(in),
-        batch(sequences, tokens, geometry.tokens_per_block, geometry.primary_blocks, 11) {
-    const int64_t nnz = static_cast<int64_t>(sequences) * tokens, n = nnz * g.kv_heads * g.head_dim;
-    k = Mirrored(be, g.dtype == CacheDtype::nvfp4 ? random_floats(in, n, 1) : random_codes(in, n, 1));
-    v = Mirrored(be, g.dtype == CacheDtype::nvfp4 ? random_floats(in, n, 2) : random_codes(in, n, 2));
-    for (int32_t s = 0; s < sequences; ++s) {
-      for (int32_t t = 0; t < tokens; ++t) {
+  explicit AppendCoordinates(const Batch& batch) {
+    for (int32_t s = 0; s < batch.sequences; ++s) {
+      for (int32_t t = 0; t < batch.tokens; ++t) {
         batch_indices.push_back(s);
         positions.push_back(t);
       }
       for (int32_t p = 0; p < batch.pages_per_seq; ++p) indices.push_back(batch.table[s * batch.pages_per_seq + p]);
       indptr.push_back(indptr.back() + batch.pages_per_seq);
-      last_page_len.push_back(tokens - (batch.pages_per_seq - 1) * g.tokens_per_block);
+      last_page_len.push_back(batch.tokens - (batch.pages_per_seq - 1) * batch.page);
     }
+  }
+};
+
+// ---------------------------------------------------------------- append_paged
+struct AppendPagedFixture final : PoolWriteFixture {
+  CacheDtype input;
+  Batch batch;
+  Mirrored k, v;
+  AppendCoordinates at;
+  AppendPagedOp op;
+
+  AppendPagedFixture(Backend& b, const PoolGeometry& geometry, CacheDtype in, int32_t sequences, int32_t tokens)
+      : PoolWriteFixture(b, geometry), input(in),
+        batch(sequences, tokens, geometry.tokens_per_block, geometry.primary_blocks, 11), at(batch) {
+    const int64_t nnz = static_cast<int64_t>(sequences) * tokens, n = nnz * g.kv_heads * g.head_dim;
+    k = Mirrored(be, g.dtype == CacheDtype::nvfp4 ? random_floats(in, n, 1) : random_codes(in, n, 1));
+    v = Mirrored(be, g.dtype == CacheDtype::nvfp4 ? random_floats(in, n, 2) : random_codes(in, n, 2));
     op = make_op(k.get(), v.get());
   }
   AppendPagedOp make_op(void* kp, void* vp) const {
     AppendPagedOp o;
-    const int64_t nnz = static_cast<int64_t>(batch_indices.size());
+    const int64_t nnz = static_cast<int64_t>(at.batch_indices.size());
     o.k = contiguous_view(kp, input, {nnz, g.kv_heads, g.head_dim});
     o.v = contiguous_view(vp, input, {nnz, g.kv_heads, g.head_dim});
-    o.batch_indices = batch_indices;
-    o.positions = positions;
-    o.indptr = indptr;
-    o.indices = indices;
-    o.last_page_len = last_page_len;
+    o.batch_indices = at.batch_indices;
+    o.positions = at.positions;
+    o.indptr = at.indptr;
+    o.indices = at.indices;
+    o.last_page_len = at.last_page_len;
     o.k_global_scale = o.v_global_scale = 0.5f;
     return o;
   }
@@ -625,35 +633,27 @@ Case move_case(bool offload, int64_t blocks) {
 struct AppendMlaFixture final : PoolWriteFixture {
   Batch batch;
   Mirrored latent;  // [nnz, 576]: ckv and kpe sliced from one projection
-  std::vector<int32_t> batch_indices, positions, indptr{0}, indices, last_page_len;
+  AppendCoordinates at;
   AppendMlaOp op;
 
   AppendMlaFixture(Backend& b, const PoolGeometry& geometry, int32_t sequences, int32_t tokens)
-      : PoolWriteFixture(b, geometry), batch(sequences, tokens, geometry.tokens_per_block, geometry.primary_blocks, 17) {
+      : PoolWriteFixture(b, geometry), batch(sequences, tokens, geometry.tokens_per_block, geometry.primary_blocks, 17),
+        at(batch) {
     latent = Mirrored(be, random_floats(CacheDtype::bf16, static_cast<int64_t>(sequences) * tokens * g.head_dim, 8));
-    for (int32_t s = 0; s < sequences; ++s) {
-      for (int32_t t = 0; t < tokens; ++t) {
-        batch_indices.push_back(s);
-        positions.push_back(t);
-      }
-      for (int32_t p = 0; p < batch.pages_per_seq; ++p) indices.push_back(batch.table[s * batch.pages_per_seq + p]);
-      indptr.push_back(indptr.back() + batch.pages_per_seq);
-      last_page_len.push_back(tokens - (batch.pages_per_seq - 1) * g.tokens_per_block);
-    }
     op = make_op(latent.get());
   }
   AppendMlaOp make_op(void* p) const {
     AppendMlaOp o;
-    const int64_t nnz = static_cast<int64_t>(batch_indices.size());
+    const int64_t nnz = static_cast<int64_t>(at.batch_indices.size());
     o.ckv = contiguous_view(p, CacheDtype::bf16, {nnz, 512});
     o.ckv.stride[0] = g.head_dim;
     o.kpe = contiguous_view(static_cast<uint16_t*>(p) + 512, CacheDtype::bf16, {nnz, 64});
     o.kpe.stride[0] = g.head_dim;
-    o.batch_indices = batch_indices;
-    o.positions = positions;
-    o.indptr = indptr;
-    o.indices = indices;
-    o.last_page_len = last_page_len;
+    o.batch_indices = at.batch_indices;
+    o.positions = at.positions;
+    o.indptr = at.indptr;
+    o.indices = at.indices;
+    o.last_page_len = at.last_page_len;
     return o;
   }
   double run() override {
