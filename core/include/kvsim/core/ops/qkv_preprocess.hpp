@@ -553,7 +553,9 @@ inline void validate_qkv_preprocess(const KvPools& pools, const QkvPreprocessOp&
     std::unordered_map<int64_t, int64_t> page_of_block;
     for (size_t i = 0; i < pages.size(); ++i) {
       if (i > 0 && pages[i].first == pages[i - 1].first) continue;
-      const auto [logical, pos] = pages[i];
+      // Plain variables, not a structured binding: lambdas below capture them
+      // (clang before 16 cannot capture bindings).
+      const int64_t logical = pages[i].first, pos = pages[i].second;
       auto who = [&] { return pos != kVTailOnly ? "token position " + std::to_string(pos) : std::string("the V-tail zeroing"); };
       if (logical >= op.max_blocks_per_seq)
         fail(ErrorCode::shape_mismatch, detail::qkv_seq(b) + ": " + who() + " needs logical page " +
