@@ -139,7 +139,7 @@ void compare(CheckResult& r, const std::vector<uint8_t>& a, const std::vector<ui
     if (r.first_difference.empty())
       r.first_difference = what + ": " + std::to_string(a.size()) + " bytes against " + std::to_string(b.size());
   }
-  if (std::memcmp(a.data(), b.data(), n) == 0) return;
+  if (n == 0 || std::memcmp(a.data(), b.data(), n) == 0) return;  // memcmp of an empty vector's null data is UB
   for (size_t i = 0; i < n; ++i)
     if (a[i] != b[i]) {
       if (r.first_difference.empty()) {
