@@ -43,6 +43,8 @@ struct BenchOptions {
   bool list = false;
   bool json = false;
   bool sizes_given = false;
+  bool baseline_given = false;
+  bool output_given = false;
 };
 
 // Bytes the largest fixture of the small suite holds at once on the backend
@@ -83,8 +85,15 @@ Baseline load_baseline(const std::string& path) {
   Baseline b;
   try {
     const nlohmann::json j = nlohmann::json::parse(in);
-    for (const auto& row : j.at("rows"))
-      if (row.contains("case") && row.contains("seconds")) b.seconds[row["case"].get<std::string>()] = row["seconds"];
+    for (const auto& row : j.at("rows")) {
+      if (!row.contains("case") || !row.contains("seconds")) continue;  // a skipped configuration
+      const std::string name = row["case"].get<std::string>();
+      const double seconds = row["seconds"].get<double>();
+      if (!std::isfinite(seconds) || seconds <= 0)
+        fail(ErrorCode::bad_argument, "--baseline " + path + ": row '" + name + "' has seconds = " +
+                                          std::to_string(seconds) + ": expected a finite time > 0");
+      b.seconds[name] = seconds;
+    }
     b.about = {{"device", j.value("device", "")}, {"torch", j.value("torch", "")},
                {"copy_gb_per_s", j.value("copy_gbs", 0.0)}};
   } catch (const nlohmann::json::exception& e) {
@@ -94,6 +103,17 @@ Baseline load_baseline(const std::string& path) {
 }
 
 void run_bench(BenchOptions o) {
+  for (const std::string& text : o.only)
+    if (text.empty()) fail(ErrorCode::bad_argument, "--only = '': empty text: expected part of a configuration name");
+  if (o.baseline_given && o.baseline.empty()) fail(ErrorCode::bad_argument, "--baseline = '': empty path");
+  if (o.output_given && o.output.empty()) fail(ErrorCode::bad_argument, "--output = '': empty path");
+  // The report file is opened before anything runs, so an unwritable path
+  // fails with nothing on stdout.
+  std::ofstream report;
+  if (!o.output.empty()) {
+    report.open(o.output);
+    if (!report) fail(ErrorCode::bad_argument, "--output " + o.output + ": cannot write the report");
+  }
   if (o.suite.empty()) o.suite = (o.backend == "cuda" && !o.sizes_given) ? "full" : "small";
   if (o.suite == "full" && o.sizes_given)
     fail(ErrorCode::bad_argument, "--sequences / --tokens size the small suite; --suite full has fixed sizes");
@@ -228,10 +248,10 @@ void run_bench(BenchOptions o) {
     }
   }
   if (o.json) std::cout << out.dump(2) << '\n';
-  if (!o.output.empty()) {
-    std::ofstream file(o.output);
-    file << out.dump(2) << '\n';
-    if (!file) fail(ErrorCode::bad_argument, "--output " + o.output + ": cannot write the report");
+  if (report.is_open()) {
+    report << out.dump(2) << '\n';
+    report.flush();
+    if (!report) fail(ErrorCode::bad_argument, "--output " + o.output + ": cannot write the report");
   }
   if (differing > 0) {
     std::cerr << "kvsim: error: " << differing
@@ -269,6 +289,8 @@ void register_bench(CLI::App& app) {
   cmd->add_flag("--json", opts->json, "print one JSON object");
   cmd->callback([opts, cmd] {
     opts->sizes_given = cmd->count("--sequences") + cmd->count("--tokens") > 0;
+    opts->baseline_given = cmd->count("--baseline") > 0;
+    opts->output_given = cmd->count("--output") > 0;
     run_bench(*opts);
   });  // BackendUnavailable: main's backend_unavailable, exit 2
 }

@@ -120,6 +120,33 @@ TEST_CASE("kvsim bench: option errors are named") {
   const Result only = run("bench --sequences 3 --tokens 5 --only no-such-op");
   CHECK(only.status == 2);
   CHECK(only.out.find("--only matches no configuration") != std::string::npos);
+  for (const char* args : {"--only ''", "--baseline ''", "--output ''", "--output /nonexistent/dir/report.json",
+                           "--only copy_blocks --baseline /dev/null"}) {
+    INFO(args);
+    const std::string cmd = std::string("bench --sequences 3 --tokens 5 --threads 1 --min-seconds 0 ") + args;
+    const std::string both = std::string("'") + KVSIM_BINARY + "' " + cmd + " 2>/dev/null";
+    FILE* p = popen(both.c_str(), "r");
+    REQUIRE(p != nullptr);
+    std::string out;
+    char buf[256];
+    size_t n = 0;
+    while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
+    const int st = pclose(p);
+    CHECK(WEXITSTATUS(st) == 2);
+    CHECK(out.empty());  // nothing on stdout: the table never starts
+    const Result r = run(cmd);
+    CHECK(r.out.find("bad_argument") != std::string::npos);
+  }
+  {
+    FILE* f = fopen("bench_cli_test_negative.json", "w");
+    REQUIRE(f != nullptr);
+    fputs("{\"rows\": [{\"case\": \"x\", \"seconds\": -1}]}", f);
+    fclose(f);
+    const Result r = run("bench --sequences 3 --tokens 5 --baseline bench_cli_test_negative.json");
+    CHECK(r.status == 2);
+    CHECK(r.out.find("expected a finite time > 0") != std::string::npos);
+    std::remove("bench_cli_test_negative.json");
+  }
   const Result baseline = run("bench --sequences 3 --tokens 5 --baseline /nonexistent.json");
   CHECK(baseline.status == 2);
   CHECK(baseline.out.find("--baseline /nonexistent.json: cannot open") != std::string::npos);
