@@ -1,4 +1,4 @@
-// The command line's one number parser (sim/cli/numbers.hpp): the grammar,
+// The command line's one number parser (cli/numbers.hpp): the grammar,
 // the ranges, the error text, and the CLI11 adapters inside a real CLI::App.
 #include <doctest/doctest.h>
 
@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "../../sim/cli/numbers.hpp"
+#include "../../cli/numbers.hpp"
 #include "kvsim/core/errors.hpp"
 
 using namespace kvsim;

@@ -1,4 +1,4 @@
-// libFuzzer target: the command line's one number parser (sim/cli/numbers.hpp)
+// libFuzzer target: the command line's one number parser (cli/numbers.hpp)
 // on arbitrary bytes with fuzzed ranges. Accepts or throws bad_argument, and
 // what it accepts is canonical: an integer is in [min, max] and prints back as
 // its text (decimal) or reparses to itself (hex); a list is its items; a

@@ -1,4 +1,4 @@
-// `kvsim run` end to end (sim/cli/cmd_run.cpp): the --json object's exact
+// `kvsim run` end to end (cli/cmd_run.cpp): the --json object's exact
 // shape (docs/run.md), the terminal table and its throughput line, and the
 // exit codes: 0 all ok, 1 a failed invariant or expectation, 2 bad input.
 #include <doctest/doctest.h>

@@ -1,6 +1,6 @@
 // kvsim's benchmark library (issue 8, SPEC §8): the configurations `kvsim
 // bench` measures, how each is prepared on a backend, timed, and checked
-// against the CPU oracle. The CLI (sim/cli/cmd_bench.cpp) only parses options
+// against the CPU oracle. The CLI (cli/cmd_bench.cpp) only parses options
 // and prints.
 //
 // A case is one op at one configuration. Its fixture owns the inputs and
