@@ -102,45 +102,10 @@ Json strides_json(const PoolStrides& s, int32_t kv_factor) {
   return j;
 }
 
-std::vector<Axis> outer_axes(const PoolGeometry& g, const PoolStrides& s, PoolKind kind) {
-  const Axis block{"block", g.blocks(kind), s.block};
-  const Axis layer{"layer", g.layers, s.layer};
-  const Axis kv{"kv", g.kv_factor, s.kv};
-  if (g.placement == LayerPlacement::in_block) return {block, layer, kv};
-  return {layer, block, kv};
-}
-
-std::vector<Axis> inner_axes(const PoolGeometry& g, const PoolStrides& s, int32_t kv) {
-  const InnerStrides& in = s.inner[kv];
-  const Axis head{"head", g.kv_heads, in.head};
-  const Axis token{"token", g.tokens_per_block, in.token};
-  // Outside split-x K, x == head_dim: dim / x is always 0 and dim % x is dim.
-  const Axis dim{"dim", g.head_dim, in.dim_inner};
-  switch (g.layout) {
-    case BlockLayout::nhd: return {token, head, dim};
-    case BlockLayout::hnd: return {head, token, dim};
-    case BlockLayout::split_x:
-      if (kv == 0) return {head, Axis{"dim/x", g.head_dim / in.x, in.dim_outer}, token, Axis{"x", in.x, in.dim_inner}};
-      return {head, dim, token};
-  }
-  return {};
-}
-
-std::string axes_text(const std::vector<Axis>& axes) {
-  std::string text;
-  for (const Axis& a : axes) text += "[" + a.name + " " + std::to_string(a.extent) + "]";
-  return text;
-}
-
 Json axes_json(const std::vector<Axis>& axes) {
   Json list = Json::array();
   for (const Axis& a : axes) list.push_back(Json{{"name", a.name}, {"extent", a.extent}, {"stride", a.stride}});
   return list;
-}
-
-const char* kv_label(int32_t kv, int32_t kv_factor) {
-  if (kv_factor == 1) return "latent";
-  return kv == 0 ? "K" : "V";
 }
 
 }  // namespace kvsim::cli

@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "kvsim/core.hpp"
+#include "kvsim/sim/explain.hpp"
 
 namespace kvsim::cli {
 
@@ -44,24 +45,12 @@ Json inner_strides_json(const InnerStrides& s);
 // PoolStrides with "inner": {"k": ..., "v": ...}; "v" is null when kv_factor == 1.
 Json strides_json(const PoolStrides& s, int32_t kv_factor);
 
-// One axis of a pool tensor as printed by layout/explain. The order of the
-// axes is the layout's definition (core/geometry.hpp header); every stride is
-// read from core's PoolStrides, never recomputed here.
-struct Axis {
-  std::string name;
-  int64_t extent = 0;
-  int64_t stride = 0;
-};
-// [block][layer][kv] (in_block) or [layer][block][kv] (per_layer).
-std::vector<Axis> outer_axes(const PoolGeometry& g, const PoolStrides& s, PoolKind kind);
-// The block-inner axes of K (kv 0) or V (kv 1): NHD [token][head][dim],
-// HND [head][token][dim], split-x K [head][dim/x][token][x], split-x V [head][dim][token].
-std::vector<Axis> inner_axes(const PoolGeometry& g, const PoolStrides& s, int32_t kv);
-// "[block 64][layer 1][kv 2]"
-std::string axes_text(const std::vector<Axis>& axes);
+// Pool tensor axes (sim/explain.hpp), shared with the explain library.
+using sim::Axis;
+using sim::axes_text;
+using sim::inner_axes;
+using sim::kv_label;
+using sim::outer_axes;
 Json axes_json(const std::vector<Axis>& axes);
-
-// "K" and "V", or "latent" for the single tensor of kv_factor 1 (MLA).
-const char* kv_label(int32_t kv, int32_t kv_factor);
 
 }  // namespace kvsim::cli

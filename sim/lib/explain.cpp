@@ -1,0 +1,380 @@
+// Every step of the index arithmetic for one token (explain.hpp): the numbers
+// come from core; this file only arranges them and shows the formulas.
+#include "kvsim/sim/explain.hpp"
+
+#include <stdexcept>
+
+namespace kvsim::sim {
+namespace {
+
+// The products element_offset() sums, for display; checked against it.
+// The products element_offset() sums, for display; checked against it.
+std::vector<OffsetTerm> offset_terms(const PoolStrides& s, int64_t block, int32_t layer, int32_t kv, int32_t head,
+                               int32_t token, int32_t dim, int32_t head_dim, const std::string& dim_name) {
+  const InnerStrides& in = s.inner[kv];
+  std::vector<OffsetTerm> terms{{"block", block, s.block},
+                          {"layer", layer, s.layer},
+                          {"kv", kv, s.kv},
+                          {"head", head, in.head},
+                          {"token", token, in.token}};
+  if (in.x == head_dim) {
+    terms.push_back({dim_name, dim, in.dim_inner});
+  } else {
+    terms.push_back({dim_name + "/x", dim / in.x, in.dim_outer});
+    terms.push_back({dim_name + "%x", dim % in.x, in.dim_inner});
+  }
+  return terms;
+}
+
+void check_terms(const std::vector<OffsetTerm>& terms, int64_t core_offset) {
+  int64_t sum = 0;
+  for (const OffsetTerm& t : terms) sum += t.index * t.stride;
+  if (sum != core_offset)
+    throw std::logic_error("explain's displayed stride terms sum to " + std::to_string(sum) +
+                           " but element_offset gives " + std::to_string(core_offset));
+}
+
+}  // namespace
+
+std::string terms_formula(const std::vector<OffsetTerm>& terms) {
+  std::string names, numbers;
+  for (size_t i = 0; i < terms.size(); ++i) {
+    const std::string& a = terms[i].axis;
+    const bool compound = a.find_first_of("/%") != std::string::npos;
+    names += (i ? " + " : "") + (compound ? "(" + a + ")" : a) + "*" + std::to_string(terms[i].stride);
+    numbers += (i ? " + " : "") + std::to_string(terms[i].index) + "*" + std::to_string(terms[i].stride);
+  }
+  return names + " = " + numbers;
+}
+
+Explanation explain(const ExplainRequest& o) {
+  Explanation e;
+  e.g = o.geometry;
+  validate_geometry(e.g);
+  const PoolGeometry& g = e.g;
+
+  if (o.one_more_block && o.window == 0)
+    fail(ErrorCode::bad_window, "--one-more-block needs a window (--window W > 0)");
+  e.window = WindowMapping::make(o.window, o.sinks, g.tokens_per_block, o.one_more_block);
+  validate_window(e.window);
+
+  auto out_of_range = [](const char* what, int64_t value, int64_t limit, const char* limit_name) {
+    fail(ErrorCode::bad_argument, std::string(what) + " = " + std::to_string(value) + ": rule: " + what +
+                                      " must be in [0, " + limit_name + " = " + std::to_string(limit) + ")");
+  };
+  if (o.token < 0) fail(ErrorCode::bad_argument, "token = " + std::to_string(o.token) + ": rule: token >= 0");
+  if (o.layer < 0 || o.layer >= g.layers) out_of_range("layer", o.layer, g.layers, "layers");
+  if (o.head < 0 || o.head >= g.kv_heads) out_of_range("head", o.head, g.kv_heads, "kv_heads");
+  if (o.dim < 0 || o.dim >= g.head_dim) out_of_range("dim", o.dim, g.head_dim, "head_dim");
+  e.token = o.token;
+  e.layer = o.layer;
+  e.head = o.head;
+  e.dim = o.dim;
+
+  // Step 1: window mapping (identity without a window).
+  e.cache_token = e.window.cache_token(e.token);
+  e.divider = g.page_divider();
+  const std::string token_path = "token " + std::to_string(e.token) + " (cache token " + std::to_string(e.cache_token);
+
+  // Steps 2-3: page divide and table lookup.
+  std::string where;
+  if (!o.csr) {
+    e.block_table = o.block_table;
+    const DenseBlockTable table{e.block_table.data(), 1, static_cast<int32_t>(e.block_table.size())};
+    e.linear_token = e.cache_token;
+    e.logical_page = e.divider.div(e.cache_token);
+    e.entry = e.divider.mod(e.cache_token);
+    e.page_slot = e.logical_page;
+    if (e.logical_page >= table.max_blocks_per_seq)
+      fail(ErrorCode::position_beyond_sequence,
+           token_path + ") is on logical page " + std::to_string(e.logical_page) + " but the block table has " +
+               std::to_string(table.max_blocks_per_seq) + " entries: rule: logical page < table entries");
+    e.ref = table.block_at(0, e.logical_page);
+    where = token_path + ", logical page " + std::to_string(e.logical_page) + ", entry " + std::to_string(e.entry) +
+            "): block_table[" + std::to_string(e.page_slot) + "]";
+  } else {
+    e.csr = true;
+    e.indptr = o.indptr;
+    e.indices = o.indices;
+    e.last_page_len = o.last_page_len;
+    validate_csr(e.indptr, e.indices, e.last_page_len, g, /*for_write=*/false);
+    const CsrPageTable csr = make_csr_view(e.indptr, e.indices, e.last_page_len, g);
+    if (o.seq < 0 || o.seq >= csr.batch) out_of_range("seq", o.seq, csr.batch, "batch");
+    e.seq = o.seq;
+    e.length = csr.length(e.seq);
+    if (e.cache_token >= e.length)
+      fail(ErrorCode::position_beyond_sequence,
+           "sequence " + std::to_string(e.seq) + ", " + token_path + "): rule: position < length = (pages - 1) * P + " +
+               "last_page_len = " + std::to_string(e.length));
+    e.linear_token = static_cast<int64_t>(e.indptr[e.seq]) * g.tokens_per_block + e.cache_token;
+    csr.locate(e.seq, e.cache_token, e.page_slot, e.entry);
+    e.logical_page = e.page_slot - e.indptr[e.seq];
+    e.ref = csr.block_at(e.page_slot);
+    where = "sequence " + std::to_string(e.seq) + ", " + token_path + ", logical page " +
+            std::to_string(e.logical_page) + ", entry " + std::to_string(e.entry) + "): indices[" +
+            std::to_string(e.page_slot) + "]";
+  }
+  // BAD_PAGE, out-of-range ids and secondary (not onboarded) references all
+  // stop here with core's named error.
+  validate_block_ref(e.ref, g, where, /*is_write=*/true);
+  // The rest of a dense table is checked as validate_csr checks every CSR
+  // entry (a read: BAD_PAGE allowed), so one table is accepted or rejected
+  // the same in either form, whichever page the token is on.
+  if (!e.csr)
+    for (size_t i = 0; i < e.block_table.size(); ++i)
+      validate_block_ref(BlockRef{e.block_table[i]}, g, "block_table[" + std::to_string(i) + "]", /*is_write=*/false);
+  const int64_t block = e.ref.block();
+  e.slot = block * g.tokens_per_block + e.entry;
+  const SlotLocation back = locate_slot(e.slot, e.divider);
+  if (back.block != block || back.entry != e.entry)
+    throw std::logic_error("vLLM slot " + std::to_string(e.slot) + " does not locate back to its block and entry");
+
+  // Steps 4-6: element, byte and scale offsets.
+  e.strides = contiguous_strides(g, e.ref.pool());
+  if (g.has_scale_pool()) e.scale_strides = contiguous_strides(g.scale_geometry(), e.ref.pool());
+  for (int32_t kv = 0; kv < g.kv_factor; ++kv) {
+    TensorOffsets t;
+    t.kv = kv;
+    t.element = element_offset(e.strides, block, e.layer, kv, e.head, e.entry, e.dim);
+    t.terms = offset_terms(e.strides, block, e.layer, kv, e.head, e.entry, e.dim, g.head_dim, "dim");
+    check_terms(t.terms, t.element);
+    t.byte = element_byte_offset(t.element, g.dtype);
+    if (e.scale_strides) {
+      const PoolGeometry sg = g.scale_geometry();
+      t.high_nibble = (t.element & 1) != 0;  // codec::nibble_at: element 2i low, 2i+1 high
+      t.scale_element = scale_offset(*e.scale_strides, block, e.layer, kv, e.head, e.entry, e.dim);
+      t.scale_terms = offset_terms(*e.scale_strides, block, e.layer, kv, e.head, e.entry,
+                                   e.dim / codec::kNvfp4BlockElems, sg.head_dim, "dim/16");
+      check_terms(t.scale_terms, t.scale_element);
+      t.scale_byte = element_byte_offset(t.scale_element, sg.dtype);
+    }
+    e.tensors.push_back(t);
+  }
+  return e;
+}
+
+// ---------------------------------------------------------------- formulas (shared by text and JSON)
+
+std::string window_formula(const Explanation& e) {
+  const WindowMapping& w = e.window;
+  if (!w.enabled()) return "no window: cache_token = token = " + std::to_string(e.cache_token);
+  if (w.is_sink(e.token))
+    return "token " + std::to_string(e.token) + " < sinks " + std::to_string(w.sinks) + ": cache_token = token = " +
+           std::to_string(e.cache_token);
+  // The ring index shown is read back from core's result, not recomputed.
+  const int64_t ring = e.cache_token - w.sinks - w.bubble;
+  return "cache_token = S + bubble + (t - S) mod cyclic_len = " + std::to_string(w.sinks) + " + " +
+         std::to_string(w.bubble) + " + (" + std::to_string(e.token) + " - " + std::to_string(w.sinks) + ") mod " +
+         std::to_string(w.cyclic_len) + " = " + std::to_string(w.sinks) + " + " + std::to_string(w.bubble) + " + " +
+         std::to_string(ring) + " = " + std::to_string(e.cache_token);
+}
+
+std::string bubble_formula(const WindowMapping& w) {
+  const int32_t P = w.tokens_per_block;
+  return "bubble = (S mod P == 0) ? 0 : P - S mod P = (" + std::to_string(w.sinks) + " mod " + std::to_string(P) +
+         " == 0) ? 0 : " + std::to_string(P) + " - " + std::to_string(w.sinks % P) + " = " + std::to_string(w.bubble);
+}
+
+std::string cyclic_formula(const WindowMapping& w) {
+  if (w.one_more_block)
+    return "cyclic_len = W + P - S = " + std::to_string(w.window) + " + " + std::to_string(w.tokens_per_block) +
+           " - " + std::to_string(w.sinks) + " = " + std::to_string(w.cyclic_len);
+  return "cyclic_len = W - S = " + std::to_string(w.window) + " - " + std::to_string(w.sinks) + " = " +
+         std::to_string(w.cyclic_len);
+}
+
+std::string page_formula(const Explanation& e) {
+  const std::string x = e.csr ? "linear" : "cache_token";
+  const std::string v = std::to_string(e.linear_token);
+  const std::string lhs = e.csr ? "page_slot" : "logical_page";
+  if (e.divider.pow2)
+    return lhs + " = " + x + " >> " + std::to_string(e.divider.shift) + " = " + v + " >> " +
+           std::to_string(e.divider.shift) + " = " + std::to_string(e.page_slot) + "; entry = " + x + " & " +
+           std::to_string(e.divider.page_size - 1) + " = " + v + " & " + std::to_string(e.divider.page_size - 1) +
+           " = " + std::to_string(e.entry);
+  return lhs + " = " + x + " / P = " + v + " / " + std::to_string(e.divider.page_size) + " = " +
+         std::to_string(e.page_slot) + "; entry = " + x + " % P = " + v + " % " + std::to_string(e.divider.page_size) +
+         " = " + std::to_string(e.entry);
+}
+
+std::string csr_linear_formula(const Explanation& e) {
+  return "linear = indptr[b] * P + cache_token = " + std::to_string(e.indptr[e.seq]) + " * " +
+         std::to_string(e.g.tokens_per_block) + " + " + std::to_string(e.cache_token) + " = " +
+         std::to_string(e.linear_token);
+}
+
+std::string csr_length_formula(const Explanation& e) {
+  const int64_t pages = e.indptr[e.seq + 1] - e.indptr[e.seq];
+  return "length = (pages - 1) * P + last_page_len[b] = (" + std::to_string(pages) + " - 1) * " +
+         std::to_string(e.g.tokens_per_block) + " + " + std::to_string(e.last_page_len[e.seq]) + " = " +
+         std::to_string(e.length);
+}
+
+std::string slot_formula(const Explanation& e) {
+  return "slot = block * P + entry = " + std::to_string(e.ref.block()) + " * " + std::to_string(e.g.tokens_per_block) +
+         " + " + std::to_string(e.entry) + " = " + std::to_string(e.slot);
+}
+
+std::string byte_formula(int64_t element, int64_t byte, int bits) {
+  return "byte = offset * " + std::to_string(bits) + " / 8 = " + std::to_string(element) + " * " +
+         std::to_string(bits) + " / 8 = " + std::to_string(byte);
+}
+
+std::string table_lookup_text(const Explanation& e) {
+  const std::string arr = e.csr ? "indices" : "block_table";
+  return arr + "[" + std::to_string(e.page_slot) + "] = " + std::to_string(e.ref.raw) + " -> " +
+         (e.ref.is_secondary() ? "secondary" : "primary") + " block " + std::to_string(e.ref.block());
+}
+
+std::string pool_tensor_text(const PoolGeometry& g, const PoolStrides& s, PoolKind kind) {
+  std::string text = axes_text(outer_axes(g, s, kind));
+  if (g.layout == BlockLayout::split_x && g.kv_factor == 2)
+    return text + " then K " + axes_text(inner_axes(g, s, 0)) + ", V " + axes_text(inner_axes(g, s, 1));
+  return text + axes_text(inner_axes(g, s, 0));
+}
+
+std::vector<Axis> outer_axes(const PoolGeometry& g, const PoolStrides& s, PoolKind kind) {
+  const Axis block{"block", g.blocks(kind), s.block};
+  const Axis layer{"layer", g.layers, s.layer};
+  const Axis kv{"kv", g.kv_factor, s.kv};
+  if (g.placement == LayerPlacement::in_block) return {block, layer, kv};
+  return {layer, block, kv};
+}
+
+std::vector<Axis> inner_axes(const PoolGeometry& g, const PoolStrides& s, int32_t kv) {
+  const InnerStrides& in = s.inner[kv];
+  const Axis head{"head", g.kv_heads, in.head};
+  const Axis token{"token", g.tokens_per_block, in.token};
+  // Outside split-x K, x == head_dim: dim / x is always 0 and dim % x is dim.
+  const Axis dim{"dim", g.head_dim, in.dim_inner};
+  switch (g.layout) {
+    case BlockLayout::nhd: return {token, head, dim};
+    case BlockLayout::hnd: return {head, token, dim};
+    case BlockLayout::split_x:
+      if (kv == 0) return {head, Axis{"dim/x", g.head_dim / in.x, in.dim_outer}, token, Axis{"x", in.x, in.dim_inner}};
+      return {head, dim, token};
+  }
+  return {};
+}
+
+std::string axes_text(const std::vector<Axis>& axes) {
+  std::string text;
+  for (const Axis& a : axes) text += "[" + a.name + " " + std::to_string(a.extent) + "]";
+  return text;
+}
+
+const char* kv_label(int32_t kv, int32_t kv_factor) {
+  if (kv_factor == 1) return "latent";
+  return kv == 0 ? "K" : "V";
+}
+
+std::string join_numbers(const std::vector<int32_t>& v) {
+  std::string s;
+  for (size_t i = 0; i < v.size(); ++i) s += (i ? "," : "") + std::to_string(v[i]);
+  return s;
+}
+// ---------------------------------------------------------------- the steps as text lines
+
+std::vector<std::string> explain_header(const Explanation& e) {
+  const PoolGeometry& g = e.g;
+  return {"kvsim explain: token " + std::to_string(e.token) + ", layer " + std::to_string(e.layer) + ", head " +
+              std::to_string(e.head) + ", dim " + std::to_string(e.dim),
+          "geometry: " + geometry_summary(g) + ", " + std::to_string(g.primary_blocks) + " primary blocks, " +
+              std::to_string(g.secondary_blocks) + " secondary",
+          "pool tensor: " + pool_tensor_text(g, e.strides, e.ref.pool())};
+}
+
+std::vector<ExplainStep> explain_steps(const Explanation& e) {
+  const PoolGeometry& g = e.g;
+  const std::string P = std::to_string(g.tokens_per_block);
+  const std::string bits = std::to_string(bits_per_element(g.dtype));
+  std::vector<ExplainStep> steps;
+
+  ExplainStep window{"window", "window mapping", {}};
+  if (e.window.enabled()) {
+    window.lines.push_back("W = " + std::to_string(e.window.window) + ", S = " + std::to_string(e.window.sinks) +
+                           ", P = " + P + (e.window.one_more_block ? ", one more block" : ""));
+    window.lines.push_back(bubble_formula(e.window));
+    window.lines.push_back(cyclic_formula(e.window));
+  }
+  window.lines.push_back(window_formula(e));
+  steps.push_back(window);
+
+  ExplainStep page{"page", "page divide (P = " + P + ", " +
+                               (e.divider.pow2 ? "power of two: shift/mask path, shift " +
+                                                     std::to_string(e.divider.shift) + ", mask " +
+                                                     std::to_string(e.divider.page_size - 1)
+                                               : std::string("not a power of two: integer divide")) +
+                               ")",
+                   {}};
+  if (e.csr) {
+    page.lines.push_back("CSR sequence " + std::to_string(e.seq) + ": indptr [" + join_numbers(e.indptr) +
+                         "], indices [" + join_numbers(e.indices) + "], last_page_len [" +
+                         join_numbers(e.last_page_len) + "]");
+    page.lines.push_back(csr_length_formula(e));
+    page.lines.push_back(csr_linear_formula(e));
+    page.lines.push_back(page_formula(e));
+    page.lines.push_back("logical_page = page_slot - indptr[b] = " + std::to_string(e.page_slot) + " - " +
+                         std::to_string(e.indptr[e.seq]) + " = " + std::to_string(e.logical_page));
+  } else {
+    page.lines.push_back(page_formula(e));
+  }
+  steps.push_back(page);
+
+  steps.push_back({"table",
+                   std::string("block table") + (e.csr ? "" : " [" + join_numbers(e.block_table) + "]"),
+                   {table_lookup_text(e), "vLLM " + slot_formula(e)}});
+
+  ExplainStep element{"element",
+                      std::string("element offsets (contiguous_strides + element_offset, unit ") +
+                          (g.dtype == CacheDtype::nvfp4 ? "nibble" : "element") + ")",
+                      {}};
+  if (g.layout == BlockLayout::split_x)
+    element.lines.push_back("split-x: x = 16 bytes / " + std::to_string(bits_per_element(g.dtype) / 8) +
+                            " bytes = " + std::to_string(g.split_x()) + "; K splits dim " + std::to_string(e.dim) +
+                            " into dim/x = " + std::to_string(e.dim / g.split_x()) +
+                            ", dim%x = " + std::to_string(e.dim % g.split_x()) + "; V is [head][dim][token]");
+  for (const TensorOffsets& t : e.tensors)
+    element.lines.push_back(std::string(kv_label(t.kv, g.kv_factor)) + " = " + terms_formula(t.terms) + " = " +
+                            std::to_string(t.element));
+  if (g.kv_factor == 1) element.lines.push_back("(kv_factor 1: one latent tensor, no V)");
+  steps.push_back(element);
+
+  ExplainStep byte{"byte", "byte offsets (" + std::string(dtype_name(g.dtype)) + ", " + bits + " bits)", {}};
+  for (const TensorOffsets& t : e.tensors) {
+    std::string line = std::string(kv_label(t.kv, g.kv_factor)) + " " +
+                       byte_formula(t.element, t.byte, bits_per_element(g.dtype));
+    if (e.scale_strides)
+      line += std::string(", ") + (t.high_nibble ? "high" : "low") + " nibble (element 2i low, 2i+1 high)";
+    byte.lines.push_back(line);
+  }
+  steps.push_back(byte);
+
+  if (e.scale_strides) {
+    const PoolGeometry sg = g.scale_geometry();
+    ExplainStep scale{"scale",
+                      "nvfp4 scale pool (one " + std::string(dtype_name(sg.dtype)) + " byte per " +
+                          std::to_string(codec::kNvfp4BlockElems) + " elements; dim " + std::to_string(e.dim) +
+                          " is in scale group " + std::to_string(e.dim / codec::kNvfp4BlockElems) + ")",
+                      {"scale pool tensor: " + pool_tensor_text(sg, *e.scale_strides, e.ref.pool())}};
+    for (const TensorOffsets& t : e.tensors)
+      scale.lines.push_back(std::string(kv_label(t.kv, g.kv_factor)) + " scale = " + terms_formula(t.scale_terms) +
+                            " = " + std::to_string(t.scale_element) + " -> byte " + std::to_string(t.scale_byte));
+    steps.push_back(scale);
+  }
+  return steps;
+}
+
+std::string explain_text(const Explanation& e) {
+  std::string text;
+  for (const std::string& line : explain_header(e)) text += line + "\n";
+  text += "\n";
+  const std::vector<ExplainStep> steps = explain_steps(e);
+  for (size_t i = 0; i < steps.size(); ++i) {
+    text += std::to_string(i + 1) + ". " + steps[i].title + "\n";
+    for (const std::string& line : steps[i].lines) text += "   " + line + "\n";
+  }
+  return text;
+}
+
+}  // namespace kvsim::sim
