@@ -31,29 +31,63 @@ BlockManagerConfig BlockManagerConfig::from(const Scenario& s) {
   c.one_more_block = s.window.one_more_block;
   for (Fault f : s.faults)
     if (f == Fault::reused_block_mismatch) c.fault_serve_wrong_blocks = true;
+  if (s.layers.enabled)
+    for (const KvGroup& g : kv_groups(s)) c.groups.push_back({g.mode, g.window, g.sinks, g.one_more_block, g.pool});
   return c;
 }
 
 BlockManager::BlockManager(const BlockManagerConfig& config, BlockMover* mover) : config_(config), mover_(mover) {
   if (config_.primary_blocks < 1 || config_.page_size < 1 || config_.secondary_blocks < 0)
     fail(ErrorCode::bad_scenario, "block manager: primary_blocks >= 1, page_size >= 1 and secondary_blocks >= 0");
-  if (config_.window_mode != WindowMode::none && config_.reuse)
-    fail(ErrorCode::bad_scenario,
-         "block manager: prefix reuse with a sliding window is not modelled (TensorRT-LLM disables block reuse "
-         "for cyclic windows)");
-  if (config_.window_mode != WindowMode::none) {
-    mapping_ = WindowMapping::make(config_.window, config_.sinks, config_.page_size, config_.one_more_block);
-    validate_window(mapping_);
+  if (config_.groups.empty())
+    config_.groups.push_back({config_.window_mode, config_.window, config_.sinks, config_.one_more_block, 0});
+  int32_t pools = 0;
+  for (size_t i = 0; i < config_.groups.size(); ++i) {
+    const GroupConfig& gc = config_.groups[i];
+    if (gc.pool < 0 || gc.pool > static_cast<int32_t>(i) || gc.pool > pools)
+      fail(ErrorCode::bad_scenario, "block manager: group " + std::to_string(i) + " names pool " +
+                                        std::to_string(gc.pool) + ": rule: pools are numbered in order of first use");
+    if ((gc.mode == WindowMode::cyclic || gc.mode == WindowMode::release) && config_.reuse)
+      fail(ErrorCode::bad_scenario,
+           "block manager: prefix reuse with a ring window is not modelled (TensorRT-LLM disables block reuse "
+           "for cyclic windows; kvsim's release ring reuses pages for other tokens)");
+    Group g;
+    g.config = gc;
+    if (gc.mode == WindowMode::sliding) {
+      g.mapping = WindowMapping::make_linear(gc.window, gc.sinks, config_.page_size);
+      validate_window(g.mapping);
+    } else if (gc.mode != WindowMode::none) {
+      g.mapping = WindowMapping::make(gc.window, gc.sinks, config_.page_size, gc.one_more_block);
+      validate_window(g.mapping);
+    }
+    g.root = i == 0 ? kRootKey : mix(kRootKey, 0x6700 + i);
+    groups_.push_back(g);
+    pools = std::max(pools, gc.pool + 1);
   }
-  primary_.resize(static_cast<size_t>(config_.primary_blocks));
-  for (int64_t b = config_.primary_blocks - 1; b >= 0; --b) free_primary_.push_back(static_cast<int32_t>(b));
-  for (int64_t b = config_.secondary_blocks - 1; b >= 0; --b) free_secondary_.push_back(static_cast<int32_t>(b));
-  if (config_.window_mode == WindowMode::release) {
+  if (!single_legacy_group() && (config_.partial_reuse || config_.offload))
+    fail(ErrorCode::bad_scenario, "block manager: partial reuse and offload are modelled for one full-attention "
+                                  "or ring-window group only");
+  pools_.resize(static_cast<size_t>(pools));
+  for (int32_t p = 0; p < pools; ++p) {
+    Pool& pool = pools_[p];
+    pool.blocks.resize(static_cast<size_t>(config_.primary_blocks));
+    for (int64_t b = config_.primary_blocks - 1; b >= 0; --b) pool.free.push_back(static_cast<int32_t>(b));
+    bool null_block = false;
+    for (const Group& g : groups_)
+      null_block = null_block || (g.config.pool == p && (g.config.mode == WindowMode::release ||
+                                                         g.config.mode == WindowMode::sliding));
+    if (!null_block) continue;
     if (config_.primary_blocks < 2)
-      fail(ErrorCode::bad_scenario, "block manager: release mode reserves block 0 as the null block: primary_blocks >= 2");
-    primary_[kNullBlock].reserved = true;
-    free_primary_.erase(std::find(free_primary_.begin(), free_primary_.end(), kNullBlock));
+      fail(ErrorCode::bad_scenario,
+           "block manager: release and sliding windows reserve block 0 as the null block: primary_blocks >= 2");
+    pool.blocks[kNullBlock].reserved = true;
+    pool.free.erase(std::find(pool.free.begin(), pool.free.end(), kNullBlock));
   }
+  for (int64_t b = config_.secondary_blocks - 1; b >= 0; --b) free_secondary_.push_back(static_cast<int32_t>(b));
+}
+
+bool BlockManager::single_legacy_group() const {
+  return groups_.size() == 1 && groups_[0].config.mode != WindowMode::sliding;
 }
 
 uint64_t BlockManager::block_key(uint64_t parent, std::span<const int32_t> tokens) const {
@@ -71,35 +105,39 @@ const BlockManager::Node* BlockManager::find_node(uint64_t parent, std::span<con
   return &n;
 }
 
-void BlockManager::touch_lru(int32_t block) {
-  primary_lru_.push_back(block);
-  primary_lru_pos_[block] = std::prev(primary_lru_.end());
+void BlockManager::touch_lru(int32_t pool, int32_t block) {
+  Pool& p = pools_[pool];
+  p.lru.push_back(block);
+  p.lru_pos[block] = std::prev(p.lru.end());
 }
 
-void BlockManager::ref(int32_t block) {
-  PrimaryBlock& b = primary_[block];
+void BlockManager::ref(int32_t pool, int32_t block) {
+  Pool& p = pools_[pool];
+  PrimaryBlock& b = p.blocks[block];
   if (b.refs == 0 && b.node) {
-    auto it = primary_lru_pos_.find(block);
-    primary_lru_.erase(it->second);
-    primary_lru_pos_.erase(it);
+    auto it = p.lru_pos.find(block);
+    p.lru.erase(it->second);
+    p.lru_pos.erase(it);
   }
   ++b.refs;
 }
 
-void BlockManager::unref(int32_t block) {
-  PrimaryBlock& b = primary_[block];
+void BlockManager::unref(int32_t pool, int32_t block) {
+  Pool& p = pools_[pool];
+  PrimaryBlock& b = p.blocks[block];
   if (--b.refs > 0) return;
   if (b.node)
-    touch_lru(block);
+    touch_lru(pool, block);
   else
-    free_primary_.push_back(block);
+    p.free.push_back(block);
 }
 
-void BlockManager::evict(int32_t block) {
-  PrimaryBlock& b = primary_[block];
-  auto pos = primary_lru_pos_.find(block);
-  primary_lru_.erase(pos->second);
-  primary_lru_pos_.erase(pos);
+void BlockManager::evict(int32_t pool, int32_t block) {
+  Pool& p = pools_[pool];
+  PrimaryBlock& b = p.blocks[block];
+  auto pos = p.lru_pos.find(block);
+  p.lru.erase(pos->second);
+  p.lru_pos.erase(pos);
   const uint64_t key = *b.node;
   b.node.reset();
   ++counters_.evicted_blocks;
@@ -133,32 +171,46 @@ void BlockManager::forget_node(uint64_t key) {
   nodes_.erase(key);
 }
 
-std::optional<int32_t> BlockManager::take_block() {
-  if (!free_primary_.empty()) {
-    const int32_t b = free_primary_.back();
-    free_primary_.pop_back();
+std::optional<int32_t> BlockManager::take_block(int32_t pool) {
+  Pool& p = pools_[pool];
+  if (!p.free.empty()) {
+    const int32_t b = p.free.back();
+    p.free.pop_back();
     return b;
   }
-  if (primary_lru_.empty()) return std::nullopt;
-  const int32_t b = primary_lru_.front();
-  evict(b);
+  if (p.lru.empty()) return std::nullopt;
+  const int32_t b = p.lru.front();
+  evict(pool, b);
   return b;
 }
 
-int64_t BlockManager::available_blocks() const {
-  return static_cast<int64_t>(free_primary_.size() + primary_lru_.size());
+int64_t BlockManager::available_blocks(int32_t pool) const {
+  return static_cast<int64_t>(pools_[pool].free.size() + pools_[pool].lru.size());
 }
 
-int64_t BlockManager::pages_for(int64_t length) const {
-  const int64_t slots = mapping_.cache_length(length);
+int64_t BlockManager::available_blocks() const {
+  int64_t n = 0;
+  for (int32_t p = 0; p < static_cast<int32_t>(pools_.size()); ++p) n += available_blocks(p);
+  return n;
+}
+
+int64_t BlockManager::pages_for(int64_t length, int32_t group) const {
+  const int64_t slots = groups_[group].mapping.cache_length(length);
   return (slots + config_.page_size - 1) / config_.page_size;
 }
 
 MatchResult BlockManager::add_sequence(SeqId seq, std::span<const int32_t> prompt) {
   if (seqs_.count(seq)) fail(ErrorCode::bad_argument, "block manager: sequence " + std::to_string(seq) + " exists");
   Sequence& s = seqs_[seq];
+  s.tables.resize(groups_.size());
   MatchResult m;
   if (!config_.reuse || prompt.empty()) return m;
+  if (!single_legacy_group()) {
+    m = match_groups(s, prompt);
+    counters_.reuse_hit_tokens += m.tokens();
+    return m;
+  }
+  Table& tb = s.tables[0];
   const int64_t P = config_.page_size;
   const int64_t limit = static_cast<int64_t>(prompt.size()) - 1;  // the last prompt token is always recomputed
   uint64_t parent = kRootKey;
@@ -168,34 +220,34 @@ MatchResult BlockManager::add_sequence(SeqId seq, std::span<const int32_t> promp
     if (!found) break;
     Node& node = nodes_.at(found->key);
     if (node.pool == PoolKind::secondary) {  // onboard the hit into a primary block
-      const auto dst = take_block();
+      const auto dst = take_block(0);
       if (!dst) break;
       if (mover_) mover_->onboard(node.block, *dst);
       secondary_lru_.erase(std::find(secondary_lru_.begin(), secondary_lru_.end(), node.key));
       free_secondary_.push_back(node.block);
       node.pool = PoolKind::primary;
       node.block = *dst;
-      primary_[*dst].node = node.key;
+      pools_[0].blocks[*dst].node = node.key;
       ++counters_.onboarded_blocks;
-      ++primary_[*dst].refs;
+      ++pools_[0].blocks[*dst].refs;
     } else {
-      ref(node.block);
+      ref(0, node.block);
     }
-    s.blocks.push_back(node.block);
-    s.keys.push_back(node.key);
+    tb.blocks.push_back(node.block);
+    tb.keys.push_back(node.key);
     parent = node.key;
     m.full_tokens += P;
   }
-  s.registered_blocks = static_cast<int64_t>(s.keys.size());
-  if (config_.fault_serve_wrong_blocks && !s.blocks.empty()) {
-    if (s.blocks.size() >= 2) {
-      std::rotate(s.blocks.begin(), s.blocks.begin() + 1, s.blocks.end());
+  tb.registered_blocks = static_cast<int64_t>(tb.keys.size());
+  if (config_.fault_serve_wrong_blocks && !tb.blocks.empty()) {
+    if (tb.blocks.size() >= 2) {
+      std::rotate(tb.blocks.begin(), tb.blocks.begin() + 1, tb.blocks.end());
     } else {
-      for (int32_t other : primary_lru_)  // any other cached block will do
-        if (other != s.blocks[0]) {
-          unref(s.blocks[0]);
-          ref(other);
-          s.blocks[0] = other;
+      for (int32_t other : pools_[0].lru)  // any other cached block will do
+        if (other != tb.blocks[0]) {
+          unref(0, tb.blocks[0]);
+          ref(0, other);
+          tb.blocks[0] = other;
           break;
         }
     }
@@ -217,15 +269,15 @@ MatchResult BlockManager::add_sequence(SeqId seq, std::span<const int32_t> promp
       }
     }
     if (best > 0) {
-      ref(src);  // keep the source out of eviction while the copy's destination is taken
-      const auto dst = take_block();
+      ref(0, src);  // keep the source out of eviction while the copy's destination is taken
+      const auto dst = take_block(0);
       if (dst) {
         if (mover_) mover_->partial_copy(src, *dst, static_cast<int32_t>(best));
-        primary_[*dst].refs = 1;
-        s.blocks.push_back(*dst);
+        pools_[0].blocks[*dst].refs = 1;
+        tb.blocks.push_back(*dst);
         m.partial_tokens = best;
       }
-      unref(src);
+      unref(0, src);
     }
   }
   counters_.reuse_hit_tokens += m.tokens();
@@ -233,15 +285,87 @@ MatchResult BlockManager::add_sequence(SeqId seq, std::span<const int32_t> promp
   return m;
 }
 
-std::vector<int64_t> BlockManager::pages_to_fill(const Sequence& s, int64_t length) const {
+// vLLM's hybrid hit rule. Per group, found[i] says whether block i of the
+// prompt is cached in that group's chain. A full group serves a hit of e
+// blocks when blocks [0, e) are found; a sliding group when the blocks of the
+// last W - S tokens before token e * P are (cdiv(W - S - 1, P) blocks, vLLM's
+// sliding_window_contiguous_blocks) and so are the sinks' blocks. The hit is
+// the largest e every group serves: starting from every full block of the
+// prompt but its last token, each group in turn lowers it to the largest e it
+// serves up to there, until no group lowers it.
+MatchResult BlockManager::match_groups(Sequence& s, std::span<const int32_t> prompt) {
+  const int64_t P = config_.page_size;
+  const int64_t limit = static_cast<int64_t>(prompt.size()) - 1;
+  const int64_t max_blocks = limit / P;
+  const size_t G = groups_.size();
+  std::vector<std::vector<uint64_t>> keys(G);
+  std::vector<std::vector<const Node*>> found(G);
+  for (size_t g = 0; g < G; ++g) {
+    uint64_t parent = groups_[g].root;
+    for (int64_t i = 0; i < max_blocks; ++i) {
+      const auto block_tokens = prompt.subspan(static_cast<size_t>(i * P), static_cast<size_t>(P));
+      const Node* n = find_node(parent, block_tokens);
+      if (n && n->pool != PoolKind::primary) n = nullptr;
+      found[g].push_back(n);
+      parent = block_key(parent, block_tokens);
+      keys[g].push_back(parent);
+    }
+  }
+  // The blocks a group needs for a hit of e blocks: [0, e), or for a sliding
+  // group the sinks' blocks and the window's blocks before e.
+  auto needed = [&](size_t g, int64_t e, int64_t i) {
+    const Group& grp = groups_[g];
+    if (grp.config.mode != WindowMode::sliding) return true;
+    const int64_t sink_blocks = (grp.config.sinks + P - 1) / P;
+    const int64_t recent = grp.config.window - grp.config.sinks;
+    const int64_t window_blocks = (recent - 1 + P - 1) / P;
+    return i < sink_blocks || i >= e - window_blocks;
+  };
+  auto serves = [&](size_t g, int64_t e) {
+    for (int64_t i = 0; i < e; ++i)
+      if (needed(g, e, i) && !found[g][i]) return false;
+    return true;
+  };
+  int64_t hit = max_blocks;
+  for (bool lowered = true; lowered;) {
+    lowered = false;
+    for (size_t g = 0; g < G; ++g)
+      while (hit > 0 && !serves(g, hit)) {
+        --hit;
+        lowered = true;
+      }
+  }
+  for (size_t g = 0; g < G; ++g) {
+    Table& tb = s.tables[g];
+    const int32_t pool = groups_[g].config.pool;
+    for (int64_t i = 0; i < hit; ++i) {
+      if (needed(g, hit, i)) {
+        ref(pool, found[g][i]->block);
+        tb.blocks.push_back(found[g][i]->block);
+      } else {
+        tb.blocks.push_back(kNullBlock);
+      }
+      tb.keys.push_back(keys[g][i]);
+    }
+    tb.registered_blocks = hit;
+    if (config_.fault_serve_wrong_blocks && groups_[g].config.mode == WindowMode::none && tb.blocks.size() >= 2)
+      std::rotate(tb.blocks.begin(), tb.blocks.begin() + 1, tb.blocks.end());
+  }
+  MatchResult m;
+  m.full_tokens = hit * P;
+  return m;
+}
+
+std::vector<int64_t> BlockManager::pages_to_fill(const Sequence& s, int32_t g, int64_t length) const {
   std::vector<int64_t> pages;
-  const int64_t columns = static_cast<int64_t>(s.blocks.size());
-  for (int64_t pg = columns; pg < pages_for(length); ++pg) pages.push_back(pg);
-  if (config_.window_mode == WindowMode::release) {
+  const std::vector<int32_t>& blocks = s.tables[g].blocks;
+  const int64_t columns = static_cast<int64_t>(blocks.size());
+  for (int64_t pg = columns; pg < pages_for(length, g); ++pg) pages.push_back(pg);
+  if (groups_[g].config.mode == WindowMode::release) {
     const int64_t P = config_.page_size;
     for (int64_t t = s.length; t < length; ++t) {
-      const int64_t pg = mapping_.cache_token(t) / P;
-      if (pg < columns && s.blocks[pg] == kNullBlock && std::find(pages.begin(), pages.end(), pg) == pages.end())
+      const int64_t pg = groups_[g].mapping.cache_token(t) / P;
+      if (pg < columns && blocks[pg] == kNullBlock && std::find(pages.begin(), pages.end(), pg) == pages.end())
         pages.push_back(pg);
     }
   }
@@ -249,20 +373,32 @@ std::vector<int64_t> BlockManager::pages_to_fill(const Sequence& s, int64_t leng
 }
 
 int64_t BlockManager::blocks_needed(SeqId seq, int64_t length) const {
-  return static_cast<int64_t>(pages_to_fill(seqs_.at(seq), length).size());
+  int64_t n = 0;
+  for (int32_t g = 0; g < group_count(); ++g) n += static_cast<int64_t>(pages_to_fill(seqs_.at(seq), g, length).size());
+  return n;
 }
 
 bool BlockManager::ensure_capacity(SeqId seq, int64_t length) {
   Sequence& s = seqs_.at(seq);
-  const std::vector<int64_t> pages = pages_to_fill(s, length);
-  if (static_cast<int64_t>(pages.size()) > available_blocks()) return false;
-  for (int64_t pg : pages) {
-    const int32_t b = *take_block();
-    primary_[b].refs = 1;
-    if (pg < static_cast<int64_t>(s.blocks.size()))
-      s.blocks[pg] = b;
-    else
-      s.blocks.push_back(b);
+  std::vector<std::vector<int64_t>> pages(groups_.size());
+  std::vector<int64_t> per_pool(pools_.size(), 0);
+  for (int32_t g = 0; g < group_count(); ++g) {
+    pages[g] = pages_to_fill(s, g, length);
+    per_pool[groups_[g].config.pool] += static_cast<int64_t>(pages[g].size());
+  }
+  for (int32_t p = 0; p < static_cast<int32_t>(pools_.size()); ++p)
+    if (per_pool[p] > available_blocks(p)) return false;
+  for (int32_t g = 0; g < group_count(); ++g) {
+    const int32_t pool = groups_[g].config.pool;
+    std::vector<int32_t>& blocks = s.tables[g].blocks;
+    for (int64_t pg : pages[g]) {
+      const int32_t b = *take_block(pool);
+      pools_[pool].blocks[b].refs = 1;
+      if (pg < static_cast<int64_t>(blocks.size()))
+        blocks[pg] = b;
+      else
+        blocks.push_back(b);
+    }
   }
   s.length = std::max(s.length, length);
   return true;
@@ -272,27 +408,33 @@ void BlockManager::commit(SeqId seq, std::span<const int32_t> tokens, int64_t le
   if (!config_.reuse) return;
   Sequence& s = seqs_.at(seq);
   const int64_t P = config_.page_size;
-  const int64_t full = std::min<int64_t>(length / P, static_cast<int64_t>(s.blocks.size()));
-  for (int64_t i = s.registered_blocks; i < full; ++i) {
-    const uint64_t parent = i == 0 ? kRootKey : s.keys[i - 1];
-    const auto block_tokens = tokens.subspan(static_cast<size_t>(i * P), static_cast<size_t>(P));
-    const uint64_t key = block_key(parent, block_tokens);
-    const int32_t block = s.blocks[i];
-    s.keys.push_back(key);
-    if (nodes_.count(key)) {  // an equal block is cached already: this one stays private
-      ++counters_.duplicate_blocks;
-      continue;
+  for (int32_t g = 0; g < group_count(); ++g) {
+    Table& tb = s.tables[g];
+    const int32_t pool = groups_[g].config.pool;
+    const int64_t full = std::min<int64_t>(length / P, static_cast<int64_t>(tb.blocks.size()));
+    for (int64_t i = tb.registered_blocks; i < full; ++i) {
+      const uint64_t parent = i == 0 ? groups_[g].root : tb.keys[i - 1];
+      const auto block_tokens = tokens.subspan(static_cast<size_t>(i * P), static_cast<size_t>(P));
+      const uint64_t key = block_key(parent, block_tokens);
+      const int32_t block = tb.blocks[i];
+      tb.keys.push_back(key);
+      if (nodes_.count(key)) {  // an equal block is cached already: this one stays private
+        ++counters_.duplicate_blocks;
+        continue;
+      }
+      if (pools_[pool].blocks[block].reserved) continue;  // released already: nothing to cache
+      Node n;
+      n.group = g;
+      n.key = key;
+      n.parent = parent;
+      n.tokens.assign(block_tokens.begin(), block_tokens.end());
+      n.block = block;
+      nodes_.emplace(key, std::move(n));
+      children_.emplace(parent, key);
+      pools_[pool].blocks[block].node = key;
     }
-    Node n;
-    n.key = key;
-    n.parent = parent;
-    n.tokens.assign(block_tokens.begin(), block_tokens.end());
-    n.block = block;
-    nodes_.emplace(key, std::move(n));
-    children_.emplace(parent, key);
-    primary_[block].node = key;
+    tb.registered_blocks = std::max(tb.registered_blocks, full);
   }
-  s.registered_blocks = std::max(s.registered_blocks, full);
 }
 
 void BlockManager::mark_step_written() {
@@ -300,36 +442,55 @@ void BlockManager::mark_step_written() {
 }
 
 void BlockManager::release_out_of_window(SeqId seq, int64_t next_position) {
-  if (config_.window_mode != WindowMode::release) return;
   Sequence& s = seqs_.at(seq);
-  const WindowMapping& w = mapping_;
   const int64_t P = config_.page_size;
   const int64_t q = next_position;  // the next query; no later query attends further back
-  const int64_t window_start = std::max<int64_t>(w.sinks, q + 1 - (static_cast<int64_t>(w.window) - w.sinks));
-  const int64_t ring_begin = w.sinks + w.bubble;  // slots before it hold sinks (or the bubble): never released
-  for (int64_t pg = ring_begin / P; pg < static_cast<int64_t>(s.blocks.size()); ++pg) {
-    if (s.blocks[pg] == kNullBlock) continue;
-    bool attended = false;
-    for (int64_t slot = pg * P; slot < (pg + 1) * P && !attended; ++slot) {
-      // The token the slot holds: the newest t < q with cache_token(t) = slot.
-      const int64_t k = slot - ring_begin;
-      if (q - 1 - w.sinks - k < 0) continue;  // not written yet
-      const int64_t t = w.sinks + k + w.cyclic_len * ((q - 1 - w.sinks - k) / w.cyclic_len);
-      attended = t >= window_start;
+  for (int32_t g = 0; g < group_count(); ++g) {
+    const Group& grp = groups_[g];
+    const WindowMapping& w = grp.mapping;
+    std::vector<int32_t>& blocks = s.tables[g].blocks;
+    const int32_t pool = grp.config.pool;
+    const int64_t window_start = std::max<int64_t>(w.sinks, q + 1 - (static_cast<int64_t>(w.window) - w.sinks));
+    if (grp.config.mode == WindowMode::sliding) {
+      // vLLM remove_skipped_blocks: every page wholly before the window (and after the sinks' pages).
+      for (int64_t pg = (w.sinks + P - 1) / P; pg < static_cast<int64_t>(blocks.size()) && (pg + 1) * P <= window_start;
+           ++pg) {
+        if (blocks[pg] == kNullBlock) continue;
+        unref(pool, blocks[pg]);
+        blocks[pg] = kNullBlock;
+        ++counters_.released_window_blocks;
+      }
+      continue;
     }
-    if (attended) continue;
-    unref(s.blocks[pg]);
-    s.blocks[pg] = kNullBlock;
-    ++counters_.released_window_blocks;
+    if (grp.config.mode != WindowMode::release) continue;
+    const int64_t ring_begin = w.sinks + w.bubble;  // slots before it hold sinks (or the bubble): never released
+    for (int64_t pg = ring_begin / P; pg < static_cast<int64_t>(blocks.size()); ++pg) {
+      if (blocks[pg] == kNullBlock) continue;
+      bool attended = false;
+      for (int64_t slot = pg * P; slot < (pg + 1) * P && !attended; ++slot) {
+        // The token the slot holds: the newest t < q with cache_token(t) = slot.
+        const int64_t k = slot - ring_begin;
+        if (q - 1 - w.sinks - k < 0) continue;  // not written yet
+        const int64_t t = w.sinks + k + w.cyclic_len * ((q - 1 - w.sinks - k) / w.cyclic_len);
+        attended = t >= window_start;
+      }
+      if (attended) continue;
+      unref(pool, blocks[pg]);
+      blocks[pg] = kNullBlock;
+      ++counters_.released_window_blocks;
+    }
   }
 }
 
 void BlockManager::free_sequence(SeqId seq) {
   auto it = seqs_.find(seq);
   if (it == seqs_.end()) return;
-  const std::vector<int32_t>& blocks = it->second.blocks;
-  for (auto b = blocks.rbegin(); b != blocks.rend(); ++b)  // tail first: the prefix's head stays cached longest
-    if (!primary_[*b].reserved) unref(*b);
+  for (int32_t g = 0; g < group_count(); ++g) {
+    const int32_t pool = groups_[g].config.pool;
+    const std::vector<int32_t>& blocks = it->second.tables[g].blocks;
+    for (auto b = blocks.rbegin(); b != blocks.rend(); ++b)  // tail first: the prefix's head stays cached longest
+      if (!pools_[pool].blocks[*b].reserved) unref(pool, *b);
+  }
   seqs_.erase(it);
 }
 
@@ -339,15 +500,19 @@ void BlockManager::cancel_sequence(SeqId seq, const MatchResult& match) {
   counters_.partial_reuse_tokens -= match.partial_tokens;
 }
 
-const std::vector<int32_t>& BlockManager::table(SeqId seq) const { return seqs_.at(seq).blocks; }
+const std::vector<int32_t>& BlockManager::table(SeqId seq, int32_t group) const {
+  return seqs_.at(seq).tables[group].blocks;
+}
 
 PoolCounts BlockManager::counts(PoolKind kind) const {
   PoolCounts c;
   if (kind == PoolKind::primary) {
-    c.size = config_.primary_blocks;
-    c.free = static_cast<int64_t>(free_primary_.size());
-    c.cached = static_cast<int64_t>(primary_lru_.size());
-    for (const PrimaryBlock& b : primary_) c.referenced += (b.refs > 0 || b.reserved) ? 1 : 0;
+    for (const Pool& p : pools_) {
+      c.size += config_.primary_blocks;
+      c.free += static_cast<int64_t>(p.free.size());
+      c.cached += static_cast<int64_t>(p.lru.size());
+      for (const PrimaryBlock& b : p.blocks) c.referenced += (b.refs > 0 || b.reserved) ? 1 : 0;
+    }
   } else {
     c.size = config_.secondary_blocks;
     c.free = static_cast<int64_t>(free_secondary_.size());
@@ -356,7 +521,7 @@ PoolCounts BlockManager::counts(PoolKind kind) const {
   return c;
 }
 
-std::vector<int32_t> BlockManager::lru_order() const { return {primary_lru_.begin(), primary_lru_.end()}; }
+std::vector<int32_t> BlockManager::lru_order(int32_t pool) const { return {pools_[pool].lru.begin(), pools_[pool].lru.end()}; }
 
 std::string BlockManager::check_conservation() const {
   for (PoolKind kind : {PoolKind::primary, PoolKind::secondary}) {
@@ -367,29 +532,35 @@ std::string BlockManager::check_conservation() const {
              std::to_string(c.cached) + " != size " + std::to_string(c.size);
   }
   // Every primary block is in exactly one state, and its reference count is
-  // the number of table entries that hold it.
-  std::vector<int32_t> holders(primary_.size(), 0);
-  for (const auto& [id, s] : seqs_)
-    for (int32_t b : s.blocks)
-      if (!primary_[b].reserved) ++holders[b];
-  std::vector<int32_t> on_free(primary_.size(), 0);
-  for (int32_t b : free_primary_) ++on_free[b];
-  for (size_t b = 0; b < primary_.size(); ++b) {
-    const PrimaryBlock& pb = primary_[b];
-    const bool in_lru = primary_lru_pos_.count(static_cast<int32_t>(b)) != 0;
-    const std::string where = "primary block " + std::to_string(b) + ": ";
-    if (pb.reserved) {
-      if (on_free[b] || in_lru) return where + "the reserved null block is on the free list or in the LRU";
-      continue;
+  // the number of table entries (of every group drawing on its pool) that hold it.
+  for (int32_t pi = 0; pi < static_cast<int32_t>(pools_.size()); ++pi) {
+    const Pool& pool = pools_[pi];
+    std::vector<int32_t> holders(pool.blocks.size(), 0);
+    for (const auto& [id, s] : seqs_)
+      for (int32_t g = 0; g < group_count(); ++g)
+        if (groups_[g].config.pool == pi)
+          for (int32_t b : s.tables[g].blocks)
+            if (!pool.blocks[b].reserved) ++holders[b];
+    std::vector<int32_t> on_free(pool.blocks.size(), 0);
+    for (int32_t b : pool.free) ++on_free[b];
+    for (size_t b = 0; b < pool.blocks.size(); ++b) {
+      const PrimaryBlock& pb = pool.blocks[b];
+      const bool in_lru = pool.lru_pos.count(static_cast<int32_t>(b)) != 0;
+      const std::string where =
+          (pools_.size() > 1 ? "pool " + std::to_string(pi) + " " : std::string()) + "primary block " + std::to_string(b) + ": ";
+      if (pb.reserved) {
+        if (on_free[b] || in_lru) return where + "the reserved null block is on the free list or in the LRU";
+        continue;
+      }
+      if (pb.refs != holders[b])
+        return where + "reference count " + std::to_string(pb.refs) + " but " + std::to_string(holders[b]) +
+               " table entries hold it";
+      const int states = (pb.refs > 0) + (on_free[b] > 0 ? on_free[b] : 0) + (in_lru ? 1 : 0);
+      if (states != 1)
+        return where + "in " + std::to_string(states) + " states (refs " + std::to_string(pb.refs) + ", free list x" +
+               std::to_string(on_free[b]) + ", lru " + (in_lru ? "yes" : "no") + "): rule: exactly one";
+      if (in_lru && !pb.node) return where + "in the LRU but not in the prefix tree";
     }
-    if (pb.refs != holders[b])
-      return where + "reference count " + std::to_string(pb.refs) + " but " + std::to_string(holders[b]) +
-             " table entries hold it";
-    const int states = (pb.refs > 0) + (on_free[b] > 0 ? on_free[b] : 0) + (in_lru ? 1 : 0);
-    if (states != 1)
-      return where + "in " + std::to_string(states) + " states (refs " + std::to_string(pb.refs) + ", free list x" +
-             std::to_string(on_free[b]) + ", lru " + (in_lru ? "yes" : "no") + "): rule: exactly one";
-    if (in_lru && !pb.node) return where + "in the LRU but not in the prefix tree";
   }
   for (uint64_t key : secondary_lru_) {
     const Node& n = nodes_.at(key);

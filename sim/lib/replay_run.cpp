@@ -82,14 +82,25 @@ class Runner final : public BlockMover {
       fail(ErrorCode::bad_scenario, "cache.write_path append_mla goes with mla.enabled (and only with it)");
     if (s.cache.write_path == WritePath::reshape_and_cache && s.cache.dtype == CacheDtype::nvfp4)
       fail(ErrorCode::bad_scenario, "reshape_and_cache does not write nvfp4 caches (vLLM has no such kernel)");
-    if (s.window.mode != WindowMode::none) {
-      write_map_ = WindowMapping::make(s.window.window, s.window.sinks, s.cache.page_size, s.window.one_more_block);
-      read_map_ = write_map_;
-      // The fault: the reader's mapping forgets the sinks (and with them the bubble).
-      if (has_fault(s, Fault::window_mismatch))
-        read_map_ = WindowMapping::make(s.window.window, 0, s.cache.page_size, s.window.one_more_block);
-    }
+    groups_ = kv_groups(s);
+    group_of_layer_.assign(static_cast<size_t>(s.model.layers), 0);
+    pool_layer_of_.assign(static_cast<size_t>(s.model.layers), 0);
+    for (size_t gi = 0; gi < groups_.size(); ++gi)
+      for (size_t i = 0; i < groups_[gi].layers.size(); ++i) {
+        group_of_layer_[groups_[gi].layers[i]] = static_cast<int32_t>(gi);
+        pool_layer_of_[groups_[gi].layers[i]] = static_cast<int32_t>(i);
+      }
     bm_ = std::make_unique<BlockManager>(BlockManagerConfig::from(s), this);
+    for (int32_t gi = 0; gi < bm_->group_count(); ++gi) {
+      const WindowMapping& w = bm_->window_mapping(gi);
+      write_maps_.push_back(w);
+      // The fault: the reader's mapping forgets the sinks (and with them the bubble).
+      read_maps_.push_back(has_fault(s, Fault::window_mismatch) && w.enabled() && !w.linear
+                               ? WindowMapping::make(w.window, 0, w.tokens_per_block, w.one_more_block)
+                               : w);
+    }
+    write_map_ = write_maps_[0];
+    read_map_ = read_maps_[0];
     sched_ = std::make_unique<Scheduler>(s, *bm_, reqs_);
     allocate_pools();
     sm_scale_ = 1.0f / std::sqrt(static_cast<float>(g_.head_dim));
@@ -122,7 +133,8 @@ class Runner final : public BlockMover {
     if (!opt.dump_dir.empty()) dump_ = std::make_unique<NpyDump>(opt.dump_dir);
   }
   ~Runner() override {
-    if (own_pools_) be_.release_pools(pools_);
+    if (own_pools_)
+      for (KvPools& p : pool_sets_) be_.release_pools(p);
   }
 
   RunRecord run();
@@ -134,7 +146,7 @@ class Runner final : public BlockMover {
     op.dst_block = dst;
     op.num_tokens = tokens;
     notify("partial_copy", 0, std::vector<std::string>{});
-    be_.partial_copy(pools_, op);
+    be_.partial_copy(pool_sets_[0], op);
   }
   void offload(int32_t primary, int32_t secondary) override { move(primary, secondary, true); }
   void onboard(int32_t secondary, int32_t primary) override { move(primary, secondary, false); }
@@ -153,6 +165,8 @@ class Runner final : public BlockMover {
                    const std::vector<float>& q, const std::vector<float>& out, int32_t hq);
   void read_back(RequestState& r);
   std::vector<int32_t> table_row(const RequestState& r, int32_t columns) const;
+  // Points pools_, write_map_, read_map_ and group_ at the layer's KV cache group.
+  void select_layer(int32_t layer);
   void record_output(const OutputKey& key, const void* data, size_t bytes);
   void hash_final_state();
 
@@ -164,10 +178,15 @@ class Runner final : public BlockMover {
   std::vector<RequestState> reqs_;
   std::unique_ptr<BlockManager> bm_;
   std::unique_ptr<Scheduler> sched_;
-  KvPools pools_;
+  KvPools pools_;  // the current layer's pool set (select_layer)
+  std::vector<KvPools> pool_sets_;  // one per pool (VSWA: per window size)
+  std::vector<KvGroup> groups_;
+  std::vector<int32_t> group_of_layer_, pool_layer_of_;
+  std::vector<WindowMapping> write_maps_, read_maps_;  // per group
+  int32_t group_ = 0;
   bool own_pools_ = false;
   std::vector<BackendBuffer> pool_memory_;  // shared [pages, 2, ...] allocations
-  WindowMapping write_map_, read_map_;
+  WindowMapping write_map_, read_map_;  // the current layer's group's
   AttentionScales scales_;
   float sm_scale_ = 1.0f;
   bool past_len_zero_ = false, k_scale_for_v_ = false, stale_bad_page_ = false, zero_v_tail_ = true;
@@ -176,7 +195,7 @@ class Runner final : public BlockMover {
   BackendBuffer rope_;
   int64_t indexer_row_ = 0;
   std::vector<BackendBuffer> indexer_;
-  std::map<int32_t, std::vector<int32_t>> previous_tables_;  // the stale_bad_page fault's reader tables
+  std::map<std::pair<int32_t, int32_t>, std::vector<int32_t>> previous_tables_;  // (request, group): the stale_bad_page fault's reader tables
   int64_t step_ = 0;
   RunRecord rec_;
   uint64_t hash_ = kFnvOffset;
@@ -186,8 +205,10 @@ class Runner final : public BlockMover {
 void Runner::allocate_pools() {
   const uint8_t fill = rec_.poisoned ? 0xFF : 0x00;  // 0xFF: NaN in fp32/fp16/bf16/fp8, -max in e2m1 with a NaN scale
   if (!s_.cache.shared_kv_allocation) {
-    pools_ = be_.allocate_pools(g_, fill);
+    for (int32_t p = 0; p < kv_pool_count(groups_); ++p)
+      pool_sets_.push_back(be_.allocate_pools(s_.layers.enabled ? kv_pool_geometry(s_, groups_, p) : g_, fill));
     own_pools_ = true;
+    pools_ = pool_sets_[0];
     return;
   }
   // FlashInfer: one [pages, 2, P, H, D] tensor per layer, layers back to back;
@@ -218,7 +239,15 @@ void Runner::allocate_pools() {
       secondary.scales = pool_memory_.back().get();
     }
   }
-  pools_ = make_shared_kv_pools(g_, primary, secondary);
+  pool_sets_.push_back(make_shared_kv_pools(g_, primary, secondary));
+  pools_ = pool_sets_[0];
+}
+
+void Runner::select_layer(int32_t layer) {
+  group_ = group_of_layer_[layer];
+  pools_ = pool_sets_[groups_[group_].pool];
+  write_map_ = write_maps_[group_];
+  read_map_ = read_maps_[group_];
 }
 
 // Every byte of one block: each (layer, kv) sub-block, data and nvfp4 scales,
@@ -228,17 +257,17 @@ std::vector<uint8_t> Runner::block_bytes(PoolKind kind, int32_t block) {
   const int k = static_cast<int>(kind);
   for (int32_t l = 0; l < g_.layers; ++l)
     for (int32_t kv = 0; kv < g_.kv_factor; ++kv) {
-      const int64_t first = element_byte_offset(element_offset(pools_.strides[k], block, l, kv, 0, 0, 0), g_.dtype);
+      const int64_t first = element_byte_offset(element_offset(pool_sets_[0].strides[k], block, l, kv, 0, 0, 0), g_.dtype);
       const size_t n = static_cast<size_t>(g_.bytes_for(g_.inner_elements()));
       const size_t at = out.size();
       out.resize(at + n);
-      be_.to_host(out.data() + at, static_cast<uint8_t*>(pools_.data[k]) + first, n);
+      be_.to_host(out.data() + at, static_cast<uint8_t*>(pool_sets_[0].data[k]) + first, n);
       if (g_.has_scale_pool()) {
-        const int64_t sfirst = scale_offset(pools_.scale_strides[k], block, l, kv, 0, 0, 0);
+        const int64_t sfirst = scale_offset(pool_sets_[0].scale_strides[k], block, l, kv, 0, 0, 0);
         const size_t sn = static_cast<size_t>(g_.scale_geometry().inner_elements());
         const size_t sat = out.size();
         out.resize(sat + sn);
-        be_.to_host(out.data() + sat, static_cast<uint8_t*>(pools_.scales[k]) + sfirst, sn);
+        be_.to_host(out.data() + sat, static_cast<uint8_t*>(pool_sets_[0].scales[k]) + sfirst, sn);
       }
     }
   return out;
@@ -252,9 +281,9 @@ void Runner::move(int32_t primary, int32_t secondary, bool to_secondary) {
   op.secondary = std::span<const int32_t>(&secondary, 1);
   notify(to_secondary ? "offload" : "onboard", 0, std::vector<std::string>{});
   if (to_secondary)
-    be_.offload(pools_, op);
+    be_.offload(pool_sets_[0], op);
   else
-    be_.onboard(pools_, op);
+    be_.onboard(pool_sets_[0], op);
   const std::vector<uint8_t> after = to_secondary ? block_bytes(PoolKind::secondary, secondary)
                                                   : block_bytes(PoolKind::primary, primary);
   ++rec_.offload_round_trips;
@@ -287,7 +316,7 @@ void Runner::notify(const std::string& op, int32_t layer, std::vector<std::strin
 
 std::vector<int32_t> Runner::table_row(const RequestState& r, int32_t columns) const {
   std::vector<int32_t> row(static_cast<size_t>(columns), kBadPage);
-  const auto& t = bm_->table(r.index);
+  const auto& t = bm_->table(r.index, group_);
   std::copy(t.begin(), t.end(), row.begin());
   return row;
 }
@@ -318,7 +347,9 @@ RunRecord Runner::run() {
       sched_->free_finished(finished);
       for (const auto* list : {&plan.prefill, &plan.decode})
         for (const ScheduledEntry& e : *list)
-          if (bm_->has_sequence(e.request)) previous_tables_[e.request] = bm_->table(e.request);
+          if (bm_->has_sequence(e.request))
+            for (int32_t gi = 0; gi < bm_->group_count(); ++gi)
+              previous_tables_[{e.request, gi}] = bm_->table(e.request, gi);
       ++rec_.counters.steps;
       const std::string err = bm_->check_conservation();
       ++rec_.conservation_checks;
@@ -361,6 +392,7 @@ void Runner::execute(const StepPlan& plan) {
   for (const Entry& e : es) nnz += e.e->n;
   const int64_t nnz_prefill = nnz - static_cast<int64_t>(plan.decode.size());
   for (int32_t layer = 0; layer < g_.layers; ++layer) {
+    select_layer(layer);
     BackendBuffer q_buf;
     CacheDtype q_dtype = s_.model.input_dtype;
     write_layer(layer, es, nnz, q_buf, q_dtype);
@@ -375,7 +407,7 @@ void Runner::write_layer(int32_t layer, const std::vector<Entry>& es, int64_t nn
                          CacheDtype& q_dtype) {
   const int32_t H = g_.kv_heads, D = g_.head_dim, Hq = s_.model.q_heads, P = g_.tokens_per_block;
   int32_t columns = 1;
-  for (const Entry& e : es) columns = std::max<int32_t>(columns, static_cast<int32_t>(bm_->table(e.r->index).size()));
+  for (const Entry& e : es) columns = std::max<int32_t>(columns, static_cast<int32_t>(bm_->table(e.r->index, group_).size()));
   std::vector<int32_t> table;
   for (const Entry& e : es) {
     const auto row = table_row(*e.r, columns);
@@ -451,7 +483,7 @@ void Runner::write_layer(int32_t layer, const std::vector<Entry>& es, int64_t nn
       q_dtype = in_t;
       q_buf = BackendBuffer(be_, static_cast<size_t>(nnz * Hq * D * in_b));
       QkvPreprocessOp op;
-      op.layer = layer;
+      op.layer = pool_layer_of_[layer];
       op.num_q_heads = Hq;
       op.qkv = contiguous_view(qkv_b.get(), in_t, {nnz, width});
       op.q_out = contiguous_view(q_buf.get(), in_t, {nnz, Hq, D});
@@ -508,7 +540,7 @@ void Runner::write_layer(int32_t layer, const std::vector<Entry>& es, int64_t nn
       b_b.upload(b.data(), b.size());
       if (mla) {
         AppendMlaOp op;
-        op.layer = layer;
+        op.layer = pool_layer_of_[layer];
         op.ckv = contiguous_view(a_b.get(), in_t, {n, a_dim});
         op.kpe = contiguous_view(b_b.get(), in_t, {n, b_dim});
         op.batch_indices = batch;
@@ -522,7 +554,7 @@ void Runner::write_layer(int32_t layer, const std::vector<Entry>& es, int64_t nn
         be_.append_mla(pools_, op);
       } else {
         AppendPagedOp op;
-        op.layer = layer;
+        op.layer = pool_layer_of_[layer];
         op.k = contiguous_view(a_b.get(), in_t, {n, H, D});
         op.v = contiguous_view(b_b.get(), in_t, {n, H, D});
         op.batch_indices = batch;
@@ -558,7 +590,7 @@ void Runner::write_layer(int32_t layer, const std::vector<Entry>& es, int64_t nn
       k_b.upload(k.data(), k.size());
       v_b.upload(v.data(), v.size());
       ReshapeAndCacheOp op;
-      op.layer = layer;
+      op.layer = pool_layer_of_[layer];
       op.key = contiguous_view(k_b.get(), in_t, {nnz, H, D});
       op.value = contiguous_view(v_b.get(), in_t, {nnz, H, D});
       op.slot_mapping = slots;
@@ -617,7 +649,7 @@ void Runner::attend(int32_t layer, const std::vector<Entry>& es, size_t first, s
   const int32_t Hq = s_.model.q_heads, D = g_.head_dim;
   int32_t columns = 1;
   for (size_t i = first; i < last; ++i)
-    columns = std::max<int32_t>(columns, static_cast<int32_t>(bm_->table(es[i].r->index).size()));
+    columns = std::max<int32_t>(columns, static_cast<int32_t>(bm_->table(es[i].r->index, group_).size()));
   std::vector<int32_t> table, seq_lens, q_indptr{0};
   std::vector<Entry> batch(es.begin() + static_cast<std::ptrdiff_t>(first), es.begin() + static_cast<std::ptrdiff_t>(last));
   for (const Entry& e : batch) {
@@ -639,7 +671,7 @@ void Runner::attend(int32_t layer, const std::vector<Entry>& es, size_t first, s
   const TensorView ov = contiguous_view(out_b.get(), CacheDtype::fp32, {rows, Hq, D});
   // The fields both attention ops share.
   auto fill = [&](auto& op) {
-    op.layer = layer;
+    op.layer = pool_layer_of_[layer];
     op.q = qv;
     op.out = ov;
     op.seq_lens = seq_lens;
@@ -716,9 +748,9 @@ void Runner::check_dense(int32_t layer, const std::vector<Entry>& es, size_t fir
     const Entry& e = es[b];
     const int32_t len = e.cache_len();
     const int64_t slots = read_map_.cache_length(len);
-    std::vector<int32_t> ids = bm_->table(e.r->index);
+    std::vector<int32_t> ids = bm_->table(e.r->index, group_);
     if (stale_bad_page_) {  // the fault: the reader's table is the previous step's, BAD_PAGE where a block now lives
-      const auto it = previous_tables_.find(e.r->index);
+      const auto it = previous_tables_.find({e.r->index, group_});
       std::vector<int32_t> stale(ids.size(), kBadPage);
       if (it != previous_tables_.end())
         for (size_t i = 0; i < std::min(ids.size(), it->second.size()); ++i) stale[i] = it->second[i];
@@ -731,7 +763,7 @@ void Runner::check_dense(int32_t layer, const std::vector<Entry>& es, size_t fir
       std::vector<float> g(static_cast<size_t>(slots * H * D));
       BackendBuffer gb(be_, g.size() * 4);
       GatherPagedOp op;
-      op.layer = layer;
+      op.layer = pool_layer_of_[layer];
       op.kv = kv;
       op.block_ids = ids;
       op.num_tokens = slots;
@@ -803,11 +835,13 @@ void Runner::check_dense(int32_t layer, const std::vector<Entry>& es, size_t fir
 // release mode gave back), by position.
 void Runner::read_back(RequestState& r) {
   const int32_t H = g_.kv_heads, D = g_.head_dim, P = g_.tokens_per_block;
-  const std::vector<int32_t>& ids = bm_->table(r.index);
-  const int64_t slots = write_map_.cache_length(r.final_len);
-  const bool release = s_.window.mode == WindowMode::release;
   for (int32_t layer = 0; layer < g_.layers; ++layer)
     for (int32_t kv = 0; kv < g_.kv_factor; ++kv) {
+      select_layer(layer);
+      const std::vector<int32_t>& ids = bm_->table(r.index, group_);
+      const int64_t slots = write_map_.cache_length(r.final_len);
+      const WindowMode mode = groups_[group_].mode;
+      const bool release = mode == WindowMode::release || mode == WindowMode::sliding;
       std::vector<int32_t> readable(ids);
       if (release)
         for (int32_t& id : readable)
@@ -815,7 +849,7 @@ void Runner::read_back(RequestState& r) {
       std::vector<float> g(static_cast<size_t>(slots * H * D));
       BackendBuffer gb(be_, g.size() * 4);
       GatherPagedOp op;
-      op.layer = layer;
+      op.layer = pool_layer_of_[layer];
       op.kv = kv;
       op.block_ids = readable;
       op.num_tokens = slots;
@@ -828,11 +862,11 @@ void Runner::read_back(RequestState& r) {
       // Release mode may have given a page back and taken a fresh block for
       // it since an old token was written: only the last query's window (and
       // the sinks) is certainly still there.
-      const int64_t recent = static_cast<int64_t>(s_.window.window) - s_.window.sinks;
+      const int64_t recent = static_cast<int64_t>(write_map_.window) - write_map_.sinks;
       const int64_t kept_from = release ? r.final_len - recent : 0;
       for (int64_t t = 0; t < r.final_len; ++t) {
         if (!qkv_token_reaches_cache(write_map_, r.final_len, t)) continue;
-        if (release && t >= s_.window.sinks && t < kept_from) continue;
+        if (release && t >= write_map_.sinks && t < kept_from) continue;
         const int64_t slot = write_map_.cache_token(t);
         if (readable[slot / P] == kBadPage) continue;
         const float* row = g.data() + slot * H * D;
@@ -856,12 +890,16 @@ void Runner::hash_final_state() {
         dump_->write(file, host.data(), host.size(), NpyDump::descr_for(t),
                      {t == CacheDtype::nvfp4 ? bytes : bytes / element_bytes(t)}, step_, what, -1, t);
     };
-    if (own_pools_) {
-      add(pools_.data[k], g_.pool_bytes(kind), g_.dtype, std::string("pool_") + name + ".npy", "pool");
-      if (g_.has_scale_pool())
-        add(pools_.scales[k], scale_pool_bytes(g_, kind), CacheDtype::fp8_e4m3, std::string("scales_") + name + ".npy",
-            "scale_pool");
-    }
+    if (own_pools_)
+      for (size_t p = 0; p < pool_sets_.size(); ++p) {
+        const KvPools& ps = pool_sets_[p];
+        const PoolGeometry& pg = ps.geometry;
+        const std::string suffix = pool_sets_.size() > 1 ? std::to_string(p) : "";
+        add(ps.data[k], pg.pool_bytes(kind), pg.dtype, std::string("pool_") + name + suffix + ".npy", "pool");
+        if (pg.has_scale_pool())
+          add(ps.scales[k], scale_pool_bytes(pg, kind), CacheDtype::fp8_e4m3,
+              std::string("scales_") + name + suffix + ".npy", "scale_pool");
+      }
   }
   if (!own_pools_)
     for (size_t i = 0; i < pool_memory_.size(); ++i)

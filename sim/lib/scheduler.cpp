@@ -58,10 +58,11 @@ int64_t Scheduler::next_arrival(int64_t step) const {
 int32_t Scheduler::chunk_for(const RequestState& r, int64_t budget) const {
   int64_t n = std::min(r.prefill_target - r.computed, budget);
   if (s_.scheduler.chunk_size > 0) n = std::min<int64_t>(n, s_.scheduler.chunk_size);
-  if (s_.window.mode != WindowMode::none) {  // both window modes address one ring
+  for (int32_t g = 0; g < bm_.group_count(); ++g) {  // cyclic and release windows address a ring
+    const WindowMapping& w = bm_.window_mapping(g);
+    if (!w.enabled() || w.linear) continue;
     // Tokens [S, c + n - cyclic_len) leave the ring during the chunk; the
     // chunk's first query (at c) attends from max(S, c - (W - S) + 1).
-    const WindowMapping& w = bm_.window_mapping();
     const int64_t c = r.computed;
     const int64_t first_attended = std::max<int64_t>(w.sinks, c - (w.window - w.sinks) + 1);
     n = std::min<int64_t>(n, w.cyclic_len + first_attended - c);

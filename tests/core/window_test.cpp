@@ -15,6 +15,7 @@
 // window.hpp uses KVSIM_HD without including config.hpp (reported); include it first.
 #include "kvsim/core/config.hpp"
 #include "kvsim/core/window.hpp"
+#include "kvsim/core/ops/attention.hpp"
 
 using namespace kvsim;
 
@@ -299,4 +300,62 @@ TEST_CASE("validate_window rejects a hand-built mapping whose derived fields dis
   err = catch_validation([&] { validate_window(m); });
   REQUIRE(err.has_value());
   CHECK(err->code() == ErrorCode::bad_window);
+}
+
+// vLLM's sliding window (make_linear): the slot is the position, the window
+// only chooses keys; nothing wraps for any length a pool can hold.
+TEST_CASE("linear window: slot = position, no bubble, cache_length = length, validated") {
+  for (int32_t P : {1, 3, 16}) {
+    const WindowMapping m = WindowMapping::make_linear(32, 0, P);
+    CAPTURE(P);
+    CHECK(m.enabled());
+    CHECK(m.linear);
+    CHECK(m.bubble == 0);
+    CHECK(m.cyclic_len == WindowMapping::kLinearRing);
+    for (int64_t t : {int64_t{0}, int64_t{31}, int64_t{32}, int64_t{1000}, int64_t{1} << 40}) {
+      CHECK(m.cache_token(t) == t);
+      CHECK(m.cache_length(t) == t);
+    }
+    REQUIRE_NOTHROW(validate_window(m));
+    CHECK(WindowMapping::derive(m).cyclic_len == m.cyclic_len);
+  }
+  // Sinks keep their place too (no bubble pads them).
+  const WindowMapping s = WindowMapping::make_linear(16, 3, 4);
+  CHECK(s.bubble == 0);
+  CHECK(s.cache_token(2) == 2);
+  CHECK(s.cache_token(3) == 3);
+  CHECK(s.cache_token(99) == 99);
+  REQUIRE_NOTHROW(validate_window(s));
+  // A linear mapping with a ring's parameters is a hand-built mismatch.
+  WindowMapping bad = WindowMapping::make_linear(16, 0, 4);
+  bad.cyclic_len = 16;
+  auto err = catch_validation([&] { validate_window(bad); });
+  REQUIRE(err.has_value());
+  CHECK(err->code() == ErrorCode::bad_window);
+  bad = WindowMapping::make_linear(16, 0, 4);
+  bad.one_more_block = true;
+  err = catch_validation([&] { validate_window(bad); });
+  REQUIRE(err.has_value());
+  CHECK(std::string(err->what()).find("one_more_block") != std::string::npos);
+  CHECK(catch_validation([&] { validate_window(WindowMapping::make_linear(8, 8, 4)); }).has_value());
+}
+
+TEST_CASE("linear window key list: sinks, then the last W - S positions as slots, page tail masked") {
+  const PageDivider page = PageDivider::make(4);
+  const WindowMapping m = WindowMapping::make_linear(6, 2, 4);
+  // Query at 13: sinks 0, 1; window [13 - 4 + 1, 13] = 10..13; its page 12..15 has tail slots 14, 15.
+  const KeyList k = make_key_list(13, m, page);
+  CHECK(k.n_sinks == 2);
+  CHECK(k.window_start == 10);
+  CHECK(k.n_attended == 6);
+  CHECK(k.n_tail == 2);
+  std::vector<int64_t> slots;
+  for (int64_t j = 0; j < k.size(); ++j) {
+    bool masked = false;
+    slots.push_back(k.slot(j, m, masked));
+    CHECK(masked == (j >= k.n_attended));
+  }
+  CHECK(slots == std::vector<int64_t>{0, 1, 10, 11, 12, 13, 14, 15});
+  // Never wrapped: a late query still reads its own page's tail.
+  CHECK(make_key_list(int64_t{1} << 40, m, page).n_tail == 3);
 }

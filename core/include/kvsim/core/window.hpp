@@ -7,6 +7,12 @@
 //   t < S      -> t
 //   otherwise  -> S + bubble + (t - S) mod cyclic_len
 // Reader and writer both call cache_token(); that is the whole safety story.
+//
+// The linear mapping (make_linear) is vLLM's sliding window: the slot is the
+// token's position (no ring, no bubble: cyclic_len is kLinearRing, past any
+// sequence), and the window only chooses the keys a query attends (sinks,
+// then the last W - S tokens). The block manager then frees the pages that
+// left the window (vLLM SlidingWindowManager.remove_skipped_blocks).
 #pragma once
 
 #include <string>
@@ -21,8 +27,11 @@ struct WindowMapping {
   int32_t sinks = 0;   // S
   int32_t tokens_per_block = 1;
   bool one_more_block = false;
+  bool linear = false;  // slot = position (vLLM); the window masks keys only
   int32_t bubble = 0;
   int64_t cyclic_len = 0;
+
+  static constexpr int64_t kLinearRing = int64_t{1} << 62;  // a "ring" no sequence wraps
 
   KVSIM_HD static constexpr WindowMapping make(int32_t window, int32_t sinks, int32_t tokens_per_block,
                                                bool one_more_block) {
@@ -40,6 +49,20 @@ struct WindowMapping {
                                     : static_cast<int64_t>(window) - sinks;
     }
     return m;
+  }
+  KVSIM_HD static constexpr WindowMapping make_linear(int32_t window, int32_t sinks, int32_t tokens_per_block) {
+    WindowMapping m;
+    m.window = window;
+    m.sinks = sinks;
+    m.tokens_per_block = tokens_per_block;
+    m.linear = true;
+    if (window > 0) m.cyclic_len = kLinearRing;
+    return m;
+  }
+  // The mapping make() or make_linear() gives for m's parameters.
+  KVSIM_HD static constexpr WindowMapping derive(const WindowMapping& m) {
+    return m.linear ? make_linear(m.window, m.sinks, m.tokens_per_block)
+                    : make(m.window, m.sinks, m.tokens_per_block, m.one_more_block);
   }
   KVSIM_HD constexpr bool enabled() const { return window > 0; }
   KVSIM_HD constexpr bool is_sink(int64_t t) const { return t < sinks; }
@@ -69,13 +92,15 @@ inline void validate_window(const WindowMapping& m) {
                                     ": rule: a window mapping is built for a page size in 1..1024");
   // bubble and cyclic_len are derived: a descriptor assembled by hand must
   // carry exactly what make() computes (a zero cyclic_len would divide by 0).
-  const WindowMapping derived = WindowMapping::make(m.window, m.sinks, m.tokens_per_block, m.one_more_block);
+  if (m.linear && m.one_more_block)
+    fail(ErrorCode::bad_window, "one_more_block with a linear window: rule: one more block extends TensorRT-LLM's ring");
+  const WindowMapping derived = WindowMapping::derive(m);
   if (m.bubble != derived.bubble || m.cyclic_len != derived.cyclic_len)
     fail(ErrorCode::bad_window, "bubble = " + std::to_string(m.bubble) + ", cyclic_len = " + std::to_string(m.cyclic_len) +
                                     " but W = " + std::to_string(m.window) + ", S = " + std::to_string(m.sinks) +
                                     ", P = " + std::to_string(m.tokens_per_block) + " give bubble = " +
                                     std::to_string(derived.bubble) + ", cyclic_len = " +
-                                    std::to_string(derived.cyclic_len) + ": rule: build it with WindowMapping::make");
+                                    std::to_string(derived.cyclic_len) + ": rule: build it with WindowMapping::make (or make_linear)");
 }
 
 }  // namespace kvsim

@@ -19,6 +19,22 @@
 //    modes address slots through the same WindowMapping, since core's
 //    readers and writers accept no other (vLLM itself keeps slot = token and
 //    masks the window in the kernel; the released blocks are the same ones).
+//  * per-layer attention kinds ([layers]): one page table per KV cache group.
+//    Groups draw blocks from the pool their config names: vLLM's hybrid KV
+//    cache manager (groups share one BlockPool; kv_cache_coordinator.py) or
+//    TensorRT-LLM VSWA (a pool per window size; kvCacheManager.cpp's
+//    WindowBlockManager). A `sliding` group addresses slot = position
+//    (WindowMapping::make_linear) and, after each step, releases the pages
+//    no later query attends (vLLM SlidingWindowManager.remove_skipped_blocks;
+//    TensorRT-LLM: "blocks that leave the attention window are freed and
+//    placed on the radix search tree"): a registered block stays cached.
+//    Prefix hits follow vLLM's rule (HybridKVCacheCoordinator
+//    .find_longest_cache_hit): the longest prefix every group can serve, a
+//    full group with all its blocks cached, a sliding group with the blocks
+//    of the last W - S tokens before the hit point (and the sinks' blocks)
+//    cached (SlidingWindowManager.find_longest_cache_hit); the sliding
+//    group's earlier entries are the null block. Each group keys its blocks
+//    in its own chain (vLLM's BlockHashWithGroupId).
 // The last prompt token is never matched (it is always recomputed: its
 // output is what the engine samples from). Blocks of a sequence are
 // registered in the tree as soon as the scheduler commits the step that
@@ -56,8 +72,17 @@ class BlockMover {
   virtual void onboard(int32_t secondary_block, int32_t primary_block) = 0;
 };
 
+// One page table per sequence: a KV cache group's window and pool.
+struct GroupConfig {
+  WindowMode mode = WindowMode::none;
+  int32_t window = 0;
+  int32_t sinks = 0;
+  bool one_more_block = false;
+  int32_t pool = 0;
+};
+
 struct BlockManagerConfig {
-  int64_t primary_blocks = 0;
+  int64_t primary_blocks = 0;  // per pool
   int64_t secondary_blocks = 0;
   int32_t page_size = 16;
   bool reuse = false;
@@ -72,6 +97,8 @@ struct BlockManagerConfig {
   // rotated order (block i gets hit block i + 1's bytes), or, for a single
   // hit, another cached block.
   bool fault_serve_wrong_blocks = false;
+  // Empty: one group with the window fields above, pool 0.
+  std::vector<GroupConfig> groups;
 
   static BlockManagerConfig from(const Scenario& s);
 };
@@ -102,7 +129,7 @@ struct MatchResult {
 class BlockManager {
  public:
   using SeqId = int32_t;
-  static constexpr int32_t kNullBlock = 0;  // release mode only
+  static constexpr int32_t kNullBlock = 0;  // release and sliding modes only (of each pool that has one)
 
   BlockManager(const BlockManagerConfig& config, BlockMover* mover);
 
@@ -145,27 +172,31 @@ class BlockManager {
   // those bytes did move).
   void cancel_sequence(SeqId seq, const MatchResult& match);
 
-  // The sequence's dense block-table row: raw BlockRefs of its cache pages.
-  const std::vector<int32_t>& table(SeqId seq) const;
-  // Pages a table needs for `length` tokens (cache slots through the window).
-  int64_t pages_for(int64_t length) const;
+  // The sequence's dense block-table row of a group: raw BlockRefs of its cache pages.
+  const std::vector<int32_t>& table(SeqId seq, int32_t group = 0) const;
+  // Pages a group's table needs for `length` tokens (cache slots through the window).
+  int64_t pages_for(int64_t length, int32_t group = 0) const;
   // Largest table a sequence of `length` tokens can need.
   int64_t max_pages(int64_t length) const { return pages_for(length); }
-  const WindowMapping& window_mapping() const { return mapping_; }
+  const WindowMapping& window_mapping(int32_t group = 0) const { return groups_[group].mapping; }
+  int32_t group_count() const { return static_cast<int32_t>(groups_.size()); }
+  const GroupConfig& group(int32_t g) const { return groups_[g].config; }
 
+  // Primary counts summed over the pools (secondary: pool 0's).
   PoolCounts counts(PoolKind kind) const;
   // "" when free + referenced + cached = size for both pools and every
   // block is in exactly one of those states; otherwise what is wrong.
   std::string check_conservation() const;
   // Reference count of a primary block (tests).
-  int32_t ref_count(int32_t block) const { return primary_[block].refs; }
+  int32_t ref_count(int32_t block, int32_t pool = 0) const { return pools_[pool].blocks[block].refs; }
   // Cached primary blocks, least recently used first (tests).
-  std::vector<int32_t> lru_order() const;
+  std::vector<int32_t> lru_order(int32_t pool = 0) const;
   // Secondary blocks holding offloaded cached blocks (tests).
   int64_t secondary_cached() const { return static_cast<int64_t>(secondary_lru_.size()); }
 
  private:
   struct Node {  // a cached full block
+    int32_t group = 0;
     uint64_t key = 0;
     uint64_t parent = 0;
     std::vector<int32_t> tokens;
@@ -178,33 +209,48 @@ class BlockManager {
     std::optional<uint64_t> node;  // cached in the tree under this key
     bool reserved = false;         // the null block
   };
-  struct Sequence {
+  struct Pool {
+    std::vector<PrimaryBlock> blocks;
+    std::vector<int32_t> free;  // stack of free block ids
+    std::list<int32_t> lru;     // cached, unreferenced blocks, oldest first
+    std::unordered_map<int32_t, std::list<int32_t>::iterator> lru_pos;
+  };
+  struct Group {
+    GroupConfig config;
+    WindowMapping mapping;
+    uint64_t root = 0;  // the group's chain starts here: equal tokens give each group its own keys
+  };
+  struct Table {
     std::vector<int32_t> blocks;    // raw refs per cache page (null block after release)
     std::vector<uint64_t> keys;     // chained key per full block registered/matched so far
     int64_t registered_blocks = 0;  // leading full blocks whose key is known
-    int64_t length = 0;             // tokens the table covers (ensure_capacity)
   };
-  // Pages ensure_capacity(seq, length) must fill: new columns, and (release
-  // mode) released pages the tokens [s.length, length) are written to.
-  std::vector<int64_t> pages_to_fill(const Sequence& s, int64_t length) const;
+  struct Sequence {
+    std::vector<Table> tables;  // one per group
+    int64_t length = 0;         // tokens the tables cover (ensure_capacity)
+  };
+  // Pages ensure_capacity(seq, length) must fill in group g: new columns, and
+  // (release mode) released pages the tokens [s.length, length) are written to.
+  std::vector<int64_t> pages_to_fill(const Sequence& s, int32_t g, int64_t length) const;
+  // The vLLM hit rule over every group (any group sliding, or several groups).
+  MatchResult match_groups(Sequence& s, std::span<const int32_t> prompt);
+  bool single_legacy_group() const;
 
   uint64_t block_key(uint64_t parent, std::span<const int32_t> tokens) const;
   const Node* find_node(uint64_t parent, std::span<const int32_t> tokens) const;
-  std::optional<int32_t> take_block();  // free list, else evict the LRU cached block
-  void evict(int32_t block);
+  std::optional<int32_t> take_block(int32_t pool);  // free list, else evict the LRU cached block
+  void evict(int32_t pool, int32_t block);
   void forget_node(uint64_t key);  // removes a cached block from the tree
-  void unref(int32_t block);
-  void ref(int32_t block);
-  void touch_lru(int32_t block);
+  void unref(int32_t pool, int32_t block);
+  void ref(int32_t pool, int32_t block);
+  void touch_lru(int32_t pool, int32_t block);
+  int64_t available_blocks(int32_t pool) const;
 
   BlockManagerConfig config_;
   BlockMover* mover_;
-  WindowMapping mapping_;
-  std::vector<PrimaryBlock> primary_;
-  std::vector<int32_t> free_primary_;    // stack of free block ids
+  std::vector<Group> groups_;
+  std::vector<Pool> pools_;
   std::vector<int32_t> free_secondary_;
-  std::list<int32_t> primary_lru_;       // cached, unreferenced primary blocks, oldest first
-  std::unordered_map<int32_t, std::list<int32_t>::iterator> primary_lru_pos_;
   std::list<uint64_t> secondary_lru_;    // offloaded nodes, oldest first
   std::unordered_map<uint64_t, Node> nodes_;
   std::unordered_multimap<uint64_t, uint64_t> children_;  // parent key -> child keys

@@ -81,6 +81,10 @@ enum class WindowMode : uint8_t {
   none,
   cyclic,   // TensorRT-LLM: a ring of blocks, sinks, bubble, optional one more block
   release,  // vLLM: blocks that leave the window return to the free list
+  // [layers] only: vLLM's (and TensorRT-LLM VSWA's) sliding window with slot =
+  // position (WindowMapping::make_linear); pages that leave the window are
+  // released to the prefix cache and their table entries point at the null block.
+  sliding,
 };
 
 struct WindowSpec {
@@ -88,6 +92,42 @@ struct WindowSpec {
   int32_t window = 0;  // W (tokens attended, sinks included)
   int32_t sinks = 0;   // S
   bool one_more_block = false;
+};
+
+// How a model whose layers mix attention kinds is given its KV cache.
+enum class KvAllocation : uint8_t {
+  // TensorRT-LLM VSWA (kvCacheManager.cpp, WindowBlockManager): one pool per
+  // window size, each with its own blocks and one page table per sequence.
+  vswa,
+  // vLLM's hybrid KV cache manager (kv_cache_coordinator.py,
+  // single_type_kv_cache_manager.py): layers of one kind in KV cache groups of
+  // equal size sharing one block pool, one page table per group.
+  hybrid,
+};
+// TensorRT-LLM VSWA's rule for a sliding pool: a ring (cyclic, reuse off) or
+// blocks that leave the window freed to the radix tree (release).
+enum class VswaRule : uint8_t { cyclic, release };
+
+// [layers]: per-layer attention kinds. windows[l % windows.size()] is layer
+// l's window (0 = full attention): a list of every layer, or a pattern repeated.
+struct LayersSpec {
+  bool enabled = false;
+  std::vector<int32_t> windows;
+  int32_t sinks = 0;  // sink tokens of every sliding layer (TensorRT-LLM VSWA only)
+  KvAllocation allocation = KvAllocation::hybrid;
+  VswaRule rule = VswaRule::release;
+  bool one_more_block = false;  // vswa cyclic only
+};
+
+// One KV cache group: the layers that share a page table (and, with VSWA, a
+// pool of their own). Derived from the scenario by kv_groups().
+struct KvGroup {
+  WindowMode mode = WindowMode::none;  // none = full attention
+  int32_t window = 0;
+  int32_t sinks = 0;
+  bool one_more_block = false;
+  int32_t pool = 0;            // index of the pool its blocks come from
+  std::vector<int32_t> layers;  // model layers, in order; layers[i] is layer i of its pool
 };
 
 struct ReuseSpec {
@@ -157,6 +197,7 @@ struct Scenario {
   WindowSpec window;
   ReuseSpec reuse;
   SchedulerSpec scheduler;
+  LayersSpec layers;
   bool indexer_k_scatter = false;  // also scatter each token's fp8 indexer K into an indexer cache
   std::vector<PrefixSpec> prefixes;
   std::vector<RequestSpec> requests;
@@ -179,7 +220,23 @@ std::optional<WindowMode> parse_window_mode(std::string_view s);
 // The invariant that catches a fault.
 Invariant invariant_for(Fault f);
 
-// The pool geometry a scenario describes.
+// The pool geometry a scenario describes (every layer; with [layers], the
+// geometry of pool `pool` is kv_pool_geometry).
 PoolGeometry pool_geometry(const Scenario& s);
+
+// Layer l's window (0 = full attention) and sinks: [layers] or [window].
+int32_t layer_window(const Scenario& s, int32_t layer);
+// The KV cache groups: without [layers], one group of every layer with the
+// [window] section's mode. VSWA: one group (and pool) per window size, in
+// increasing size, full attention last. hybrid: each kind's layers cut into
+// groups of the smallest kind's layer count, all in pool 0.
+std::vector<KvGroup> kv_groups(const Scenario& s);
+int32_t kv_pool_count(const std::vector<KvGroup>& groups);
+// Pool `pool`'s geometry: as pool_geometry, with the layers of one group of it.
+PoolGeometry kv_pool_geometry(const Scenario& s, const std::vector<KvGroup>& groups, int32_t pool);
+std::string_view allocation_name(KvAllocation a);
+std::optional<KvAllocation> parse_allocation(std::string_view s);
+std::string_view vswa_rule_name(VswaRule r);
+std::optional<VswaRule> parse_vswa_rule(std::string_view s);
 
 }  // namespace kvsim::sim

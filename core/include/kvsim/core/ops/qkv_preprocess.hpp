@@ -512,8 +512,7 @@ inline void validate_qkv_preprocess(const KvPools& pools, const QkvPreprocessOp&
     if (op.window.tokens_per_block != g.tokens_per_block)
       fail(ErrorCode::bad_window, "window tokens_per_block = " + std::to_string(op.window.tokens_per_block) +
                                       ": rule: the pool's P = " + std::to_string(g.tokens_per_block));
-    const WindowMapping made =
-        WindowMapping::make(op.window.window, op.window.sinks, op.window.tokens_per_block, op.window.one_more_block);
+    const WindowMapping made = WindowMapping::derive(op.window);
     if (made.bubble != op.window.bubble || made.cyclic_len != op.window.cyclic_len)
       fail(ErrorCode::bad_window, "window bubble = " + std::to_string(op.window.bubble) + ", cyclic_len = " +
                                       std::to_string(op.window.cyclic_len) + ": rule: WindowMapping::make gives " +
