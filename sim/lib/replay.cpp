@@ -212,6 +212,24 @@ ScenarioReport replay(const Scenario& s, Backend& backend, const ReplayOptions& 
         c.reuse.enabled = false;
         rerun(c, Invariant::reuse, [&](const RunRecord& r) { return from_comparison(compare_outputs(main, r), "reuse off"); });
       }
+      if (s.layers.enabled && wanted(Invariant::window)) {
+        // Per layer: a full layer's outputs at every position, a sliding
+        // layer's at positions < its W, and every cached token, bit-equal to
+        // the same model with full attention everywhere.
+        Scenario c = s;
+        c.layers = LayersSpec{};
+        int64_t blocks = 1;
+        for (const RequestState& r : make_requests(s)) blocks += (r.final_len + s.cache.page_size - 1) / s.cache.page_size;
+        c.cache.primary_blocks = std::max(c.cache.primary_blocks, blocks);
+        rerun(c, Invariant::window, [&](const RunRecord& r) {
+          return from_comparison(compare_outputs(main, r, [&](const OutputKey& k) {
+                                   const int32_t w = layer_window(s, k.layer);
+                                   return k.kind != OutputKind::attention || w == 0 || k.position < w;
+                                 }),
+                                 "full attention in every layer (each sliding layer's positions < its W, every full "
+                                 "layer's output, every cached token)");
+        });
+      }
       if (s.window.mode != WindowMode::none && wanted(Invariant::window)) {
         Scenario c = s;
         c.window = WindowSpec{};

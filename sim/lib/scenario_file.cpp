@@ -168,16 +168,16 @@ class Section {
       out = *e;
     }
   }
-  void read(std::string_view key, std::vector<int32_t>& out) {
+  void read(std::string_view key, std::vector<int32_t>& out, const std::string& what = "a token id") {
     const toml::node* n = find(key);
     if (!n) return;
     const toml::array* a = n->as_array();
-    if (!a) wrong_type(key, *n, "an array of token ids (integers in 0..2147483647)");
+    if (!a) wrong_type(key, *n, "an array of " + what + "s (integers in 0..2147483647)");
     out.clear();
     for (size_t i = 0; i < a->size(); ++i) {
       const toml::node& e = *a->get(i);
       const std::string element_key = std::string(key) + "[" + std::to_string(i) + "]";
-      out.push_back(static_cast<int32_t>(integer(element_key, e, 0, kMaxInt32, "a token id")));
+      out.push_back(static_cast<int32_t>(integer(element_key, e, 0, kMaxInt32, what)));
     }
   }
   void read(std::string_view key, std::vector<std::string>& out) {
@@ -355,10 +355,24 @@ void parse_cache(Scenario& s, const toml::table& t) {
 
 void parse_window(Scenario& s, const toml::table& t) {
   Section sec(s, t, "window.", {"mode", "window", "sinks", "one_more_block"});
-  sec.read_name<WindowMode>("mode", s.window.mode, parse_window_mode, {"none", "cyclic", "release"});
+  sec.read_name<WindowMode>(
+      "mode", s.window.mode,
+      [](std::string_view n) { return n == "sliding" ? std::nullopt : parse_window_mode(n); },
+      {"none", "cyclic", "release"});
   sec.read("window", s.window.window);
   sec.read("sinks", s.window.sinks);
   sec.read("one_more_block", s.window.one_more_block);
+}
+
+void parse_layers(Scenario& s, const toml::table& t) {
+  Section sec(s, t, "layers.", {"windows", "sinks", "allocation", "rule", "one_more_block"});
+  LayersSpec& l = s.layers;
+  l.enabled = true;
+  sec.read("windows", l.windows, "a window (tokens; 0 = full attention)");
+  sec.read("sinks", l.sinks);
+  sec.read_name<KvAllocation>("allocation", l.allocation, parse_allocation, {"vswa", "hybrid"});
+  sec.read_name<VswaRule>("rule", l.rule, parse_vswa_rule, {"cyclic", "release"});
+  sec.read("one_more_block", l.one_more_block);
 }
 
 void parse_reuse(Scenario& s, const toml::table& t) {
@@ -459,8 +473,8 @@ void parse_expect(Scenario& s, const toml::table& t) {
   sec.read_names<Fault>("must_catch", e.must_catch, parse_fault, kFaultNames);
 }
 
-const std::vector<std::string_view> kTopLevelKeys = {"model",     "mla",     "cache",  "window", "reuse", "scheduler",
-                                                     "indexer",   "prefix",  "request", "faults", "expect"};
+const std::vector<std::string_view> kTopLevelKeys = {"model",   "mla",    "cache",   "window", "layers", "reuse",
+                                                     "scheduler", "indexer", "prefix", "request", "faults", "expect"};
 
 // ------------------------------------------------------------------ checks
 
@@ -638,6 +652,60 @@ void check_window(const Scenario& s, const Checker& c) {
               "by kvsim's block manager)");
 }
 
+// [layers]: per-layer windows, their allocation model and what it rules out.
+void check_layers(const Scenario& s, const Checker& c) {
+  const LayersSpec& l = s.layers;
+  if (!l.enabled) return;
+  c.require(!l.windows.empty(), "layers.windows",
+            "expected an array of per-layer windows (0 = full attention), e.g. [32, 32, 32, 32, 32, 0]");
+  c.require(s.model.layers % static_cast<int32_t>(l.windows.size()) == 0, "layers.windows",
+            "expected one window per layer or a pattern that divides model.layers = " + std::to_string(s.model.layers) +
+                ", got " + std::to_string(l.windows.size()) + " windows");
+  c.require(s.window.mode == WindowMode::none, "window.mode",
+            "expected none with [layers] (the layers' windows are given there), got " +
+                std::string(window_mode_name(s.window.mode)));
+  c.require(!s.mla.enabled, "layers", "expected no [layers] with MLA (an MLA pool has no attention op to window)");
+  c.require(!s.cache.shared_kv_allocation, "cache.shared_kv_allocation",
+            "expected false with [layers] (each KV cache group's pool is allocated on its own)");
+  c.require(!s.reuse.partial && !s.reuse.offload, s.reuse.partial ? "reuse.partial" : "reuse.offload",
+            "expected false with [layers] (partial reuse and offload are modelled for one KV cache group only)");
+  const bool vswa = l.allocation == KvAllocation::vswa;
+  const bool cyclic = vswa && l.rule == VswaRule::cyclic;
+  if (!vswa) {
+    c.require(l.sinks == 0, "layers.sinks",
+              "expected 0 with allocation = hybrid (vLLM's sliding window has no sink tokens), got " +
+                  std::to_string(l.sinks));
+    c.require(!s.key_locations.count("layers.rule"), "layers.rule",
+              "expected no rule with allocation = hybrid (the rule chooses TensorRT-LLM VSWA's cyclic or release pools)");
+  }
+  c.require(!l.one_more_block || cyclic, "layers.one_more_block",
+            "expected false unless allocation = vswa and rule = cyclic (one more block extends TensorRT-LLM's ring)");
+  if (cyclic)
+    c.require(!s.reuse.enabled, "reuse.enabled",
+              "expected false with VSWA rule = cyclic (TensorRT-LLM disables block reuse for cyclic pools: ring blocks "
+              "are overwritten)");
+  for (size_t i = 0; i < l.windows.size(); ++i) {
+    const int32_t w = l.windows[i];
+    if (w == 0) continue;
+    c.core_check("layers.windows", [&] {
+      validate_window(cyclic ? WindowMapping::make(w, l.sinks, s.cache.page_size, l.one_more_block)
+                             : WindowMapping::make_linear(w, l.sinks, s.cache.page_size));
+    });
+  }
+  if (!vswa) {
+    // vLLM cuts each kind's layers into groups of the smallest kind's count.
+    std::map<int32_t, int32_t> counts;
+    for (int32_t layer = 0; layer < s.model.layers; ++layer) ++counts[layer_window(s, layer)];
+    int32_t smallest = s.model.layers;
+    for (const auto& [w, n] : counts) smallest = std::min(smallest, n);
+    for (const auto& [w, n] : counts)
+      c.require(n % smallest == 0, "layers.windows",
+                "expected every kind's layer count to be a multiple of the smallest (" + std::to_string(smallest) +
+                    ": vLLM's KV cache groups are of equal size), got " + std::to_string(n) + " layers of window " +
+                    std::to_string(w));
+  }
+}
+
 void check_reuse_and_scheduler(const Scenario& s, const Checker& c) {
   const ReuseSpec& r = s.reuse;
   if (r.partial) c.require(r.enabled, "reuse.partial", "expected reuse.enabled = true for partial-block reuse");
@@ -673,8 +741,8 @@ int64_t blocks_needed(const Scenario& s, int64_t total_tokens) {
 // attends to when t' - t > extra (extra = cyclic_len - (W - S): P with one more
 // block, else 0) -- once the prompt has wrapped. Such a chunk can only give
 // wrong outputs, so the scenario is impossible as written.
-void check_cyclic_prefill(const Scenario& s, const Checker& c, const std::string& key, int64_t prompt) {
-  const WindowMapping m = WindowMapping::make(s.window.window, s.window.sinks, s.cache.page_size, s.window.one_more_block);
+void check_cyclic_prefill(const Scenario& s, const Checker& c, const std::string& key, int64_t prompt,
+                          const WindowMapping& m) {
   const int64_t extra = m.cyclic_len - (static_cast<int64_t>(m.window) - m.sinks);
   const int64_t wraps_from = m.sinks + m.cyclic_len;  // first token that overwrites another
   int64_t max_chunk = s.scheduler.chunk_size > 0 ? std::min<int64_t>(s.scheduler.chunk_size, prompt) : prompt;
@@ -685,8 +753,39 @@ void check_cyclic_prefill(const Scenario& s, const Checker& c, const std::string
                       " tokens wraps at token " + std::to_string(wraps_from) + "; a chunk of " +
                       std::to_string(max_chunk) +
                       " would overwrite keys its own earlier queries attend to): set scheduler.chunk_size <= " +
-                      std::to_string(extra + 1) + (s.window.one_more_block ? "" : " or window.one_more_block = true") +
+                      std::to_string(extra + 1) +
+                      (m.one_more_block ? "" : s.layers.enabled ? " or layers.one_more_block = true" : " or window.one_more_block = true") +
                       ", or shorten the prompt");
+}
+
+// [layers]: each pool must hold the request alone: the blocks of every group
+// drawing on it (full: every token; cyclic: the ring; sliding: the window),
+// plus the null block where a sliding group needs one.
+void check_group_capacity(const Scenario& s, const Checker& c, const std::string& key, int64_t prompt, int64_t total) {
+  const std::vector<KvGroup> groups = kv_groups(s);
+  const int64_t P = s.cache.page_size;
+  std::vector<int64_t> needed(static_cast<size_t>(kv_pool_count(groups)), 0);
+  std::vector<bool> null_block(needed.size(), false);
+  for (const KvGroup& g : groups) {
+    int64_t slots = total;
+    if (g.mode == WindowMode::cyclic) {
+      const WindowMapping m = WindowMapping::make(g.window, g.sinks, s.cache.page_size, g.one_more_block);
+      check_cyclic_prefill(s, c, key, prompt, m);
+      slots = m.cache_length(total);
+    } else if (g.mode == WindowMode::sliding) {
+      slots = std::min<int64_t>(total, g.window);
+      null_block[g.pool] = true;
+    }
+    needed[g.pool] += (slots + P - 1) / P;
+  }
+  for (size_t p = 0; p < needed.size(); ++p) {
+    const int64_t n = needed[p] + (null_block[p] ? 1 : 0);
+    c.require(n <= s.cache.primary_blocks, key,
+              "expected to fit " + std::string(needed.size() > 1 ? "pool " + std::to_string(p) : "the primary pool") +
+                  ": " + std::to_string(total) + " tokens need " + std::to_string(n) + " blocks of " +
+                  std::to_string(P) + " tokens" + (null_block[p] ? " (one of them the null block)" : "") +
+                  ", got cache.primary_blocks = " + std::to_string(s.cache.primary_blocks));
+  }
 }
 
 void check_prompts(const Scenario& s, const Checker& c) {
@@ -729,9 +828,15 @@ void check_prompts(const Scenario& s, const Checker& c) {
     prompt += static_cast<int64_t>(r.tokens.size()) + r.generated;
     c.require(prompt >= 1, key, "expected a prompt of at least one token (prefixes, tokens or generated), got none");
     c.require(r.decode_tokens >= 0, key + ".decode_tokens", "expected >= 0, got " + std::to_string(r.decode_tokens));
-    if (s.window.mode == WindowMode::cyclic) check_cyclic_prefill(s, c, key, prompt);
+    if (s.window.mode == WindowMode::cyclic)
+      check_cyclic_prefill(s, c, key, prompt,
+                           WindowMapping::make(s.window.window, s.window.sinks, s.cache.page_size, s.window.one_more_block));
     const int64_t total = prompt + r.decode_tokens;
     c.require(total <= (1 << 20), key, "expected at most 1048576 tokens in all, got " + std::to_string(total));
+    if (s.layers.enabled) {
+      check_group_capacity(s, c, key, prompt, total);
+      continue;
+    }
     // Release mode reserves one block as the null block released entries point at (vLLM).
     const bool null_block = s.window.mode == WindowMode::release;
     const int64_t needed = blocks_needed(s, total) + (null_block ? 1 : 0);
@@ -752,8 +857,11 @@ void check_faults(const Scenario& s, const Checker& c) {
     c.require(s.scheduler.chunk_size > 0, key(Fault::past_len_zero),
               "expected scheduler.chunk_size > 0 (past_seq_len matters only from the second chunk on)");
   if (on(Fault::window_mismatch))
-    c.require(s.window.mode == WindowMode::cyclic, key(Fault::window_mismatch),
-              "expected window.mode = cyclic (the reader and writer disagree on the cyclic mapping)");
+    c.require(s.window.mode == WindowMode::cyclic || (s.layers.enabled && s.layers.allocation == KvAllocation::vswa &&
+                                                      s.layers.rule == VswaRule::cyclic),
+              key(Fault::window_mismatch),
+              "expected window.mode = cyclic, or [layers] allocation = vswa with rule = cyclic (the reader and writer "
+              "disagree on the cyclic mapping)");
   if (on(Fault::k_scale_for_v)) {
     c.require(is_quantized(s.cache.dtype), key(Fault::k_scale_for_v),
               "expected a quantized cache.dtype (fp8_e4m3, fp8_e5m2, int8, nvfp4), got " +
@@ -808,6 +916,7 @@ void check_scenario(const Scenario& s) {
   check_model(s, c);
   check_cache(s, c);
   check_window(s, c);
+  check_layers(s, c);
   check_reuse_and_scheduler(s, c);
   check_prompts(s, c);
   check_faults(s, c);
@@ -840,7 +949,8 @@ Scenario parse_scenario(std::string_view toml_text, const std::string& source_na
   }
   using Parser = void (*)(Scenario&, const toml::table&);
   const std::pair<std::string_view, Parser> sections[] = {
-      {"model", parse_model},   {"cache", parse_cache},         {"window", parse_window}, {"reuse", parse_reuse},
+      {"model", parse_model},   {"cache", parse_cache},         {"window", parse_window}, {"layers", parse_layers},
+      {"reuse", parse_reuse},
       {"scheduler", parse_scheduler}, {"indexer", parse_indexer}, {"faults", parse_faults}, {"expect", parse_expect}};
   for (const auto& [name, parse] : sections)
     if (const toml::node* n = root.get(name)) {

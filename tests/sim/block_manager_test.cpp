@@ -456,3 +456,103 @@ TEST_CASE("scheduler: the most recently admitted request is preempted, then reco
   CHECK(sched.prefill_tokens > 24);  // recomputed tokens count again
   CHECK(sched.decode_tokens == 36);
 }
+
+namespace {
+// Two groups in one pool (vLLM hybrid): group 0 sliding W, group 1 full.
+BlockManagerConfig hybrid_config(int32_t P, int64_t blocks, int32_t W) {
+  BlockManagerConfig c = reuse_config(P, blocks);
+  c.groups = {{WindowMode::sliding, W, 0, false, 0}, {WindowMode::none, 0, 0, false, 0}};
+  return c;
+}
+// Runs a sequence through its prompt in one step, then frees it (its full blocks stay cached).
+void run_and_free(BlockManager& bm, int32_t seq, const std::vector<int32_t>& tokens) {
+  const MatchResult m = bm.add_sequence(seq, tokens);
+  REQUIRE(bm.ensure_capacity(seq, static_cast<int64_t>(tokens.size())));
+  bm.commit(seq, tokens, static_cast<int64_t>(tokens.size()));
+  bm.mark_step_written();
+  bm.release_out_of_window(seq, static_cast<int64_t>(tokens.size()));
+  (void)m;
+  conserved(bm);
+  bm.free_sequence(seq);
+  conserved(bm);
+}
+}  // namespace
+
+TEST_CASE("hybrid groups: a sliding group releases pages that left the window to the cache, null in its table") {
+  BlockManager bm(hybrid_config(4, 40, 8), nullptr);
+  const auto tokens = iota_tokens(22);
+  bm.add_sequence(0, tokens);
+  REQUIRE(bm.ensure_capacity(0, 22));
+  CHECK(bm.table(0, 0).size() == 6);
+  CHECK(bm.table(0, 1).size() == 6);
+  bm.commit(0, tokens, 22);
+  bm.release_out_of_window(0, 22);  // the next query (22) attends 15..22: pages 0..2 (tokens 0..11) left
+  for (int pg = 0; pg < 3; ++pg) CHECK(bm.table(0, 0)[pg] == BlockManager::kNullBlock);
+  CHECK(bm.table(0, 0)[3] != BlockManager::kNullBlock);
+  for (int32_t b : bm.table(0, 1)) CHECK(b != BlockManager::kNullBlock);  // the full group keeps everything
+  CHECK(bm.counters().released_window_blocks == 3);
+  CHECK(bm.counts(PoolKind::primary).cached == 3);  // registered full blocks stay in the prefix cache
+  // Groups share the pool: no block id is in both tables.
+  std::set<int32_t> ids(bm.table(0, 1).begin(), bm.table(0, 1).end());
+  for (int32_t b : bm.table(0, 0))
+    if (b != BlockManager::kNullBlock) CHECK(ids.count(b) == 0);
+  conserved(bm);
+}
+
+TEST_CASE("hybrid hit rule (vLLM): the longest prefix every group serves; a sliding group needs cdiv(W - 1, P) blocks") {
+  // P = 4, W = 8: the sliding group needs the 2 blocks before the hit point.
+  BlockManager bm(hybrid_config(4, 64, 8), nullptr);
+  const auto prompt = iota_tokens(29);  // limit 28 tokens = 7 full blocks
+  run_and_free(bm, 0, prompt);
+  const MatchResult m = bm.add_sequence(1, prompt);
+  CHECK(m.full_tokens == 28);
+  // The sliding table: null up to the window's 2 blocks, which are the cached ones.
+  const std::vector<int32_t>& sliding = bm.table(1, 0);
+  REQUIRE(sliding.size() == 7);
+  for (int i = 0; i < 5; ++i) CHECK(sliding[i] == BlockManager::kNullBlock);
+  CHECK(sliding[5] != BlockManager::kNullBlock);
+  CHECK(sliding[6] != BlockManager::kNullBlock);
+  CHECK(bm.table(1, 1).size() == 7);
+  for (int32_t b : bm.table(1, 1)) CHECK(b != BlockManager::kNullBlock);
+  conserved(bm);
+  bm.free_sequence(1);
+
+  // Without the sliding group's last cached blocks the hit falls back to where it has 2 in a row.
+  BlockManager partial(hybrid_config(4, 64, 8), nullptr);
+  const auto short_prompt = iota_tokens(17);  // caches blocks 0..3 (16 tokens) in both groups
+  run_and_free(partial, 0, short_prompt);
+  const MatchResult m2 = partial.add_sequence(1, prompt);  // the full group has blocks 0..3 only
+  CHECK(m2.full_tokens == 16);
+  CHECK(partial.table(1, 0)[1] == BlockManager::kNullBlock);
+  CHECK(partial.table(1, 0)[2] != BlockManager::kNullBlock);
+  conserved(partial);
+}
+
+TEST_CASE("hybrid groups key their blocks in their own chains: equal tokens, separate cache entries") {
+  BlockManagerConfig c = reuse_config(4, 64);
+  c.groups = {{WindowMode::none, 0, 0, false, 0}, {WindowMode::sliding, 8, 0, false, 0}};
+  BlockManager bm(c, nullptr);
+  const auto prompt = iota_tokens(29);
+  run_and_free(bm, 0, prompt);
+  CHECK(bm.add_sequence(1, prompt).full_tokens == 28);  // both chains are cached: a full hit
+  CHECK(bm.table(1, 0)[5] != bm.table(1, 1)[5]);       // each group's own block for the same tokens
+  conserved(bm);
+}
+
+TEST_CASE("VSWA pools: each window size has its own block ids and free list; all or nothing across pools") {
+  BlockManagerConfig c = reuse_config(4, 6);
+  c.groups = {{WindowMode::sliding, 8, 0, false, 0}, {WindowMode::none, 0, 0, false, 1}};
+  BlockManager bm(c, nullptr);
+  bm.add_sequence(0, iota_tokens(20));
+  REQUIRE(bm.ensure_capacity(0, 20));  // 5 pages in each pool (pool 0 also holds its null block)
+  // Block ids are per pool: both tables can start with the same id.
+  CHECK(bm.table(0, 0)[0] == bm.table(0, 1)[0] + 1);  // pool 0's block 0 is its null block
+  CHECK(bm.counts(PoolKind::primary).size == 12);
+  CHECK(bm.counts(PoolKind::primary).free == 12 - 5 - 5 - 1);
+  // The full pool has one block left, the window pool none: 2 more pages cannot be had; nothing changes.
+  bm.release_out_of_window(0, 20);  // sliding pages 0..2 leave the window (tokens 0..11 < 13)
+  CHECK(bm.ensure_capacity(0, 24));  // one page more in each pool: pool 0 reuses a released block
+  CHECK_FALSE(bm.ensure_capacity(0, 28));  // the full pool is out of blocks
+  CHECK(bm.table(0, 1).size() == 6);
+  conserved(bm);
+}

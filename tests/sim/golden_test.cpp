@@ -188,6 +188,21 @@ TEST_CASE("every scenario that passes validation replays without a ValidationErr
                               "\n[scheduler]\nchunk_size = " + std::to_string(chunk) + "\n" +
                               "[[request]]\ngenerated = 40\ndecode_tokens = 30\n[[request]]\narrival_step = 3\n"
                               "generated = 6\ndecode_tokens = 12\n");
+  // Per-layer windows: both allocation models (VSWA's cyclic and release rules), patterns, sinks, reuse.
+  for (const char* alloc : {"allocation = \"hybrid\"", "allocation = \"vswa\"\nrule = \"release\"",
+                            "allocation = \"vswa\"\nrule = \"cyclic\"\none_more_block = true"})
+    for (const char* windows : {"[12, 12, 0]", "[9]", "[0, 20]"})
+      for (int sinks : {0, 3})
+        for (int page : {4, 5})
+          for (int chunk : {0, 4})
+            for (bool reuse : {false, true})
+              texts.push_back(std::string("[model]\nlayers = 6\nq_heads = 4\n[cache]\nprimary_blocks = 60\npage_size = ") +
+                              std::to_string(page) + "\n[layers]\nwindows = " + windows + "\n" + alloc +
+                              "\nsinks = " + std::to_string(sinks) + "\n[reuse]\nenabled = " + (reuse ? "true" : "false") +
+                              "\n[scheduler]\nchunk_size = " + std::to_string(chunk) +
+                              "\n[[prefix]]\nname = \"p\"\nlength = 23\n[[request]]\nprefixes = [\"p\"]\ngenerated = 9\n"
+                              "decode_tokens = 14\n[[request]]\narrival_step = 4\nprefixes = [\"p\"]\ngenerated = 3\n"
+                              "decode_tokens = 6\n");
   int valid = 0, rejected = 0;
   for (const std::string& text : texts) {
     Scenario s;

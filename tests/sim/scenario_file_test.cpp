@@ -504,3 +504,61 @@ TEST_CASE("load_scenario_file: a missing file, and the file's own name in every 
   }
   std::filesystem::remove(path);
 }
+
+TEST_CASE("[layers]: per-layer windows by list or pattern, both allocation models, and what they rule out") {
+  const Scenario gemma = parse_scenario(
+      "[model]\nlayers = 12\n[layers]\nwindows = [32, 32, 32, 32, 32, 0]\n" + kOneRequest, "t.toml");
+  CHECK(gemma.layers.enabled);
+  CHECK(gemma.layers.allocation == KvAllocation::hybrid);
+  CHECK(layer_window(gemma, 6) == 32);
+  CHECK(layer_window(gemma, 11) == 0);
+  // vLLM: each kind in groups of the smallest kind's count (2 full layers): 5 sliding groups + 1 full.
+  const std::vector<KvGroup> hybrid = kv_groups(gemma);
+  REQUIRE(hybrid.size() == 6);
+  CHECK(hybrid[0].mode == WindowMode::sliding);
+  CHECK(hybrid[0].layers == std::vector<int32_t>{0, 1});
+  CHECK(hybrid[5].mode == WindowMode::none);
+  CHECK(hybrid[5].layers == std::vector<int32_t>{5, 11});
+  CHECK(kv_pool_count(hybrid) == 1);
+  CHECK(kv_pool_geometry(gemma, hybrid, 0).layers == 2);
+  // TensorRT-LLM VSWA: a pool per window size, full attention last.
+  const Scenario oss = parse_scenario(
+      "[model]\nlayers = 4\n[layers]\nwindows = [16, 0]\nallocation = \"vswa\"\nrule = \"cyclic\"\nsinks = 2\n" + kOneRequest,
+      "t.toml");
+  const std::vector<KvGroup> vswa = kv_groups(oss);
+  REQUIRE(vswa.size() == 2);
+  CHECK(vswa[0].mode == WindowMode::cyclic);
+  CHECK(vswa[0].sinks == 2);
+  CHECK(vswa[0].layers == std::vector<int32_t>{0, 2});
+  CHECK(vswa[1].pool == 1);
+  CHECK(vswa[1].layers == std::vector<int32_t>{1, 3});
+  CHECK(kv_pool_count(vswa) == 2);
+
+  check_rejected("[model]\nlayers = 4\n[layers]\nwindows = [16, 0, 0]\n" + kOneRequest, "4:11: layers.windows",
+                 "a pattern that divides model.layers = 4");
+  check_rejected("[layers]\nwindows = []\n" + kOneRequest, "2:11: layers.windows", "expected an array of per-layer windows");
+  check_rejected("[layers]\nwindows = [-4]\n" + kOneRequest, "2:12: layers.windows[0]", "expected a window");
+  check_rejected("[layers]\nwindows = [16, 0]\nsinks = 2\n" + kOneRequest, "3:9: layers.sinks",
+                 "vLLM's sliding window has no sink tokens");
+  check_rejected("[layers]\nwindows = [16, 0]\nrule = \"cyclic\"\n" + kOneRequest, "3:8: layers.rule",
+                 "expected no rule with allocation = hybrid");
+  check_rejected("[layers]\nwindows = [16, 0]\nallocation = \"vswa\"\nrule = \"cyclic\"\n[reuse]\nenabled = true\n" +
+                     kOneRequest,
+                 "6:11: reuse.enabled", "TensorRT-LLM disables block reuse for cyclic pools");
+  check_rejected("[layers]\nwindows = [16, 0]\n[window]\nmode = \"cyclic\"\nwindow = 8\n" + kOneRequest, "4:8: window.mode",
+                 "expected none with [layers]");
+  check_rejected("[model]\nlayers = 5\n[layers]\nwindows = [16, 16, 16, 0, 0]\n" + kOneRequest, "4:11: layers.windows",
+                 "a multiple of the smallest");
+  check_rejected("[layers]\nwindows = [4, 0]\nallocation = \"vswa\"\nsinks = 4\n" + kOneRequest, "2:11: layers.windows",
+                 "rejected by core");
+  check_rejected("[layers]\nwindows = [16, 0]\nallocation = \"bogus\"\n" + kOneRequest, "3:14: layers.allocation",
+                 "expected one of vswa, hybrid");
+  check_rejected("[layers]\nwindows = [16, 0]\n[reuse]\nenabled = true\noffload = true\n[cache]\nsecondary_blocks = 4\n" +
+                     kOneRequest,
+                 "5:11: reuse.offload", "modelled for one KV cache group only");
+  check_rejected("[window]\nmode = \"sliding\"\nwindow = 8\n" + kOneRequest, "2:8: window.mode",
+                 "expected one of none, cyclic, release");
+  // Each pool must hold a request alone: the full group every token, a sliding group its window, + the null block.
+  check_rejected("[cache]\npage_size = 4\nprimary_blocks = 5\n[layers]\nwindows = [8, 0]\n[[request]]\ngenerated = 12\n",
+                 "6:1: request[0]", "6 blocks of 4 tokens (one of them the null block)");
+}
