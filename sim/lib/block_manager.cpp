@@ -31,6 +31,8 @@ BlockManagerConfig BlockManagerConfig::from(const Scenario& s) {
   c.one_more_block = s.window.one_more_block;
   for (Fault f : s.faults)
     if (f == Fault::reused_block_mismatch) c.fault_serve_wrong_blocks = true;
+  c.block_order = s.cache.block_order;
+  c.order_seed = s.model.seed;
   if (s.layers.enabled)
     for (const KvGroup& g : kv_groups(s)) c.groups.push_back({g.mode, g.window, g.sinks, g.one_more_block, g.pool});
   return c;
@@ -71,7 +73,16 @@ BlockManager::BlockManager(const BlockManagerConfig& config, BlockMover* mover) 
   for (int32_t p = 0; p < pools; ++p) {
     Pool& pool = pools_[p];
     pool.blocks.resize(static_cast<size_t>(config_.primary_blocks));
+    // The free list is a stack: the block handed out first is at the back.
     for (int64_t b = config_.primary_blocks - 1; b >= 0; --b) pool.free.push_back(static_cast<int32_t>(b));
+    if (config_.block_order == BlockOrder::highest) std::reverse(pool.free.begin(), pool.free.end());
+    if (config_.block_order == BlockOrder::shuffled) {  // Fisher-Yates over splitmix64 of the seed
+      uint64_t state = mix(config_.order_seed, 0x0bd3 + static_cast<uint64_t>(p));
+      for (size_t i = pool.free.size(); i > 1; --i) {
+        state = mix(state, i);
+        std::swap(pool.free[i - 1], pool.free[state % i]);
+      }
+    }
     bool null_block = false;
     for (const Group& g : groups_)
       null_block = null_block || (g.config.pool == p && (g.config.mode == WindowMode::release ||

@@ -75,6 +75,8 @@ class Runner final : public BlockMover {
     past_len_zero_ = has_fault(s, Fault::past_len_zero);
     k_scale_for_v_ = has_fault(s, Fault::k_scale_for_v);
     stale_bad_page_ = has_fault(s, Fault::stale_bad_page);
+    short_block_table_ = has_fault(s, Fault::short_block_table);
+    offload_drops_scales_ = has_fault(s, Fault::offload_drops_scales);
     const bool v_tail_fault = has_fault(s, Fault::v_tail_not_zeroed);
     zero_v_tail_ = s.cache.zero_v_tail && !v_tail_fault;
     rec_.poisoned = s.cache.poison_nan || v_tail_fault;
@@ -94,11 +96,26 @@ class Runner final : public BlockMover {
     for (int32_t gi = 0; gi < bm_->group_count(); ++gi) {
       const WindowMapping& w = bm_->window_mapping(gi);
       write_maps_.push_back(w);
+      WindowMapping read = w;
+      const bool ring = w.enabled() && !w.linear;
       // The fault: the reader's mapping forgets the sinks (and with them the bubble).
-      read_maps_.push_back(has_fault(s, Fault::window_mismatch) && w.enabled() && !w.linear
-                               ? WindowMapping::make(w.window, 0, w.tokens_per_block, w.one_more_block)
-                               : w);
+      if (has_fault(s, Fault::window_mismatch) && ring)
+        read = WindowMapping::make(w.window, 0, w.tokens_per_block, w.one_more_block);
+      // tt-metal PR #45184: the ring-sized table is indexed by the absolute position.
+      if (has_fault(s, Fault::window_table_absolute) && ring)
+        read = WindowMapping::make_linear(w.window, w.sinks, w.tokens_per_block);
+      read_maps_.push_back(read);
     }
+    // vLLM PR #51756: a full-attention layer reads with the model's sliding
+    // window (its group's spec taken for the layer's own).
+    if (has_fault(s, Fault::group_window_for_layer))
+      for (int32_t gi = 0; gi < bm_->group_count(); ++gi)
+        if (!write_maps_[gi].enabled())
+          for (const WindowMapping& w : write_maps_)
+            if (w.enabled()) {
+              read_maps_[gi] = WindowMapping::make_linear(w.window, 0, w.tokens_per_block);
+              break;
+            }
     write_map_ = write_maps_[0];
     read_map_ = read_maps_[0];
     sched_ = std::make_unique<Scheduler>(s, *bm_, reqs_);
@@ -167,6 +184,7 @@ class Runner final : public BlockMover {
   std::vector<int32_t> table_row(const RequestState& r, int32_t columns) const;
   // Points pools_, write_map_, read_map_ and group_ at the layer's KV cache group.
   void select_layer(int32_t layer);
+  void fill_fresh_pages(const KvPools& p, float value);
   void record_output(const OutputKey& key, const void* data, size_t bytes);
   void hash_final_state();
 
@@ -190,6 +208,7 @@ class Runner final : public BlockMover {
   AttentionScales scales_;
   float sm_scale_ = 1.0f;
   bool past_len_zero_ = false, k_scale_for_v_ = false, stale_bad_page_ = false, zero_v_tail_ = true;
+  bool short_block_table_ = false, offload_drops_scales_ = false;
   int32_t rotary_dim_ = 0;
   int64_t rope_rows_ = 0;
   BackendBuffer rope_;
@@ -209,6 +228,8 @@ void Runner::allocate_pools() {
       pool_sets_.push_back(be_.allocate_pools(s_.layers.enabled ? kv_pool_geometry(s_, groups_, p) : g_, fill));
     own_pools_ = true;
     pools_ = pool_sets_[0];
+    if (s_.cache.fresh_page_fill)
+      for (const KvPools& p : pool_sets_) fill_fresh_pages(p, *s_.cache.fresh_page_fill);
     return;
   }
   // FlashInfer: one [pages, 2, P, H, D] tensor per layer, layers back to back;
@@ -241,6 +262,25 @@ void Runner::allocate_pools() {
   }
   pool_sets_.push_back(make_shared_kv_pools(g_, primary, secondary));
   pools_ = pool_sets_[0];
+}
+
+// Every element of every pool holds the code of `value` (cache.fresh_page_fill).
+void Runner::fill_fresh_pages(const KvPools& p, float value) {
+  const CacheDtype t = p.geometry.dtype;
+  std::vector<uint8_t> chunk(size_t{1} << 20);
+  const int32_t eb = element_bytes(t);
+  for (size_t i = 0; i < chunk.size() / eb; ++i) {
+    if (is_float_input(t)) store_float(chunk.data(), t, static_cast<int64_t>(i), value);
+    else if (t == CacheDtype::fp8_e4m3) chunk[i] = codec::f32_to_e4m3(value);
+    else if (t == CacheDtype::fp8_e5m2) chunk[i] = codec::f32_to_e5m2(value);
+    else chunk[i] = static_cast<uint8_t>(codec::f32_to_int8(value));
+  }
+  for (PoolKind kind : {PoolKind::primary, PoolKind::secondary}) {
+    const int64_t bytes = p.geometry.pool_bytes(kind);
+    auto* base = static_cast<uint8_t*>(p.data[static_cast<int>(kind)]);
+    for (int64_t at = 0; base && at < bytes; at += static_cast<int64_t>(chunk.size()))
+      be_.to_backend(base + at, chunk.data(), static_cast<size_t>(std::min<int64_t>(bytes - at, chunk.size())));
+  }
 }
 
 void Runner::select_layer(int32_t layer) {
@@ -284,6 +324,15 @@ void Runner::move(int32_t primary, int32_t secondary, bool to_secondary) {
     be_.offload(pool_sets_[0], op);
   else
     be_.onboard(pool_sets_[0], op);
+  if (to_secondary && offload_drops_scales_ && g_.has_scale_pool()) {
+    // vLLM #48412: the offload moved the nvfp4 data but dropped the packed scales.
+    const int k = static_cast<int>(PoolKind::secondary);
+    for (int32_t l = 0; l < g_.layers; ++l)
+      for (int32_t kv = 0; kv < g_.kv_factor; ++kv)
+        be_.fill(static_cast<uint8_t*>(pool_sets_[0].scales[k]) +
+                     scale_offset(pool_sets_[0].scale_strides[k], secondary, l, kv, 0, 0, 0),
+                 0, static_cast<size_t>(g_.scale_geometry().inner_elements()));
+  }
   const std::vector<uint8_t> after = to_secondary ? block_bytes(PoolKind::secondary, secondary)
                                                   : block_bytes(PoolKind::primary, primary);
   ++rec_.offload_round_trips;
@@ -317,7 +366,7 @@ void Runner::notify(const std::string& op, int32_t layer, std::vector<std::strin
 std::vector<int32_t> Runner::table_row(const RequestState& r, int32_t columns) const {
   std::vector<int32_t> row(static_cast<size_t>(columns), kBadPage);
   const auto& t = bm_->table(r.index, group_);
-  std::copy(t.begin(), t.end(), row.begin());
+  std::copy(t.begin(), t.begin() + std::min<std::ptrdiff_t>(columns, static_cast<std::ptrdiff_t>(t.size())), row.begin());
   return row;
 }
 
@@ -650,6 +699,7 @@ void Runner::attend(int32_t layer, const std::vector<Entry>& es, size_t first, s
   int32_t columns = 1;
   for (size_t i = first; i < last; ++i)
     columns = std::max<int32_t>(columns, static_cast<int32_t>(bm_->table(es[i].r->index, group_).size()));
+  if (short_block_table_ && columns > 1) --columns;  // vLLM PR #54296: the reader's table lacks the last page
   std::vector<int32_t> table, seq_lens, q_indptr{0};
   std::vector<Entry> batch(es.begin() + static_cast<std::ptrdiff_t>(first), es.begin() + static_cast<std::ptrdiff_t>(last));
   for (const Entry& e : batch) {

@@ -25,13 +25,22 @@ std::string_view name_of(const std::array<std::pair<E, std::string_view>, N>& ta
   return "?";
 }
 
-constexpr std::array<std::pair<Fault, std::string_view>, 6> kFaults{{
+constexpr std::array<std::pair<Fault, std::string_view>, 10> kFaults{{
     {Fault::past_len_zero, "past_len_zero"},
     {Fault::window_mismatch, "window_mismatch"},
     {Fault::k_scale_for_v, "k_scale_for_v"},
     {Fault::reused_block_mismatch, "reused_block_mismatch"},
     {Fault::v_tail_not_zeroed, "v_tail_not_zeroed"},
     {Fault::stale_bad_page, "stale_bad_page"},
+    {Fault::group_window_for_layer, "group_window_for_layer"},
+    {Fault::window_table_absolute, "window_table_absolute"},
+    {Fault::short_block_table, "short_block_table"},
+    {Fault::offload_drops_scales, "offload_drops_scales"},
+}};
+constexpr std::array<std::pair<BlockOrder, std::string_view>, 3> kBlockOrders{{
+    {BlockOrder::lowest, "lowest"},
+    {BlockOrder::highest, "highest"},
+    {BlockOrder::shuffled, "shuffled"},
 }};
 constexpr std::array<std::pair<Invariant, std::string_view>, 10> kInvariants{{
     {Invariant::conservation, "conservation"},
@@ -75,6 +84,8 @@ std::string_view write_path_name(WritePath w) { return name_of(kWritePaths, w); 
 std::optional<WritePath> parse_write_path(std::string_view s) { return lookup(kWritePaths, s); }
 std::string_view window_mode_name(WindowMode m) { return name_of(kWindowModes, m); }
 std::optional<WindowMode> parse_window_mode(std::string_view s) { return lookup(kWindowModes, s); }
+std::string_view block_order_name(BlockOrder o) { return name_of(kBlockOrders, o); }
+std::optional<BlockOrder> parse_block_order(std::string_view s) { return lookup(kBlockOrders, s); }
 std::string_view allocation_name(KvAllocation a) { return name_of(kAllocations, a); }
 std::optional<KvAllocation> parse_allocation(std::string_view s) { return lookup(kAllocations, s); }
 std::string_view vswa_rule_name(VswaRule r) { return name_of(kVswaRules, r); }
@@ -88,6 +99,10 @@ Invariant invariant_for(Fault f) {
     case Fault::reused_block_mismatch: return Invariant::reuse;
     case Fault::v_tail_not_zeroed: return Invariant::no_nan;
     case Fault::stale_bad_page: return Invariant::dense;
+    case Fault::group_window_for_layer: return Invariant::window;
+    case Fault::window_table_absolute: return Invariant::window;
+    case Fault::short_block_table: return Invariant::dense;
+    case Fault::offload_drops_scales: return Invariant::offload;
   }
   return Invariant::conservation;
 }

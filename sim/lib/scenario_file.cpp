@@ -249,7 +249,9 @@ std::optional<RopeStyle> parse_rope_style(std::string_view s) {
 }
 
 const std::vector<std::string_view> kFaultNames = {"past_len_zero",          "window_mismatch",   "k_scale_for_v",
-                                                   "reused_block_mismatch", "v_tail_not_zeroed", "stale_bad_page"};
+                                                   "reused_block_mismatch", "v_tail_not_zeroed", "stale_bad_page",
+                                                   "group_window_for_layer", "window_table_absolute",
+                                                   "short_block_table",      "offload_drops_scales"};
 const std::vector<std::string_view> kInvariantNames = {"conservation", "chunking",     "reuse",  "window",  "layout",
                                                        "dense",        "quantization", "no_nan", "offload", "batch"};
 
@@ -308,7 +310,7 @@ const toml::array& table_array(const Scenario& s, const toml::node& n, std::stri
 void parse_model(Scenario& s, const toml::table& t) {
   Section sec(s, t, "model.",
               {"layers", "q_heads", "kv_heads", "head_dim", "seed", "value_scale", "outlier_rate", "outlier_scale",
-               "input_dtype", "rope", "rotary_dim", "rope_theta"});
+               "nan_rate", "inf_rate", "input_dtype", "rope", "rotary_dim", "rope_theta"});
   ModelSpec& m = s.model;
   sec.read("layers", m.layers);
   sec.read("q_heads", m.q_heads);
@@ -318,6 +320,8 @@ void parse_model(Scenario& s, const toml::table& t) {
   sec.read("value_scale", m.value_scale);
   sec.read("outlier_rate", m.outlier_rate);
   sec.read("outlier_scale", m.outlier_scale);
+  sec.read("nan_rate", m.nan_rate);
+  sec.read("inf_rate", m.inf_rate);
   sec.read_name<CacheDtype>("input_dtype", m.input_dtype, parse_dtype, {"fp32", "fp16", "bf16"});
   sec.read_name<RopeStyle>("rope", m.rope, parse_rope_style, {"none", "neox", "gptj"});
   sec.read("rotary_dim", m.rotary_dim);
@@ -334,7 +338,8 @@ void parse_mla(Scenario& s, const toml::table& t) {
 void parse_cache(Scenario& s, const toml::table& t) {
   Section sec(s, t, "cache.",
               {"dtype", "layout", "placement", "page_size", "primary_blocks", "secondary_blocks", "shared_kv_allocation",
-               "write_path", "k_scale", "v_scale", "k_global_scale", "v_global_scale", "zero_v_tail", "poison_nan"});
+               "write_path", "k_scale", "v_scale", "k_global_scale", "v_global_scale", "zero_v_tail", "poison_nan",
+               "fresh_page_fill", "block_order"});
   CacheSpec& c = s.cache;
   sec.read_name<CacheDtype>("dtype", c.dtype, parse_dtype, dtype_names());
   sec.read_name<BlockLayout>("layout", c.layout, parse_layout, {"nhd", "hnd", "split-x"});
@@ -351,6 +356,12 @@ void parse_cache(Scenario& s, const toml::table& t) {
   sec.read("v_global_scale", c.v_global_scale);
   sec.read("zero_v_tail", c.zero_v_tail);
   sec.read("poison_nan", c.poison_nan);
+  if (sec.has("fresh_page_fill")) {
+    float fill = 0.0f;
+    sec.read("fresh_page_fill", fill);
+    c.fresh_page_fill = fill;
+  }
+  sec.read_name<BlockOrder>("block_order", c.block_order, parse_block_order, {"lowest", "highest", "shuffled"});
 }
 
 void parse_window(Scenario& s, const toml::table& t) {
@@ -539,6 +550,9 @@ void check_model(const Scenario& s, const Checker& c) {
             "expected a share in 0..1, got " + str(m.outlier_rate));
   c.require(finite_positive(m.outlier_scale), "model.outlier_scale",
             "expected a finite number > 0, got " + str(m.outlier_scale));
+  c.require(m.nan_rate >= 0.0f && m.nan_rate <= 1.0f, "model.nan_rate", "expected a share in 0..1, got " + str(m.nan_rate));
+  c.require(m.inf_rate >= 0.0f && m.inf_rate <= 1.0f - m.nan_rate, "model.inf_rate",
+            "expected a share in 0..1 - nan_rate, got " + str(m.inf_rate));
   c.require(is_float_input(m.input_dtype), "model.input_dtype",
             "expected one of fp32, fp16, bf16 (engines feed K/V in a float dtype), got " +
                 std::string(dtype_name(m.input_dtype)));
@@ -613,6 +627,15 @@ void check_cache(const Scenario& s, const Checker& c) {
     c.require(k.write_path != WritePath::reshape_and_cache, "cache.write_path",
               "expected qkv_preprocess or append_paged for an nvfp4 cache (vLLM's reshape_and_cache does not write "
               "nvfp4), got reshape_and_cache");
+  }
+  if (k.fresh_page_fill) {
+    c.require(std::isfinite(*k.fresh_page_fill), "cache.fresh_page_fill",
+              "expected a finite number (the poison must read as a value; NaN is poison_nan), got " +
+                  str(*k.fresh_page_fill));
+    c.require(!k.poison_nan, "cache.fresh_page_fill", "expected poison_nan = false (one fill per pool)");
+    c.require(k.dtype != CacheDtype::nvfp4, "cache.fresh_page_fill",
+              "expected a cache dtype with one code per element (an nvfp4 element's value depends on its block scale)");
+    c.require(!k.shared_kv_allocation, "cache.fresh_page_fill", "expected shared_kv_allocation = false");
   }
   if (k.shared_kv_allocation)
     c.require(k.placement == LayerPlacement::per_layer && k.layout == BlockLayout::nhd, "cache.shared_kv_allocation",
@@ -880,6 +903,22 @@ void check_faults(const Scenario& s, const Checker& c) {
     c.require(s.cache.poison_nan, key(Fault::v_tail_not_zeroed),
               "expected cache.poison_nan = true (a tail that is not zeroed only shows when the pool holds NaN)");
   }
+  if (on(Fault::group_window_for_layer)) {
+    bool sliding = false, full = false;
+    for (int32_t l = 0; l < s.model.layers; ++l) (layer_window(s, l) > 0 ? sliding : full) = true;
+    c.require(s.layers.enabled && sliding && full, key(Fault::group_window_for_layer),
+              "expected [layers] with both sliding and full layers (the full layers take the sliding window)");
+  }
+  if (on(Fault::window_table_absolute))
+    c.require(s.window.mode == WindowMode::cyclic || (s.layers.enabled && s.layers.allocation == KvAllocation::vswa &&
+                                                      s.layers.rule == VswaRule::cyclic),
+              key(Fault::window_table_absolute),
+              "expected a cyclic window (the ring-sized table is indexed by absolute position)");
+  if (on(Fault::short_block_table))
+    c.require(!s.mla.enabled, key(Fault::short_block_table), "expected no MLA (an attention op reads the table)");
+  if (on(Fault::offload_drops_scales))
+    c.require(s.cache.dtype == CacheDtype::nvfp4 && s.reuse.offload, key(Fault::offload_drops_scales),
+              "expected cache.dtype = nvfp4 and reuse.offload = true (only nvfp4 blocks carry packed scales)");
   for (size_t i = 0; i < s.expect.must_catch.size(); ++i) {
     const Fault f = s.expect.must_catch[i];
     c.require(on(f), "expect.must_catch",

@@ -1,6 +1,8 @@
 // The synthetic model: see synthetic_model.hpp.
 #include "kvsim/sim/synthetic_model.hpp"
 
+#include <limits>
+
 #include <kvsim/core/errors.hpp>
 
 #include "kvsim/sim/scenario_file.hpp"
@@ -35,6 +37,12 @@ float SyntheticModel::value(ModelTensor t, int32_t layer, int32_t head, int32_t 
   if (spec_.outlier_rate > 0.0f) {
     const float u = (unit(hash_mix(h, 3)) + 1.0f) * 0.5f;
     if (u < spec_.outlier_rate) x *= spec_.outlier_scale;
+  }
+  if ((spec_.nan_rate > 0.0f || spec_.inf_rate > 0.0f) && t != ModelTensor::q && t != ModelTensor::indexer_k) {
+    const float u = (unit(hash_mix(h, 4)) + 1.0f) * 0.5f;
+    if (u < spec_.nan_rate) return std::numeric_limits<float>::quiet_NaN();
+    if (u < spec_.nan_rate + spec_.inf_rate)
+      return (a & 1) ? std::numeric_limits<float>::infinity() : -std::numeric_limits<float>::infinity();
   }
   return x;
 }

@@ -556,3 +556,46 @@ TEST_CASE("VSWA pools: each window size has its own block ids and free list; all
   CHECK(bm.table(0, 1).size() == 6);
   conserved(bm);
 }
+
+TEST_CASE("block order: lowest first (default), highest first, or a seeded shuffle of every block") {
+  auto first_blocks = [](BlockOrder order, uint64_t seed) {
+    BlockManagerConfig c;
+    c.page_size = 4;
+    c.primary_blocks = 10;
+    c.block_order = order;
+    c.order_seed = seed;
+    BlockManager bm(c, nullptr);
+    bm.add_sequence(0, iota_tokens(40));
+    REQUIRE(bm.ensure_capacity(0, 40));
+    conserved(bm);
+    return bm.table(0);
+  };
+  CHECK(first_blocks(BlockOrder::lowest, 1) == std::vector<int32_t>{0, 1, 2, 3, 4, 5, 6, 7, 8, 9});
+  CHECK(first_blocks(BlockOrder::highest, 1) == std::vector<int32_t>{9, 8, 7, 6, 5, 4, 3, 2, 1, 0});
+  const std::vector<int32_t> shuffled = first_blocks(BlockOrder::shuffled, 7);
+  CHECK(shuffled == first_blocks(BlockOrder::shuffled, 7));  // deterministic
+  CHECK(shuffled != first_blocks(BlockOrder::shuffled, 8));  // and seeded
+  std::vector<int32_t> sorted = shuffled;
+  std::sort(sorted.begin(), sorted.end());
+  CHECK(sorted == first_blocks(BlockOrder::lowest, 1));  // a permutation of every block
+}
+
+TEST_CASE("synthetic model: NaN and Inf rates replace that share of K/V inputs, never Q") {
+  ModelSpec spec;
+  spec.nan_rate = 0.1f;
+  spec.inf_rate = 0.05f;
+  const SyntheticModel m(spec);
+  int nan = 0, inf = 0, q_nonfinite = 0;
+  const int n = 20000;
+  for (int i = 0; i < n; ++i) {
+    const float k = m.value(ModelTensor::k, 0, 0, i % 64, i / 64, 5);
+    nan += std::isnan(k);
+    inf += std::isinf(k);
+    q_nonfinite += !std::isfinite(m.value(ModelTensor::q, 0, 0, i % 64, i / 64, 5));
+  }
+  CHECK(nan > n * 0.08);
+  CHECK(nan < n * 0.12);
+  CHECK(inf > n * 0.035);
+  CHECK(inf < n * 0.065);
+  CHECK(q_nonfinite == 0);
+}

@@ -16,6 +16,7 @@
 #include "backends/backend.hpp"
 #include "kvsim/sim/invariants.hpp"
 #include "kvsim/sim/replay.hpp"
+#include "kvsim/sim/scenario_file.hpp"
 
 using namespace kvsim;
 using namespace kvsim::sim;
@@ -297,6 +298,32 @@ TEST_CASE("replay: each fault is caught by its invariant, which passes with the 
     Scenario s = small(3);  // decodes open new pages: the previous step's table lacks them
     cases.push_back({Fault::stale_bad_page, s});
   }
+  {
+    Scenario s = small(4);  // a Gemma-like pair: layer 0 sliding (12), layer 1 full
+    s.layers.enabled = true;
+    s.layers.windows = {12, 0};
+    cases.push_back({Fault::group_window_for_layer, s});
+  }
+  {
+    Scenario s = small(4);  // VSWA cyclic ring of 12 + 4 slots: prompts of 29 and 40 wrap it
+    s.layers.enabled = true;
+    s.layers.windows = {12, 0};
+    s.layers.allocation = KvAllocation::vswa;
+    s.layers.rule = VswaRule::cyclic;
+    s.layers.one_more_block = true;
+    s.scheduler.chunk_size = 5;
+    cases.push_back({Fault::window_table_absolute, s});
+  }
+  {
+    Scenario s = small(3);
+    cases.push_back({Fault::short_block_table, s});
+  }
+  {
+    Scenario s = load_scenario_file(std::string(KVSIM_SOURCE_DIR) + "/scenarios/fault_offload_drops_scales.toml");
+    s.faults.clear();
+    s.expect = Expectations{};
+    cases.push_back({Fault::offload_drops_scales, s});
+  }
   for (Case& c : cases) {
     INFO("fault " << fault_name(c.fault));
     const Invariant inv = invariant_for(c.fault);
@@ -436,4 +463,21 @@ TEST_CASE("replay: before_op sees every backend op with its step, layer and batc
         written = written || (seen[j].op == "qkv_preprocess_write" && seen[j].layer == seen[i].layer);
       CHECK(written);
     }
+}
+
+TEST_CASE("replay: a finite fresh-page fill reaches every pool byte a write leaves, and no output") {
+  Scenario s = small(4);
+  s.cache.write_path = WritePath::append_paged;  // leaves page tails as they were
+  ReplayOptions quick;
+  quick.comparison_invariants = false;
+  const RunRecord plain = run_scenario(s, cpu(), quick);
+  s.cache.fresh_page_fill = 0.0f;
+  const RunRecord zero = run_scenario(s, cpu(), quick);
+  CHECK(zero.content_hash == plain.content_hash);  // bf16 0.0 is the zero bytes of a fresh pool
+  s.cache.fresh_page_fill = 3.0f;
+  const RunRecord poisoned = run_scenario(s, cpu(), quick);
+  CHECK(poisoned.content_hash != plain.content_hash);  // the untouched slots hold 3.0
+  const Comparison c = compare_outputs(poisoned, plain);
+  CHECK(c.compared > 0);
+  CHECK(c.first_difference.empty());  // masked tail keys weigh 0: a finite poison never shows
 }

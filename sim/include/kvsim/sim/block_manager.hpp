@@ -97,6 +97,8 @@ struct BlockManagerConfig {
   // rotated order (block i gets hit block i + 1's bytes), or, for a single
   // hit, another cached block.
   bool fault_serve_wrong_blocks = false;
+  BlockOrder block_order = BlockOrder::lowest;  // the order free blocks are handed out
+  uint64_t order_seed = 1;                       // BlockOrder::shuffled
   // Empty: one group with the window fields above, pool 0.
   std::vector<GroupConfig> groups;
 

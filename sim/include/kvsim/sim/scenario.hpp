@@ -37,6 +37,10 @@ struct ModelSpec {
   float value_scale = 1.0f;  // typical |x| of K/V/Q elements
   float outlier_rate = 0.0f; // share of elements multiplied by outlier_scale (saturation, block scales)
   float outlier_scale = 64.0f;
+  // Shares of K/V (and latent) input elements replaced by NaN and by +-Inf
+  // (TensorRT-LLM / vLLM reports of non-finite activations reaching the cache).
+  float nan_rate = 0.0f;
+  float inf_rate = 0.0f;
   CacheDtype input_dtype = CacheDtype::bf16;  // dtype of the fused QKV / K / V inputs (fp32, fp16, bf16)
   RopeStyle rope = RopeStyle::neox;           // none, neox, gptj (qkv_preprocess write path)
   int32_t rotary_dim = 0;                     // 0 = head_dim
@@ -58,6 +62,11 @@ enum class WritePath : uint8_t {
   append_mla,         // FlashInfer append_paged_mla_kv_cache (requires mla.enabled)
 };
 
+// The order a pool hands out free blocks: lowest id first (the default),
+// highest first (puts tokens at the far end of a pool, past 2^31 elements
+// in a large one), or a shuffle seeded by model.seed.
+enum class BlockOrder : uint8_t { lowest, highest, shuffled };
+
 struct CacheSpec {
   CacheDtype dtype = CacheDtype::bf16;
   BlockLayout layout = BlockLayout::nhd;
@@ -75,6 +84,10 @@ struct CacheSpec {
   float v_global_scale = 1.0f;
   bool zero_v_tail = true;         // qkv_preprocess: zero V rows beyond cache_len in the last block
   bool poison_nan = false;         // fill every pool with NaN bytes before the run (no-NaN invariant)
+  // A finite value every pool element holds before the run (TensorRT-LLM's
+  // TRTLLM_KV_FRESH_PAGE_FILL idea): a read of a never-written slot shows it.
+  std::optional<float> fresh_page_fill;
+  BlockOrder block_order = BlockOrder::lowest;
 };
 
 enum class WindowMode : uint8_t {
@@ -173,6 +186,10 @@ enum class Fault : uint8_t {
   reused_block_mismatch,   // a reused block holds other tokens' K/V                    -> reuse
   v_tail_not_zeroed,       // V tail of the last block not zeroed, pools NaN-poisoned   -> no_nan
   stale_bad_page,          // a block table keeps a BAD_PAGE where a block now lives    -> dense
+  group_window_for_layer,  // a full layer reads with its model's sliding window (vLLM PR #51756) -> window
+  window_table_absolute,   // a ring-sized table indexed by absolute position (tt-metal PR #45184) -> window
+  short_block_table,       // the attention op's block table is a page shorter than the sequence (vLLM PR #54296) -> dense
+  offload_drops_scales,    // offload copies nvfp4 data but not its packed scales (vLLM #48412) -> offload
 };
 
 // Named invariants (SPEC §6).
@@ -217,6 +234,8 @@ std::string_view write_path_name(WritePath w);
 std::optional<WritePath> parse_write_path(std::string_view s);
 std::string_view window_mode_name(WindowMode m);
 std::optional<WindowMode> parse_window_mode(std::string_view s);
+std::string_view block_order_name(BlockOrder o);
+std::optional<BlockOrder> parse_block_order(std::string_view s);
 // The invariant that catches a fault.
 Invariant invariant_for(Fault f);
 
