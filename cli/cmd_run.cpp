@@ -19,6 +19,7 @@
 #include "kvsim/sim/replay.hpp"
 #include "kvsim/sim/scenario_file.hpp"
 #include "numbers.hpp"
+#include "trace_options.hpp"
 
 namespace kvsim::cli {
 namespace {
@@ -30,6 +31,8 @@ struct RunOptions {
   bool json = false;
   bool details = false;
   std::string dump_dir;
+  TraceFileOptions trace;  // --trace FILE: a window of a request trace as one more scenario
+  TraceScenarioOptions trace_scenario;
 };
 
 std::string invariants_cell(const sim::ScenarioReport& r) {
@@ -48,12 +51,18 @@ std::string invariants_cell(const sim::ScenarioReport& r) {
 }
 
 void run(const RunOptions& o) {
-  std::vector<std::string> files = o.files.empty() ? sim::builtin_scenario_paths() : o.files;
-  if (files.empty())
+  const bool traced = !o.trace.path.empty();
+  std::vector<std::string> files = o.files.empty() && !traced ? sim::builtin_scenario_paths() : o.files;
+  if (files.empty() && !traced)
     throw ValidationError(ErrorCode::bad_argument, "no scenario given and no built-in scenarios found");
   // Every file is checked before anything runs: a bad one is bad input (exit 2).
   std::vector<sim::Scenario> scenarios;
   for (const std::string& f : files) scenarios.push_back(sim::load_scenario_file(f));
+  if (traced) {  // docs/traces.md: the same text `kvsim trace import` writes
+    const workload::Trace t = load_trace_file(o.trace);
+    scenarios.push_back(
+        sim::parse_scenario(trace_scenario_toml(t, o.trace_scenario), trace_scenario_name(t, o.trace_scenario) + ".toml"));
+  }
   BackendOptions bo;
   bo.threads = o.threads;
   std::unique_ptr<Backend> backend = make_backend(o.backend, bo);
@@ -154,6 +163,8 @@ void register_run(CLI::App& app) {
   cmd->add_option("--dump", opts->dump_dir,
                   "Write pools, scale pools, queries and attention outputs as .npy files plus manifest.json to DIR "
                   "(DIR/SCENARIO/ for several scenarios)");
+  add_trace_file_options(*cmd, opts->trace, /*positional=*/false);
+  add_trace_scenario_options(*cmd, opts->trace_scenario);
   cmd->callback([opts, cmd] {
     if (cmd->count("--dump") && opts->dump_dir.empty())
       fail(ErrorCode::bad_argument, "--dump = '': empty value: expected a folder to write the .npy files into");

@@ -42,5 +42,6 @@ void register_bench(CLI::App& app);
 void register_validate(CLI::App& app);
 void register_run(CLI::App& app);
 void register_diff(CLI::App& app);
+void register_trace(CLI::App& app);
 
 }  // namespace kvsim::cli

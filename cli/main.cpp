@@ -64,6 +64,7 @@ int main(int argc, char** argv) {
   register_validate(app);
   register_run(app);
   register_diff(app);
+  register_trace(app);
 
   int status = kExitOk;
   try {

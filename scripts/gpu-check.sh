@@ -90,6 +90,11 @@ rc=$?
 note "kvsim run --backend cuda (every scenario): rc=$rc ($(( $(date +%s) - t0 )) s): $(grep -E 'scenarios on cuda' "$OUT/run-cuda.txt" | tail -1 | cut -c1-60)"
 [ $rc -ne 0 ] && tail -12 "$OUT/run-cuda.txt"
 
+# A window of the Mooncake synthetic trace as a scenario (docs/traces.md), with KV contents and every invariant.
+t0=$(date +%s)
+timeout "$(allow 60 80)" "$bin/kvsim" run --backend cuda --details --trace traces/mooncake_synthetic_trace.jsonl --requests 56:62 --scale 1/32 --step-ms 100 --primary-blocks 40 > "$OUT/run-cuda-trace.txt" 2>&1
+note "kvsim run --backend cuda --trace (Mooncake requests 56..61): rc=$? ($(( $(date +%s) - t0 )) s): $(sed -n 2p "$OUT/run-cuda-trace.txt" | cut -c1-120)"
+
 # kvsim bench on the GPU at small sizes: every op runs and matches the oracle
 # (the full tables with the PyTorch baseline: scripts/gpu-bench.sh).
 t0=$(date +%s)

@@ -10,7 +10,7 @@ cd "$(dirname "$0")/.."
 # clang and libclang-rt-14-dev (libFuzzer, the sanitizer runtimes) are for
 # scripts/sanitize.sh, which CI runs after the test suite.
 packages=(g++ cmake ninja-build jq libeigen3-dev libtbb-dev doctest-dev libcli11-dev
-          libtomlplusplus-dev nlohmann-json3-dev clang libclang-rt-14-dev)
+          libtomlplusplus-dev nlohmann-json3-dev libmsgpack-cxx-dev clang libclang-rt-14-dev)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -30,6 +30,7 @@ enum class ErrorCode {
   shape_mismatch,            // tensor shape or dtype does not match what the op needs
   bad_argument,              // any other argument the op cannot accept
   bad_scenario,              // a scenario file that is malformed or asks for impossible settings
+  bad_trace,                 // a request trace file that is malformed (FILE:LINE: field)
 };
 
 constexpr std::string_view error_name(ErrorCode c) {
@@ -53,6 +54,7 @@ constexpr std::string_view error_name(ErrorCode c) {
     case ErrorCode::shape_mismatch: return "shape_mismatch";
     case ErrorCode::bad_argument: return "bad_argument";
     case ErrorCode::bad_scenario: return "bad_scenario";
+    case ErrorCode::bad_trace: return "bad_trace";
   }
   return "unknown";
 }

@@ -1,0 +1,121 @@
+// `kvsim trace stats|import` and `kvsim run --trace` end to end
+// (cli/cmd_trace.cpp, cli/trace_options.cpp): the --json object, the imported
+// file `kvsim validate` accepts, a trace window replayed with every
+// invariant, and bad input rejected by name (exit 2, nothing on stdout).
+#include <doctest/doctest.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <sys/wait.h>
+
+#include <nlohmann/json.hpp>
+
+namespace {
+
+struct Result {
+  int code = -1;
+  std::string out;
+};
+
+Result run(const std::string& args) {
+  const std::string cmd = std::string(KVSIM_BINARY) + " " + args;
+  Result r;
+  FILE* p = popen(cmd.c_str(), "r");
+  REQUIRE(p != nullptr);
+  char buf[4096];
+  size_t n = 0;
+  while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, n);
+  const int status = pclose(p);
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+std::string temp_file(const std::string& name, const std::string& text) {
+  const auto path = std::filesystem::temp_directory_path() / name;
+  std::ofstream(path) << text;
+  return path.string();
+}
+
+const std::string kTrace = std::string(KVSIM_SOURCE_DIR) + "/traces/mooncake_synthetic_trace.jsonl";
+
+// Three requests, the second sharing two 512-token blocks with the first.
+const char* kSmall =
+    "{\"timestamp\": 0, \"input_length\": 1100, \"output_length\": 64, \"hash_ids\": [1, 2, 3]}\n"
+    "{\"timestamp\": 120, \"input_length\": 1100, \"output_length\": 32, \"hash_ids\": [1, 2, 4]}\n"
+    "{\"timestamp\": 260, \"input_length\": 700, \"output_length\": 1, \"hash_ids\": [5, 6]}\n";
+
+}  // namespace
+
+TEST_CASE("trace stats --json: the reuse of a small trace at two capacities") {
+  const std::string f = temp_file("kvsim_trace_cli_small.jsonl", kSmall);
+  const Result r = run("trace stats " + f + " --capacity-tokens 512,100000 --json 2>/dev/null");
+  REQUIRE(r.code == 0);
+  const nlohmann::json j = nlohmann::json::parse(r.out);
+  CHECK(j["requests"] == 3);
+  CHECK(j["prompt_tokens"] == 2900);
+  CHECK(j["block_size"] == 512);
+  CHECK(j["unbounded"]["hit_tokens"] == 1024);
+  REQUIRE(j["capacities"].size() == 2);
+  CHECK(j["capacities"][0]["blocks"] == 1);
+  CHECK(j["capacities"][0]["unfit_requests"] == 3);
+  CHECK(j["capacities"][0]["hit_tokens"] == 0);
+  CHECK(j["capacities"][1]["hit_tokens"] == 1024);
+  CHECK(j["capacities"][1]["fraction_of_max"] == 1.0);
+  // 16-token cache pages: the two shared blocks are 64 pages; the third trace block differs.
+  const Result p16 = run("trace stats " + f + " --block-size 16 --capacity-tokens 100000 --json 2>/dev/null");
+  REQUIRE(p16.code == 0);
+  CHECK(nlohmann::json::parse(p16.out)["unbounded"]["hit_tokens"] == 1024);
+}
+
+TEST_CASE("trace import writes a scenario kvsim validate accepts; run --trace replays it with every invariant") {
+  const std::string f = temp_file("kvsim_trace_cli_small.jsonl", kSmall);
+  const std::string out = (std::filesystem::temp_directory_path() / "kvsim_trace_cli_import.toml").string();
+  std::filesystem::remove(out);
+  REQUIRE(run("trace import " + f + " --scale 1/32 --page-size 8 -o " + out + " 2>&1").code == 0);
+  const Result v = run("validate " + out + " 2>&1");
+  CHECK(v.code == 0);
+  CHECK(v.out.find(": ok (3 requests, 92 prompt + 4 decode tokens") != std::string::npos);
+  const Result rr = run("run --json --trace " + f + " --scale 1/32 --page-size 8 2>/dev/null");
+  REQUIRE(rr.code == 0);
+  const nlohmann::json j = nlohmann::json::parse(rr.out);
+  REQUIRE(j["scenarios"].size() == 1);
+  CHECK(j["scenarios"][0]["name"] == "kvsim_trace_cli_small_r0-2");
+  CHECK(j["scenarios"][0]["reuse_hit_tokens"] == 32);  // the two shared blocks, 16 tokens each at 1/32
+  CHECK(j["scenarios"][0]["ok"] == true);
+  CHECK(j["scenarios"][0]["invariants"]["reuse"] == "pass");
+  CHECK(j["scenarios"][0]["invariants"]["conservation"] == "pass");
+}
+
+TEST_CASE("a window of the Mooncake trace replays with every invariant under pool pressure") {
+  const Result r = run("run --json --trace " + kTrace + " --requests 56:62 --scale 1/32 --step-ms 100 --primary-blocks 40 2>/dev/null");
+  REQUIRE(r.code == 0);
+  const nlohmann::json s = nlohmann::json::parse(r.out)["scenarios"][0];
+  CHECK(s["reuse_hit_tokens"] == 448);
+  CHECK(s["evicted_blocks"].get<int>() > 0);
+  CHECK(s["ok"] == true);
+}
+
+TEST_CASE("bad trace input: exit 2, the error named, nothing on stdout") {
+  const std::string bad = temp_file("kvsim_trace_cli_bad.jsonl",
+                                    std::string(kSmall) + "{\"timestamp\": 300, \"input_length\": 10, \"output_length\": 1}\n");
+  Result r = run("trace stats " + bad + " --capacity-tokens 4096 2>&1 >/dev/null");
+  CHECK(r.code == 2);
+  CHECK(r.out == "kvsim: error: bad_trace: " + bad +
+                     ":4: hash_ids: expected an array of integers >= 0, got nothing (field missing)\n");
+  CHECK(run("trace stats " + bad + " --capacity-tokens 4096 2>/dev/null").out.empty());
+  CHECK(run("run --trace " + bad + " 2>/dev/null").code == 2);
+  const std::string f = temp_file("kvsim_trace_cli_small.jsonl", kSmall);
+  r = run("trace stats " + f + " --capacity-tokens 100 2>&1");
+  CHECK(r.code == 2);
+  CHECK(r.out == "kvsim: error: bad_argument: --capacity-tokens: 100 tokens hold no block of 512 tokens (expected >= 512)\n");
+  r = run("trace import " + f + " --scale 0.3 2>&1");
+  CHECK(r.code == 2);
+  CHECK(r.out.rfind("kvsim: error: bad_argument: --scale = 0.300000: expected a factor that turns", 0) == 0);
+  r = run("trace import " + f + " --requests 7:9 2>&1");
+  CHECK(r.code == 2);
+  CHECK(r.out.find("holds no request") != std::string::npos);
+  CHECK(run("trace stats " + f + " 2>/dev/null").code == 2);  // --capacity-tokens is required
+  CHECK(run("trace stats " + f + " --format vllm --capacity-tokens 4096 2>/dev/null").code == 2);
+}
