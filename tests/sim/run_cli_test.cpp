@@ -12,24 +12,14 @@
 
 #include <nlohmann/json.hpp>
 
+#include "../support/shell_command.hpp"
+
 namespace {
 
-struct Result {
-  int code = -1;
-  std::string out;
-};
+using Result = kvsim::test::ShellResult;
 
 Result run(const std::string& args) {
-  const std::string cmd = std::string(KVSIM_BINARY) + " " + args + " 2>/dev/null";
-  Result r;
-  FILE* p = popen(cmd.c_str(), "r");
-  REQUIRE(p != nullptr);
-  char buf[4096];
-  size_t n = 0;
-  while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, n);
-  const int status = pclose(p);
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
+  return kvsim::test::run_shell(std::string(KVSIM_BINARY) + " " + args + " 2>/dev/null");
 }
 
 std::string scenario(const std::string& name) { return std::string(KVSIM_SOURCE_DIR) + "/scenarios/" + name; }

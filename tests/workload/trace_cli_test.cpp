@@ -4,33 +4,19 @@
 // invariant, and bad input rejected by name (exit 2, nothing on stdout).
 #include <doctest/doctest.h>
 
-#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <string>
-#include <sys/wait.h>
 
 #include <nlohmann/json.hpp>
 
+#include "../support/shell_command.hpp"
+
 namespace {
 
-struct Result {
-  int code = -1;
-  std::string out;
-};
+using Result = kvsim::test::ShellResult;
 
-Result run(const std::string& args) {
-  const std::string cmd = std::string(KVSIM_BINARY) + " " + args;
-  Result r;
-  FILE* p = popen(cmd.c_str(), "r");
-  REQUIRE(p != nullptr);
-  char buf[4096];
-  size_t n = 0;
-  while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, n);
-  const int status = pclose(p);
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
-}
+Result run(const std::string& args) { return kvsim::test::run_shell(std::string(KVSIM_BINARY) + " " + args); }
 
 std::string temp_file(const std::string& name, const std::string& text) {
   const auto path = std::filesystem::temp_directory_path() / name;
