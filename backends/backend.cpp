@@ -110,4 +110,20 @@ void Backend::copy(void* dst, const void* src, size_t bytes) {
   timed([&] { run_copy(dst, src, bytes); });
 }
 
+void Backend::run_fma_probe(float* out, int64_t lanes, int32_t steps) {
+  std::vector<float> host(static_cast<size_t>(lanes) * canon::kFmaProbeChains);
+  for (int64_t i = 0; i < lanes; ++i)
+    for (int c = 0; c < canon::kFmaProbeChains; ++c) {
+      float x = canon::fma_probe_seed(i, c);
+      for (int32_t s = 0; s < steps; ++s) x = canon::fma_f32(x, canon::kFmaProbeA, canon::kFmaProbeB);
+      host[static_cast<size_t>(i) * canon::kFmaProbeChains + c] = x;
+    }
+  to_backend(out, host.data(), host.size() * sizeof(float));
+}
+
+void Backend::fma_probe(float* out, int64_t lanes, int32_t steps) {
+  if (lanes < 0 || steps < 0) fail(ErrorCode::bad_argument, "fma_probe: lanes and steps must be >= 0");
+  timed([&] { run_fma_probe(out, lanes, steps); });
+}
+
 }  // namespace kvsim

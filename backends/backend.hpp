@@ -64,6 +64,12 @@ class Backend {
   // cudaMemcpy on CUDA). Timed like an op.
   void copy(void* dst, const void* src, size_t bytes);
 
+  // The FMA ceiling (kvsim bench's fma_throughput row): `lanes` x
+  // canon::kFmaProbeChains independent fp32 chains x = fma(x, a, b) of
+  // `steps` rounds each (core's attention_math.hpp); out (this backend's
+  // memory) receives lane-major final values. Timed like an op.
+  void fma_probe(float* out, int64_t lanes, int32_t steps);
+
   // ---- timing (kvsim bench). With kernel timing on, every op records the
   // seconds its backend work took, without host validation and index uploads:
   // the CPU times run_* on the host clock, CUDA brackets the op's kernels
@@ -80,6 +86,8 @@ class Backend {
   virtual double run_end(double host_seconds) { return host_seconds; }
   // Default: through a host buffer (correct, slow); cpu and cuda override it.
   virtual void run_copy(void* dst, const void* src, size_t bytes);
+  // Default: on the host, then copied to out; cpu and cuda override it.
+  virtual void run_fma_probe(float* out, int64_t lanes, int32_t steps);
 
   virtual void run_append_paged(const KvPools&, const AppendPagedOp&) = 0;
   virtual void run_reshape_and_cache(const KvPools&, const ReshapeAndCacheOp&) = 0;

@@ -1,5 +1,6 @@
 // kvsim bench: the throughput of every op (SPEC §8, issue 8) on a backend,
-// quoted against the copy bandwidth measured in the same run, every row's
+// quoted against the copy bandwidth measured in the same run (and, for rows
+// that count FLOPs, against the same run's fma_throughput row), every row's
 // output checked against the CPU oracle. The configurations, fixtures, timing
 // and checks live in bench/ (kvsim::bench); this file parses options, runs
 // the suite and prints the table or JSON. Speed is measured here, never
@@ -187,6 +188,7 @@ void run_bench(BenchOptions o) {
                     o.backend == "cuda" ? "device to device, 1 GiB" : "memcpy, 256 MiB", t, copy);
       std::cout << line << std::flush;
     }
+    double fma_gflops = 0;  // this thread count's fma_throughput row, once measured
     for (const bench::Case& c : cases) {
       nlohmann::json row = {{"op", c.op}, {"config", c.config}, {"name", c.name()}, {"params", c.params},
                             {"threads", t}, {"bytes", c.bytes}, {"copy_gb_per_s", copy}};
@@ -221,6 +223,12 @@ void run_bench(BenchOptions o) {
         row["gb_per_s"] = gbs;
         row["fraction_of_copy"] = gbs / copy;
         row["items_per_s"] = c.items / m.kernel_seconds;
+        if (c.flops > 0) {
+          row["flops"] = c.flops;
+          row["gflop_per_s"] = c.flops / m.kernel_seconds / 1e9;
+          if (c.op == "fma_throughput") fma_gflops = row["gflop_per_s"].get<double>();
+          if (fma_gflops > 0) row["fraction_of_fma"] = row["gflop_per_s"].get<double>() / fma_gflops;
+        }
       } else {
         ++differing;
       }
@@ -243,6 +251,15 @@ void run_bench(BenchOptions o) {
         std::snprintf(line, sizeof line, "%-20s %-42s %3d %10.4f %9.4f %9s %6s  %-7s %s\n", c.op.c_str(),
                       c.config.c_str(), t, m.kernel_seconds * 1e3, m.op_seconds * 1e3, speed, ratio, verdict.c_str(), vs);
         std::cout << line << std::flush;
+        if (row.contains("gflop_per_s")) {
+          std::snprintf(line, sizeof line, "    %.1f GFLOP/s", row["gflop_per_s"].get<double>());
+          std::cout << line;
+          if (row.contains("fraction_of_fma") && c.op != "fma_throughput") {
+            std::snprintf(line, sizeof line, ", %.1f%% of this run's fma_throughput", 100.0 * row["fraction_of_fma"].get<double>());
+            std::cout << line;
+          }
+          std::cout << '\n' << std::flush;
+        }
         if (!check.ok()) std::cout << "    first difference: " << check.first_difference << '\n';
       }
     }

@@ -39,6 +39,7 @@ class CpuBackend final : public Backend {
   void run_copy_blocks(const KvPools&, const CopyBlocksOp&) override;
   void run_move_blocks(const KvPools&, const MoveBlocksOp&, bool to_secondary) override;
   void run_copy(void* dst, const void* src, size_t bytes) override;  // parallel memcpy in the arena
+  void run_fma_probe(float* out, int64_t lanes, int32_t steps) override;  // lanes spread over the arena
 
  private:
   // oneTBB caps workers at the core count; a request for more threads than

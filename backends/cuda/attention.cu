@@ -410,6 +410,7 @@ void decode_attention(const KvPools& pools, const DecodeAttentionOp& op, cudaStr
 
 void prefill_attention(const KvPools& pools, const PrefillAttentionOp& op, cudaStream_t stream,
                        cudaEvent_t kernels_start) {
+  if (prefill_tiled_applies(pools, op.q, op.window)) return prefill_attention_tiled(pools, op, stream, kernels_start);
   std::vector<int32_t> seq, position;
   for (size_t b = 0; b + 1 < op.q_indptr.size(); ++b)
     for (int32_t i = op.q_indptr[b]; i < op.q_indptr[b + 1]; ++i) {

@@ -96,4 +96,16 @@ bool launch_bulk_byte(const AttentionPlan& plan, cudaStream_t stream, KernelInfo
 bool staged_applies(const KvPools& pools, const TensorView& q);
 void release_plan(AttentionPlan& plan, cudaStream_t stream);
 
+// The tiled prefill kernel (attention_prefill.cu): one CTA per (block of
+// consecutive query rows of one sequence, KV head), every K/V tile loaded once
+// for the block's rows and query heads, two passes (the global max, then the
+// partitions folded in order), no partition scratch. Applies without a window
+// to bf16/fp16/fp32 caches with contiguous 16-byte aligned rows, D 128,
+// GQA group 1, 2, 4 or 8; prefill_attention() takes it wherever it applies.
+bool prefill_tiled_applies(const KvPools& pools, const TensorView& q, const WindowMapping& window);
+void prefill_attention_tiled(const KvPools& pools, const PrefillAttentionOp& op, cudaStream_t stream,
+                             cudaEvent_t kernels_start = nullptr);
+// Resources of the tiled kernel for this geometry (false: it does not apply).
+bool prefill_tiled_info(const KvPools& pools, const TensorView& q, KernelInfo& info);
+
 }  // namespace kvsim::cuda

@@ -78,6 +78,7 @@ class CudaBackend final : public Backend {
   void run_copy_blocks(const KvPools&, const CopyBlocksOp&) override;
   void run_move_blocks(const KvPools&, const MoveBlocksOp&, bool to_secondary) override;
   void run_copy(void* dst, const void* src, size_t bytes) override;  // device to device
+  void run_fma_probe(float* out, int64_t lanes, int32_t steps) override;  // one thread per lane
   void run_begin() override;
   double run_end(double host_seconds) override;
 

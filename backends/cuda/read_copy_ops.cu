@@ -180,4 +180,30 @@ void CudaBackend::run_copy(void* dst, const void* src, size_t bytes) {
   finish("copy");
 }
 
+namespace {
+// One thread per lane, its canon::kFmaProbeChains chains interleaved: enough
+// independent FFMAs per warp to cover the pipeline's latency.
+__global__ void fma_probe_kernel(float* out, int64_t lanes, int32_t steps) {
+  const int64_t lane = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (lane >= lanes) return;
+  float x[canon::kFmaProbeChains];
+#pragma unroll
+  for (int c = 0; c < canon::kFmaProbeChains; ++c) x[c] = canon::fma_probe_seed(lane, c);
+  for (int32_t s = 0; s < steps; ++s)
+#pragma unroll
+    for (int c = 0; c < canon::kFmaProbeChains; ++c) x[c] = canon::fma_f32(x[c], canon::kFmaProbeA, canon::kFmaProbeB);
+#pragma unroll
+  for (int c = 0; c < canon::kFmaProbeChains; ++c) out[lane * canon::kFmaProbeChains + c] = x[c];
+}
+}  // namespace
+
+void CudaBackend::run_fma_probe(float* out, int64_t lanes, int32_t steps) {
+  if (lanes == 0) return;
+  begin_kernels();
+  constexpr int kThreads = 256;
+  fma_probe_kernel<<<static_cast<unsigned>((lanes + kThreads - 1) / kThreads), kThreads, 0, stream_>>>(out, lanes, steps);
+  cuda::check_launch("fma_probe", "fma_probe_kernel", stream_);
+  finish("fma_probe");
+}
+
 }  // namespace kvsim

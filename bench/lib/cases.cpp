@@ -10,6 +10,9 @@
 //   offload / onboard                : bytes copied, read + written
 //   append_mla / indexer_k_scatter   : input read + cache written
 //   scenario_replay                  : K and V bytes the replay put into the pool
+//   fma_throughput                   : the probe's fp32 output written (its ceiling is flops, not bytes)
+// FLOPs (Case::flops): attention 4 * D per (query head, attended key) (a
+// score's D fma and P.V's D fma), the FMA probe 2 per fma.
 // Pools have one layer, in_block placement (each block one run of bytes).
 #include <algorithm>
 #include <chrono>
@@ -521,7 +524,58 @@ Case prefill_case(CacheDtype cache, int32_t q_heads, int32_t tokens) {
               {"kv_heads", H}, {"head_dim", D}, {"tokens", tokens}, {"q_dtype", "bf16"}};
   c.bytes = kv_cache_bytes(g, tokens) + 2.0 * tokens * q_heads * D * 2;
   c.items = tokens;
+  c.flops = 4.0 * D * q_heads * (static_cast<double>(tokens) * (tokens + 1) / 2);  // causal: key count p + 1
   c.prepare = [=](Backend& be) { return std::make_unique<PrefillFixture>(be, g, q_heads, tokens); };
+  return c;
+}
+
+// ---------------------------------------------------------------- fma_throughput
+// The FMA ceiling of the backend (Backend::fma_probe): the rate attention's
+// FLOPs are quoted against. The check recomputes the first and last lanes'
+// chains on the host with core's fma and compares bytes.
+struct FmaFixture final : Fixture {
+  Backend& be;
+  int64_t lanes;
+  int32_t steps;
+  BackendBuffer out;
+  FmaFixture(Backend& b, int64_t n, int32_t s)
+      : be(b), lanes(n), steps(s), out(b, static_cast<size_t>(n) * canon::kFmaProbeChains * sizeof(float)) {}
+  double run() override {
+    be.fma_probe(static_cast<float*>(out.get()), lanes, steps);
+    return be.last_kernel_seconds();
+  }
+  CheckResult check(Backend&) override {
+    const std::vector<uint8_t> got = download(be, out.get(), out.bytes());
+    std::vector<uint8_t> sample_got;
+    std::vector<uint8_t> sample_want;
+    for (int64_t lane : {int64_t{0}, int64_t{1}, lanes / 2, lanes - 1}) {
+      if (lane < 0 || lane >= lanes) continue;
+      for (int c = 0; c < canon::kFmaProbeChains; ++c) {
+        float x = canon::fma_probe_seed(lane, c);
+        for (int32_t st = 0; st < steps; ++st) x = canon::fma_f32(x, canon::kFmaProbeA, canon::kFmaProbeB);
+        const size_t at = (static_cast<size_t>(lane) * canon::kFmaProbeChains + c) * sizeof(float);
+        uint8_t b[4];
+        std::memcpy(b, &x, 4);
+        sample_want.insert(sample_want.end(), b, b + 4);
+        sample_got.insert(sample_got.end(), got.begin() + static_cast<int64_t>(at), got.begin() + static_cast<int64_t>(at) + 4);
+      }
+    }
+    CheckResult r;
+    compare(r, sample_got, sample_want, "fma chains (sampled lanes)");
+    return r;
+  }
+};
+
+Case fma_case(int64_t lanes, int32_t steps) {
+  Case c;
+  c.op = "fma_throughput";
+  c.config = "fp32 " + std::to_string(lanes) + " lanes x " + std::to_string(canon::kFmaProbeChains) + " chains x " +
+             std::to_string(steps) + " steps";
+  c.params = {{"lanes", lanes}, {"chains", canon::kFmaProbeChains}, {"steps", steps}};
+  c.bytes = static_cast<double>(lanes) * canon::kFmaProbeChains * 4;
+  c.items = static_cast<double>(lanes) * canon::kFmaProbeChains * steps;  // fmas
+  c.flops = 2.0 * c.items;
+  c.prepare = [=](Backend& be) { return std::make_unique<FmaFixture>(be, lanes, steps); };
   return c;
 }
 
@@ -796,6 +850,7 @@ std::vector<Case> make_suite(const SuiteOptions& o) {
   const CacheDtype bf16 = CacheDtype::bf16, fp8 = CacheDtype::fp8_e4m3, nvfp4 = CacheDtype::nvfp4;
   if (o.suite == Suite::small) {
     const int32_t B = o.sequences, T = o.tokens;
+    cases.push_back(fma_case(int64_t{1} << 12, 1024));  // first: the FLOP rows of the run quote it
     cases.push_back(append_paged_case(bf16, BlockLayout::hnd, 16, B, T));
     cases.push_back(reshape_case(bf16, BlockLayout::hnd, 16, B, T));
     cases.push_back(qkv_case(bf16, 32, B, T));
@@ -812,6 +867,7 @@ std::vector<Case> make_suite(const SuiteOptions& o) {
     cases.push_back(replay_case());
     return cases;
   }
+  cases.push_back(fma_case(int64_t{1} << 20, 4096));  // first: the FLOP rows of the run quote it
   // Writes: 16K and 64K tokens (16 and 64 sequences of 1024).
   for (int32_t B : {16, 64}) {
     cases.push_back(append_paged_case(bf16, BlockLayout::hnd, 16, B, 1024));
@@ -842,6 +898,7 @@ std::vector<Case> make_suite(const SuiteOptions& o) {
   }
   cases.push_back(decode_case(fp8, 16, 32, 256, 32768));
   cases.push_back(prefill_case(bf16, 32, 16384));
+  cases.push_back(prefill_case(bf16, 32, 65536));
   cases.push_back(block_copy_case(bf16, 16, 4096, 0));
   cases.push_back(block_copy_case(bf16, 64, 1024, 0));
   cases.push_back(block_copy_case(bf16, 16, 64, 8));

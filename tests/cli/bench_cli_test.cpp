@@ -39,7 +39,7 @@ TEST_CASE("kvsim bench --json measures every op, checked against the oracle, wit
                                        "append_mla",        "indexer_k_scatter", "gather_paged",
                                        "decode_attention",  "prefill_attention", "partial_copy",
                                        "copy_blocks",       "offload",           "onboard",
-                                       "scenario_replay"};
+                                       "scenario_replay",   "fma_throughput"};
   std::set<std::string> seen[3];
   for (const auto& row : j["results"]) {
     INFO(row.dump());
@@ -58,6 +58,11 @@ TEST_CASE("kvsim bench --json measures every op, checked against the oracle, wit
     CHECK(row["oracle"]["ok"] == true);
     CHECK(int64_t(row["oracle"]["bytes_compared"]) > 0);
     CHECK(int64_t(row["oracle"]["bytes_differing"]) == 0);
+    if (row["op"] == "fma_throughput" || row["op"] == "prefill_attention" ) {
+      // FLOP rows: GFLOP/s from the counted FLOPs, quoted against the fma row (measured first).
+      CHECK(double(row["gflop_per_s"]) == doctest::Approx(double(row["flops"]) / kernel / 1e9));
+      CHECK(double(row["fraction_of_fma"]) > 0);
+    }
   }
   CHECK(seen[1] == expected);
   CHECK(seen[2] == expected);
@@ -85,6 +90,8 @@ TEST_CASE("kvsim bench --list: the full suite holds issue 8's configurations") {
                            "qkv_preprocess_write nvfp4 hnd P16 GQA32:8 D128 neox 16x1024 tokens",
                            "qkv_preprocess_write fp8_e4m3 hnd P16 GQA32:8 D128 neox 16x1024 tokens",
                            "prefill_attention bf16 hnd P16 GQA32:8 D128 causal 16384 tokens",
+                           "prefill_attention bf16 hnd P16 GQA32:8 D128 causal 65536 tokens",
+                           "fma_throughput fp32 1048576 lanes x 8 chains x 4096 steps",
                            "copy_blocks bf16 hnd P16 H8 D128 4096 blocks"}) {
     INFO(name);
     CHECK(names.count(name) == 1);

@@ -401,3 +401,78 @@ TEST_CASE("PackedDecodersAreEquivalentToCoreCodecsForEveryCode (device and host)
   }
   CHECK(differ == 0);
 }
+
+// The tiled prefill kernel (attention_prefill.cu): blocks of consecutive rows
+// sharing tiles, two passes, causal skipping. Every dtype and GQA group it
+// instantiates, pages 1/3/16/17, chunks that start and end on and off 64-key
+// tiles and 256-key partitions, a prefix already in the cache, ragged batches,
+// NaN-poisoned V tails, Inf/NaN codes in live K/V, bf16/fp16/fp32 q and out.
+TEST_CASE("PrefillTiledIsEquivalentToRef") {
+  SKIP_WITHOUT_GPU();
+  auto cpu = make_backend("cpu");
+  int i = 0;
+  for (CacheDtype dtype : {CacheDtype::bf16, CacheDtype::fp16, CacheDtype::fp32})
+    for (int32_t G : {1, 2, 4, 8})
+      for (int32_t page : {1, 3, 16, 17}) {
+        AttentionCase c;
+        c.dtype = dtype;
+        c.group = G;
+        c.page = page;
+        c.kv_heads = 1 + i % 2;
+        c.layout = i % 2 ? BlockLayout::hnd : BlockLayout::nhd;
+        c.placement = i % 3 ? LayerPlacement::in_block : LayerPlacement::per_layer;
+        c.q_dtype = kFloats[i % 3];
+        c.out_dtype = kFloats[(i / 3) % 3];
+        // Whole prompts (prefix 0), a chunk after a cached prefix, a one-token
+        // chunk, partition and tile edges (256, 257, 64, 65), a long chunk.
+        c.seq_lens = {300 + i, 257, 1, 600, 64 + i % 3, 1023};
+        c.chunk = {300 + i, 1, 1, 256 + i % 5, 64 + i % 3, 700};
+        c.nan_tail = i % 4 == 1;
+        c.special_every = i % 5 == 2 ? 997 : 0;
+        c.seed = 4242 + i;
+        const AttentionProblem p = make_problem(c);
+        DeviceProblem dev(p);
+        INFO(c.describe());
+        CHECK(cuda::prefill_tiled_applies(dev.placed.pools, q_view(p, dev.placed.q), p.window));
+        check_against_oracle(*cpu, c);
+        ++i;
+      }
+  MESSAGE("tiled prefill: " << i << " cases compared");
+  // The kernel's resources on this device (docs/benchmarks.md quotes them).
+  AttentionCase c;
+  c.dtype = CacheDtype::bf16;
+  c.seq_lens = {64};
+  c.chunk = {64};
+  const AttentionProblem p = make_problem(c);
+  DeviceProblem dev(p);
+  cuda::KernelInfo info;
+  REQUIRE(cuda::prefill_tiled_info(dev.placed.pools, q_view(p, dev.placed.q), info));
+  CHECK(info.registers > 0);
+  CHECK(info.ctas_per_sm >= 1);
+  MESSAGE("tiled prefill kernel (bf16, G 4): " << info.registers << " registers, " << info.smem_per_cta
+                                                << " bytes of shared memory, " << info.ctas_per_sm << " CTA(s) per SM, "
+                                                << info.warps_per_cta << " warps");
+}
+
+TEST_CASE("PrefillTiledNanTailAndSpecialsAreTheOracles: NaN and Inf codes reach the same output bytes") {
+  SKIP_WITHOUT_GPU();
+  auto cpu = make_backend("cpu");
+  for (CacheDtype dtype : {CacheDtype::bf16, CacheDtype::fp16, CacheDtype::fp32}) {
+    AttentionCase c;
+    c.dtype = dtype;
+    c.group = 4;
+    c.page = 16;
+    c.seq_lens = {261, 520, 16};
+    c.chunk = {261, 300, 16};
+    c.out_dtype = CacheDtype::fp32;
+    c.nan_tail = true;
+    c.special_every = 211;
+    c.seed = 99;
+    const AttentionProblem p = make_problem(c);
+    const std::vector<uint8_t> want = oracle_output(*cpu, p);
+    int nans = 0;
+    for (int64_t e = 0; e < static_cast<int64_t>(want.size() / 4); ++e) nans += std::isnan(load_float(want.data(), CacheDtype::fp32, e));
+    CHECK(nans > 0);  // the specials do reach the output
+    check_against_oracle(*cpu, c);
+  }
+}

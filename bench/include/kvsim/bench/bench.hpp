@@ -47,6 +47,10 @@ struct Case {
   nlohmann::json params;  // the configuration as fields (read by bench/pytorch_baseline.py)
   double bytes = 0;    // minimal bytes the op must move (header of cases.cpp)
   double items = 0;    // tokens written / queries / blocks copied
+  // Floating-point operations of one launch, where arithmetic is the op's
+  // ceiling (attention's 4 * D per (query head, attended key), the FMA probe's
+  // 2 per fma); 0 = not counted. Quoted against the same run's fma_throughput row.
+  double flops = 0;
   std::function<std::unique_ptr<Fixture>(Backend&)> prepare;
 
   std::string name() const { return op + " " + config; }

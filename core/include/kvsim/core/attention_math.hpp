@@ -132,6 +132,18 @@ KVSIM_HD inline float merge_weight(float m_p, float global_max) {
   return exp_f32(m_p - global_max);
 }
 
+// ---------------------------------------------------------------- FMA ceiling probe
+// kvsim bench's fma_throughput row: lane i runs kFmaProbeChains independent
+// chains x = fma(x, a, b) for `steps` rounds (x converges to b / (1 - a) = 1,
+// rounding at every step). The same chain on every backend, so the probe's
+// output is checked byte for byte like an op's.
+inline constexpr int kFmaProbeChains = 8;
+inline constexpr float kFmaProbeA = 0.99951171875f;  // 1 - 2^-11
+inline constexpr float kFmaProbeB = 0.00048828125f;  // 2^-11
+KVSIM_HD inline float fma_probe_seed(int64_t lane, int chain) {
+  return 1.0f + static_cast<float>((lane * kFmaProbeChains + chain) % 4096) * 0x1p-13f;
+}
+
 }  // namespace kvsim::canon
 
 // ---------------------------------------------------------------- packed decoders

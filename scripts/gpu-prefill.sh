@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# On the GPU machine (../shared/DEVICE.md), issue 13's prefill kernel in one
+# short call: build kvsim and the attention differential test for sm_90, run
+# the prefill differential cases (tiled kernel and the partition plan against
+# the CPU oracle, byte for byte), then `kvsim bench` rows fma_throughput and
+# prefill_attention (16K, 64K) beside PyTorch SDPA on the same shapes, then the
+# rest of the attention differential test. Logs to $OUT; every step under
+# `timeout` inside KVSIM_GPU_PREFILL_SECONDS (default 330).
+#   usage: scripts/gpu-prefill.sh            (carry [".deps"])
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT="${OUT:-/tmp/kvsim-out}"
+mkdir -p "$OUT"
+start=$(date +%s)
+budget="${KVSIM_GPU_PREFILL_SECONDS:-330}"
+left() { local l=$(( budget - ( $(date +%s) - start ) - ${1:-0} )); (( l < 5 )) && l=5; echo "$l"; }
+step() { echo "== $1 ($(( $(date +%s) - start )) s)"; }
+pfx=/tmp/pfx
+mkdir -p "$pfx"
+for f in .deps/debs/*.deb; do dpkg -x "$f" "$pfx"; done
+export LD_LIBRARY_PATH="$pfx/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm --format=csv,noheader
+bin=build-gpu/bin
+step "build"
+timeout 40 cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$pfx/usr" \
+  -DKVSIM_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 > "$OUT/build.log" 2>&1 &&
+  timeout "$(left 90)" cmake --build build-gpu -j"$(nproc)" --target kvsim attention_differential_test >> "$OUT/build.log" 2>&1
+rc=$?
+echo "build rc=$rc"
+if [ $rc -ne 0 ]; then grep -E "error|FAILED" "$OUT/build.log" | head -30; exit 1; fi
+step "prefill differential cases"
+timeout "$(left 80)" stdbuf -oL "$bin/attention_differential_test" -tc='*Prefill*' > "$OUT/diff-prefill.log" 2>&1
+echo "rc=$?"; grep -E "MESSAGE|tiled|test cases|assertions|ERROR|first difference" "$OUT/diff-prefill.log" | head -30
+step "PyTorch SDPA on the prefill shapes"
+"$bin/kvsim" bench --backend cuda --list --json --only prefill_attention > /tmp/cases.json
+timeout 60 python3 -u bench/pytorch_baseline.py --cases /tmp/cases.json --output "$OUT/torch.json" > "$OUT/torch.txt" 2>&1
+echo "rc=$?"; cat "$OUT/torch.txt"
+step "kvsim bench: fma_throughput, prefill_attention"
+baseline=""; [ -s "$OUT/torch.json" ] && baseline="--baseline $OUT/torch.json"
+timeout "$(left 20)" stdbuf -oL "$bin/kvsim" bench --backend cuda --only fma_throughput --only prefill_attention \
+  --min-seconds 0.05 $baseline --output "$OUT/bench.json" > "$OUT/bench.txt" 2>&1
+echo "rc=$?"; cat "$OUT/bench.txt"
+step "the rest of the attention differential test"
+timeout "$(left 5)" stdbuf -oL "$bin/attention_differential_test" -tce='*Prefill*' > "$OUT/diff-rest.log" 2>&1
+echo "rc=$?"; grep -E "test cases|assertions|ERROR" "$OUT/diff-rest.log" | head -10
+step "done"
