@@ -523,6 +523,17 @@ void avx512_exp(const float* x, float* y, int64_t n) {
   }
 }
 
+void avx512_fma_rounds(float* x, int64_t n, int32_t steps, float a, float b) {
+  const __m512 va = _mm512_set1_ps(a), vb = _mm512_set1_ps(b);
+  for (int64_t i = 0; i + 256 <= n; i += 256) {  // 16 independent registers in flight
+    __m512 v[16];
+    for (int r = 0; r < 16; ++r) v[r] = _mm512_loadu_ps(x + i + 16 * r);
+    for (int32_t s = 0; s < steps; ++s)
+      for (int r = 0; r < 16; ++r) v[r] = _mm512_fmadd_ps(v[r], va, vb);
+    for (int r = 0; r < 16; ++r) _mm512_storeu_ps(x + i + 16 * r, v[r]);
+  }
+}
+
 void avx512_decode_row(RowFormat format, const uint8_t* row, float* out, int32_t head_dim) {
   for (int32_t i = 0; i + 16 <= head_dim; i += 16) {
     __m512 v;
@@ -568,6 +579,7 @@ const Kernels* avx512_kernels() { return nullptr; }
 bool avx512_supported_by_cpu() { return false; }
 void avx512_exp(const float*, float*, int64_t) { std::abort(); }
 void avx512_decode_row(RowFormat, const uint8_t*, float*, int32_t) { std::abort(); }
+void avx512_fma_rounds(float*, int64_t, int32_t, float, float) { std::abort(); }
 }  // namespace kvsim::cpu_attention
 
 #endif

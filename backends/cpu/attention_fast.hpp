@@ -106,6 +106,9 @@ bool avx512_supported_by_cpu();
 // core's exp_f32 on n floats, and the in-place row decoders.
 void avx512_exp(const float* x, float* y, int64_t n);
 void avx512_decode_row(RowFormat format, const uint8_t* row, float* out, int32_t head_dim);
+// kvsim bench's FMA ceiling at the CPU's full vector width: `steps` rounds of
+// x[i] = fma(x[i], a, b) over n floats (n a multiple of 256), 16 registers in flight.
+void avx512_fma_rounds(float* x, int64_t n, int32_t steps, float a, float b);
 
 // Runs every (query row, KV head) item of an op: rows[i] = (sequence,
 // absolute position) of row i of a.q / a.out. Any thread count, any ISA:

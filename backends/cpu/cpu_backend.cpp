@@ -1,5 +1,7 @@
 #include "backends/cpu/cpu_backend.hpp"
 
+#include "backends/cpu/attention_fast.hpp"
+
 #include <cstdlib>
 #include <cstring>
 #include <new>
@@ -36,18 +38,24 @@ void CpuBackend::to_host(void* dst, const void* src, size_t bytes) { std::memcpy
 void CpuBackend::fill(void* dst, uint8_t byte, size_t bytes) { std::memset(dst, byte, bytes); }
 
 // Blocks of 64 lanes per task; within a block the 512 chains of one round are
-// independent, so the compiler runs them side by side in SIMD fma
-// instructions (the build's widest: -mfma, plus AVX-512 where enabled).
+// independent: AVX-512 fma instructions where the CPU has them (the width the
+// attention kernels use: the ceiling they are quoted against), else the
+// compiler's SIMD form of the portable loop.
 void CpuBackend::run_fma_probe(float* out, int64_t lanes, int32_t steps) {
   constexpr int64_t kBlock = 64;
   constexpr int kChains = canon::kFmaProbeChains;
+  const bool avx512 = cpu_attention::isa_available(cpu_attention::Isa::avx512);
   arena_.execute([&] {
     tbb::parallel_for(int64_t{0}, (lanes + kBlock - 1) / kBlock, [&](int64_t blk) {
       alignas(64) float x[kBlock * kChains];
       const int64_t first = blk * kBlock, n = std::min(kBlock, lanes - first);
       for (int64_t i = 0; i < kBlock * kChains; ++i) x[i] = canon::fma_probe_seed(first + i / kChains, static_cast<int>(i % kChains));
-      for (int32_t s = 0; s < steps; ++s)
-        for (int64_t i = 0; i < kBlock * kChains; ++i) x[i] = canon::fma_f32(x[i], canon::kFmaProbeA, canon::kFmaProbeB);
+      if (avx512) {
+        cpu_attention::avx512_fma_rounds(x, kBlock * kChains, steps, canon::kFmaProbeA, canon::kFmaProbeB);
+      } else {
+        for (int32_t s = 0; s < steps; ++s)
+          for (int64_t i = 0; i < kBlock * kChains; ++i) x[i] = canon::fma_f32(x[i], canon::kFmaProbeA, canon::kFmaProbeB);
+      }
       std::copy(x, x + n * kChains, out + first * kChains);
     });
   });

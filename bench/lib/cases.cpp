@@ -850,7 +850,7 @@ std::vector<Case> make_suite(const SuiteOptions& o) {
   const CacheDtype bf16 = CacheDtype::bf16, fp8 = CacheDtype::fp8_e4m3, nvfp4 = CacheDtype::nvfp4;
   if (o.suite == Suite::small) {
     const int32_t B = o.sequences, T = o.tokens;
-    cases.push_back(fma_case(int64_t{1} << 12, 1024));  // first: the FLOP rows of the run quote it
+    cases.push_back(fma_case(int64_t{1} << 16, 2048));  // first: the FLOP rows of the run quote it
     cases.push_back(append_paged_case(bf16, BlockLayout::hnd, 16, B, T));
     cases.push_back(reshape_case(bf16, BlockLayout::hnd, 16, B, T));
     cases.push_back(qkv_case(bf16, 32, B, T));
