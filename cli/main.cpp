@@ -65,6 +65,7 @@ int main(int argc, char** argv) {
   register_run(app);
   register_diff(app);
   register_trace(app);
+  register_mma_check(app);
 
   int status = kExitOk;
   try {

@@ -95,6 +95,15 @@ t0=$(date +%s)
 timeout "$(allow 60 80)" "$bin/kvsim" run --backend cuda --details --trace traces/mooncake_synthetic_trace.jsonl --requests 56:62 --scale 1/32 --step-ms 100 --primary-blocks 40 > "$OUT/run-cuda-trace.txt" 2>&1
 note "kvsim run --backend cuda --trace (Mooncake requests 56..61): rc=$? ($(( $(date +%s) - t0 )) s): $(sed -n 2p "$OUT/run-cuda-trace.txt" | cut -c1-120)"
 
+# kvsim mma-check: the tensor cores' mma.sync (inline PTX) against core's
+# model of it, 10^8 random and 2.5 * 10^7 targeted inner products per input
+# type, bit for bit (docs/canonical-arithmetic.md, "Tensor-core inner product").
+t0=$(date +%s)
+timeout "$(allow 60 80)" stdbuf -oL "$bin/kvsim" mma-check > "$OUT/mma-check.txt" 2>&1
+rc=$?
+note "kvsim mma-check (bf16, fp16, e4m3, e5m2 against the model): rc=$rc ($(( $(date +%s) - t0 )) s)"
+grep -E "^kvsim mma-check|all \(model|for the host" "$OUT/mma-check.txt" | sed 's/^/   /'
+
 # kvsim bench on the GPU at small sizes: every op runs and matches the oracle
 # (the full tables with the PyTorch baseline: scripts/gpu-bench.sh).
 t0=$(date +%s)
