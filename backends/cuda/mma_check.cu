@@ -365,36 +365,18 @@ __global__ void mma_kernel(Operand op, uint64_t tiles, const uint32_t* a, const 
     const uint32_t c0 = C[g * 8 + 2 * t4], c1 = C[g * 8 + 2 * t4 + 1], c2 = C[(g + 8) * 8 + 2 * t4],
                    c3 = C[(g + 8) * 8 + 2 * t4 + 1];
     uint32_t d0, d1, d2, d3;
+#define KVSIM_MMA_SYNC(shape_and_types)                                                                          \
+  asm volatile("mma.sync.aligned." shape_and_types " {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%10,%11,%12,%13};" \
+               : "=r"(d0), "=r"(d1), "=r"(d2), "=r"(d3)                                                          \
+               : "r"(ra[0]), "r"(ra[1]), "r"(ra[2]), "r"(ra[3]), "r"(rb[0]), "r"(rb[1]), "r"(c0), "r"(c1), "r"(c2), \
+                 "r"(c3))
     switch (op) {
-      case Operand::bf16:
-        asm volatile(
-            "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-            "{%10,%11,%12,%13};"
-            : "=r"(d0), "=r"(d1), "=r"(d2), "=r"(d3)
-            : "r"(ra[0]), "r"(ra[1]), "r"(ra[2]), "r"(ra[3]), "r"(rb[0]), "r"(rb[1]), "r"(c0), "r"(c1), "r"(c2), "r"(c3));
-        break;
-      case Operand::fp16:
-        asm volatile(
-            "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-            "{%10,%11,%12,%13};"
-            : "=r"(d0), "=r"(d1), "=r"(d2), "=r"(d3)
-            : "r"(ra[0]), "r"(ra[1]), "r"(ra[2]), "r"(ra[3]), "r"(rb[0]), "r"(rb[1]), "r"(c0), "r"(c1), "r"(c2), "r"(c3));
-        break;
-      case Operand::e4m3:
-        asm volatile(
-            "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-            "{%10,%11,%12,%13};"
-            : "=r"(d0), "=r"(d1), "=r"(d2), "=r"(d3)
-            : "r"(ra[0]), "r"(ra[1]), "r"(ra[2]), "r"(ra[3]), "r"(rb[0]), "r"(rb[1]), "r"(c0), "r"(c1), "r"(c2), "r"(c3));
-        break;
-      case Operand::e5m2:
-        asm volatile(
-            "mma.sync.aligned.m16n8k32.row.col.f32.e5m2.e5m2.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-            "{%10,%11,%12,%13};"
-            : "=r"(d0), "=r"(d1), "=r"(d2), "=r"(d3)
-            : "r"(ra[0]), "r"(ra[1]), "r"(ra[2]), "r"(ra[3]), "r"(rb[0]), "r"(rb[1]), "r"(c0), "r"(c1), "r"(c2), "r"(c3));
-        break;
+      case Operand::bf16: KVSIM_MMA_SYNC("m16n8k16.row.col.f32.bf16.bf16.f32"); break;
+      case Operand::fp16: KVSIM_MMA_SYNC("m16n8k16.row.col.f32.f16.f16.f32"); break;
+      case Operand::e4m3: KVSIM_MMA_SYNC("m16n8k32.row.col.f32.e4m3.e4m3.f32"); break;
+      case Operand::e5m2: KVSIM_MMA_SYNC("m16n8k32.row.col.f32.e5m2.e5m2.f32"); break;
     }
+#undef KVSIM_MMA_SYNC
     uint32_t* D = d + tile * kTileOutputs;
     D[g * 8 + 2 * t4] = d0;
     D[g * 8 + 2 * t4 + 1] = d1;
