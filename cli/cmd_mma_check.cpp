@@ -5,6 +5,7 @@
 // products each alternative rule (the model with one step changed) gets wrong:
 // the evidence that fixed each step. Exit 0 when the model matches every
 // result, 1 on any difference, 2 without a CUDA device or for bad input.
+#include <fstream>
 #include <iostream>
 #include <memory>
 #include <string>
@@ -46,6 +47,10 @@ const char* instruction_name(mma::Operand op) {
     case mma::Operand::e5m2: return "mma.sync.m16n8k32.f32.e5m2.e5m2.f32";
   }
   return "?";
+}
+
+std::string dump_file(const std::string& prefix, mma::Operand op) {
+  return prefix + "." + mma::operand_name(op) + ".bin";
 }
 
 #if KVSIM_HAVE_CUDA
@@ -123,9 +128,15 @@ void print_report(std::ostream& out, const cuda::MmaCheckReport& r, int64_t seed
 #endif
 
 void run(const MmaCheckCliOptions& o) {
+  if (o.count + o.targeted == 0)
+    throw ValidationError(ErrorCode::bad_argument, "kvsim mma-check needs --count or --targeted above 0");
   std::vector<mma::Operand> types;
   for (mma::Operand op : mma::kAllOperands)
     if (o.type == "all" || o.type == mma::operand_name(op)) types.push_back(op);
+  // Every dump file is writable before the device runs anything.
+  for (mma::Operand op : types)
+    if (!o.dump.empty() && !std::ofstream(dump_file(o.dump, op), std::ios::binary))
+      throw ValidationError(ErrorCode::bad_argument, "--dump: cannot write " + dump_file(o.dump, op));
 #if KVSIM_HAVE_CUDA
   bool all_equal = true;
   nlohmann::ordered_json runs = nlohmann::ordered_json::array();
@@ -136,7 +147,7 @@ void run(const MmaCheckCliOptions& o) {
     options.targeted_count = static_cast<uint64_t>(o.targeted);
     options.seed = static_cast<uint64_t>(o.seed);
     options.alternatives_every = static_cast<int>(o.alternatives_every);
-    if (!o.dump.empty()) options.dump_path = o.dump + "." + mma::operand_name(op) + ".bin";
+    if (!o.dump.empty()) options.dump_path = dump_file(o.dump, op);
     const cuda::MmaCheckReport report = cuda::run_mma_check(options);
     all_equal = all_equal && report.total_differences() == 0 && report.host_differences == 0;
     if (o.json) runs.push_back(report_json(report));

@@ -233,6 +233,22 @@ TEST_CASE("kvsim without a subcommand, or with an unknown one, is a usage error"
   }
 }
 
+TEST_CASE("mma-check: bad input is refused by name before the device is asked") {
+  for (const auto& args : {std::vector<std::string>{"mma-check", "--count", "0", "--targeted", "0"},
+                           std::vector<std::string>{"mma-check", "--dump", "/nonexistent-dir/x"},
+                           std::vector<std::string>{"mma-check", "--type", "int8"}}) {
+    const RunResult r = run_kvsim(args);
+    CHECK(r.status == 2);
+    CHECK(r.out.empty());
+    CHECK(r.err.find(args[1] == "--type" ? "bad_usage" : "bad_argument") != std::string::npos);
+  }
+  if (!KVSIM_HAVE_CUDA) {  // with CUDA the check runs (tests/cuda: cuda.kvsim_mma_check)
+    const RunResult r = run_kvsim({"mma-check", "--count", "128", "--targeted", "0"});
+    CHECK(r.status == 2);
+    CHECK(r.err.find("backend_unavailable") != std::string::npos);
+  }
+}
+
 // ---------------------------------------------------------------- layout
 
 TEST_CASE("layout text reports the element size, block and pool bytes and strides") {
