@@ -97,6 +97,7 @@ Plan make_plan(const AttentionArgs& a, Isa isa) {
 // Per-thread scratch, 64-byte aligned sub-arrays in one allocation.
 struct Workspace {
   std::vector<float> storage;
+  std::vector<float> fold;  // attend_tiled: accumulators, maxima and kept scores of one block
   std::vector<const uint8_t*> k_rows, v_rows;
   float *qt = nullptr, *s = nullptr, *p = nullptr, *m = nullptr, *l = nullptr, *part_m = nullptr, *part_l = nullptr,
         *part_acc = nullptr, *merged = nullptr, *kbuf = nullptr, *kstage = nullptr, *vstage = nullptr;
@@ -139,11 +140,11 @@ struct Workspace {
 
 using Rows = std::vector<std::pair<int32_t, int64_t>>;  // (sequence, position) of each q/out row
 
-// Query rows [first, first + count) of one sequence whose key lists have the
-// same length. Without a window such rows see the same slots in the same
-// partitions (key j is slot j) and differ only in where masking starts, so
-// one decoded K/V row serves all of them: their count x G query heads run as
-// one item, and each row's keys past its own position get score -inf exactly
+// Query rows [first, first + count) of one sequence run as one item: their
+// count x G query heads share every decoded K/V row. Without a window the
+// rows are consecutive positions of one sequence (a prefill block, run by
+// attend_tiled when it holds more than one row); key j is slot j for all of
+// them, and each row's keys past its own position get score -inf exactly
 // where attend_query masks them. With a window a group is a single row.
 struct RowGroup {
   int64_t first = 0;
@@ -153,44 +154,44 @@ inline constexpr int32_t kMaxGroupHeads = 32;
 
 std::vector<RowGroup> group_rows(const AttentionArgs& a, const Rows& rows) {
   std::vector<RowGroup> groups;
-  const PageDivider page = a.pools.geometry.page_divider();
   const int32_t max_rows = std::max<int32_t>(1, kMaxGroupHeads / a.group);
-  int64_t last_size = -1;
   for (int64_t i = 0; i < static_cast<int64_t>(rows.size()); ++i) {
-    const int64_t size = make_key_list(rows[i].second, a.window, page).size();
     if (!a.window.enabled() && !groups.empty() && groups.back().count < max_rows &&
-        rows[groups.back().first].first == rows[i].first && size == last_size) {
+        rows[i - 1].first == rows[i].first && rows[i - 1].second + 1 == rows[i].second) {
       ++groups.back().count;
     } else {
       groups.push_back(RowGroup{i, 1});
     }
-    last_size = size;
   }
   return groups;
 }
 
-// attend_query's work items (rows of the group x KV head) through the fast
-// kernels: same inputs, same bytes.
-void attend_fast(const AttentionArgs& a, const Plan& pl, const Rows& rows, RowGroup grp, int32_t kv_head,
-                 Workspace& ws) {
-  const PoolGeometry& geo = a.pools.geometry;
-  const PageDivider page = geo.page_divider();
-  const int32_t seq = rows[grp.first].first;
-  const int32_t R = grp.count;
-  // The row attending the most keys resolves the slots; the list length is common.
-  KeyList keys = make_key_list(rows[grp.first].second, a.window, page);
+// One item's key lists: the row attending the most keys resolves the slots
+// (`keys`); every row's own attended count and list length.
+struct GroupKeys {
+  KeyList keys;
   int64_t n_attended[kMaxGroupHeads];
-  for (int32_t r = 0; r < R; ++r) {
-    const KeyList kr = make_key_list(rows[grp.first + r].second, a.window, page);
-    n_attended[r] = kr.n_attended;
-    if (kr.n_attended > keys.n_attended) keys = kr;
-  }
-  const int64_t n = keys.size();
-  const int64_t parts = (n + kPartitionSize - 1) / kPartitionSize;
-  const int32_t D = pl.D, G = pl.G, c = pl.c, H = R * G;
-  ws.layout(pl, parts, H);
+  int64_t n_keys[kMaxGroupHeads];
+};
 
-  // q of each head (h = r * G + g), then its transposed copy in the kernel's lane order.
+GroupKeys group_keys(const AttentionArgs& a, const Rows& rows, RowGroup grp) {
+  const PageDivider page = a.pools.geometry.page_divider();
+  GroupKeys k;
+  k.keys = make_key_list(rows[grp.first].second, a.window, page);
+  for (int32_t r = 0; r < grp.count; ++r) {
+    const KeyList kr = make_key_list(rows[grp.first + r].second, a.window, page);
+    k.n_attended[r] = kr.n_attended;
+    k.n_keys[r] = kr.size();
+    if (kr.n_attended > k.keys.n_attended) k.keys = kr;
+  }
+  return k;
+}
+
+// q of each head of the item (h = r * G + g) transposed into the kernel's
+// lane order, and the partition task every partition of the item reuses.
+PartitionTask prepare_item(const AttentionArgs& a, const Plan& pl, RowGroup grp, int32_t kv_head, Workspace& ws,
+                           int64_t acc_stride) {
+  const int32_t D = pl.D, G = pl.G, c = pl.c, H = grp.count * G;
   float* qrow = ws.merged;
   for (int32_t h = 0; h < H; ++h) {
     const int64_t row = grp.first + h / G;
@@ -202,7 +203,6 @@ void attend_fast(const AttentionArgs& a, const Plan& pl, const Rows& rows, RowGr
         ws.qt[(static_cast<int64_t>(h) * c + j) * kWarp + pos] = d < D ? qrow[d] : -0.0f;
       }
   }
-
   PartitionTask t;
   t.head_dim = D;
   t.lanes_c = c;
@@ -221,63 +221,103 @@ void attend_fast(const AttentionArgs& a, const Plan& pl, const Rows& rows, RowGr
   t.p = ws.p;
   t.m = ws.m;
   t.l = ws.l;
-  t.acc_stride = parts * D;
+  t.acc_stride = acc_stride;
   t.kbuf = ws.kbuf;
+  return t;
+}
 
+// Keys [first, first + count) of the resolving list: K rows (nullptr for a
+// masked key) and V rows, in place or staged through load_head_row.
+void resolve_keys(const AttentionArgs& a, const Plan& pl, const KeyList& keys, int32_t seq, int32_t kv_head,
+                  int64_t first, int32_t count, Workspace& ws) {
+  const PageDivider page = a.pools.geometry.page_divider();
+  const int32_t D = pl.D;
   const uint8_t* pool = a.pools.bytes(PoolKind::primary);
   const PoolStrides& st = a.pools.strides[0];
   const int32_t* table = a.block_table + static_cast<int64_t>(seq) * a.max_blocks_per_seq;
+  if (pl.direct && !a.window.enabled()) {
+    // Without a window key j's slot is j itself (attended keys 0..p, then
+    // the tail p+1.. of the same page), so the keys walk whole pages.
+    for (int32_t j = 0; j < count;) {
+      const int64_t slot = first + j;
+      const int64_t block = BlockRef{table[page.div(slot)]}.block();
+      const int32_t entry0 = page.mod(slot);
+      const int32_t run = std::min<int32_t>(count - j, page.page_size - entry0);
+      for (int32_t e = 0; e < run; ++e, ++j) {
+        const bool masked = first + j >= keys.n_attended;
+        ws.k_rows[j] =
+            masked ? nullptr : pool + element_offset(st, block, a.layer, 0, kv_head, entry0 + e, 0) * pl.bytes;
+        ws.v_rows[j] = pool + element_offset(st, block, a.layer, 1, kv_head, entry0 + e, 0) * pl.bytes;
+      }
+    }
+    return;
+  }
+  for (int32_t j = 0; j < count; ++j) {
+    bool masked = false;
+    const int64_t slot = keys.slot(first + j, a.window, masked);
+    if (pl.direct) {
+      const BlockRef ref{table[page.div(slot)]};
+      const int64_t block = ref.block();
+      const int32_t entry = page.mod(slot);
+      ws.k_rows[j] = masked ? nullptr : pool + element_offset(st, block, a.layer, 0, kv_head, entry, 0) * pl.bytes;
+      ws.v_rows[j] = pool + element_offset(st, block, a.layer, 1, kv_head, entry, 0) * pl.bytes;
+    } else {
+      float* krow = ws.kstage + static_cast<int64_t>(j) * D;
+      float* vrow = ws.vstage + static_cast<int64_t>(j) * D;
+      if (!masked) load_head_row(a, seq, slot, 0, kv_head, krow);
+      load_head_row(a, seq, slot, 1, kv_head, vrow);
+      ws.k_rows[j] = masked ? nullptr : reinterpret_cast<const uint8_t*>(krow);
+      ws.v_rows[j] = reinterpret_cast<const uint8_t*>(vrow);
+    }
+  }
+}
+
+// Rows that stop attending earlier than the resolving row: their keys from
+// n_attended on are masked (score -inf), as in their own key list.
+void mask_short_rows(const GroupKeys& k, int32_t rows, int32_t G, int64_t first, int32_t count, float* s) {
+  for (int32_t r = 0; r < rows; ++r) {
+    const int64_t from = std::max<int64_t>(k.n_attended[r] - first, 0);
+    for (int64_t j = from; j < count; ++j)
+      for (int32_t g = 0; g < G; ++g) {
+        const int32_t h = r * G + g;
+        s[((h / kQuad) * int64_t{kPartitionSize} + j) * kQuad + h % kQuad] = canon::neg_inf();
+      }
+  }
+}
+
+// The merge's steps for one partition of one head: attend_query's loop body.
+void fold_partition(float m, float l, const float* acc, float global_max, int32_t D, float& L, float* merged) {
+  const float w = canon::merge_weight(m, global_max);
+  L = canon::fma_f32(l, w, L);
+  for (int32_t d = 0; d < D; ++d) merged[d] = canon::fma_f32(acc[d], w, merged[d]);
+}
+
+void store_output(const AttentionArgs& a, int64_t row, int32_t qh, int32_t D, float L, float* merged) {
+  const float v_scale = a.scales.v_scale;
+  for (int32_t d = 0; d < D; ++d) merged[d] = (merged[d] / L) * v_scale;
+  for (int32_t d = 0; d < D; ++d) store_float(a.out.data, a.out.dtype, a.out.offset(row, qh, d), merged[d]);
+}
+
+// attend_query's work items (rows of the group x KV head) through the fast
+// kernels: same inputs, same bytes. Decode rows and windowed prefill rows.
+void attend_fast(const AttentionArgs& a, const Plan& pl, const Rows& rows, RowGroup grp, int32_t kv_head,
+                 Workspace& ws) {
+  const int32_t seq = rows[grp.first].first;
+  const int32_t R = grp.count;
+  const GroupKeys gk = group_keys(a, rows, grp);
+  const int64_t n = gk.keys.size();
+  const int64_t parts = (n + kPartitionSize - 1) / kPartitionSize;
+  const int32_t D = pl.D, G = pl.G, H = R * G;
+  ws.layout(pl, parts, H);
+  PartitionTask t = prepare_item(a, pl, grp, kv_head, ws, parts * D);
   for (int64_t part = 0; part < parts; ++part) {
     const int64_t first = part * kPartitionSize;
     const int32_t count = static_cast<int32_t>(n - first < kPartitionSize ? n - first : kPartitionSize);
-    if (pl.direct && !a.window.enabled()) {
-      // Without a window key j's slot is j itself (attended keys 0..p, then
-      // the tail p+1.. of the same page), so the keys walk whole pages.
-      for (int32_t j = 0; j < count;) {
-        const int64_t slot = first + j;
-        const int64_t block = BlockRef{table[page.div(slot)]}.block();
-        const int32_t entry0 = page.mod(slot);
-        const int32_t run = std::min<int32_t>(count - j, page.page_size - entry0);
-        for (int32_t e = 0; e < run; ++e, ++j) {
-          const bool masked = first + j >= keys.n_attended;
-          ws.k_rows[j] =
-              masked ? nullptr : pool + element_offset(st, block, a.layer, 0, kv_head, entry0 + e, 0) * pl.bytes;
-          ws.v_rows[j] = pool + element_offset(st, block, a.layer, 1, kv_head, entry0 + e, 0) * pl.bytes;
-        }
-      }
-    } else {
-      for (int32_t j = 0; j < count; ++j) {
-        bool masked = false;
-        const int64_t slot = keys.slot(first + j, a.window, masked);
-        if (pl.direct) {
-          const BlockRef ref{table[page.div(slot)]};
-          const int64_t block = ref.block();
-          const int32_t entry = page.mod(slot);
-          ws.k_rows[j] = masked ? nullptr : pool + element_offset(st, block, a.layer, 0, kv_head, entry, 0) * pl.bytes;
-          ws.v_rows[j] = pool + element_offset(st, block, a.layer, 1, kv_head, entry, 0) * pl.bytes;
-        } else {
-          float* krow = ws.kstage + static_cast<int64_t>(j) * D;
-          float* vrow = ws.vstage + static_cast<int64_t>(j) * D;
-          if (!masked) load_head_row(a, seq, slot, 0, kv_head, krow);
-          load_head_row(a, seq, slot, 1, kv_head, vrow);
-          ws.k_rows[j] = masked ? nullptr : reinterpret_cast<const uint8_t*>(krow);
-          ws.v_rows[j] = reinterpret_cast<const uint8_t*>(vrow);
-        }
-      }
-    }
+    resolve_keys(a, pl, gk.keys, seq, kv_head, first, count, ws);
     t.count = count;
     t.acc = ws.part_acc + part * D;
     pl.kernels->scores(t);
-    // Rows that stop attending earlier than the resolving row: their keys
-    // from n_attended on are masked (score -inf), as in their own key list.
-    for (int32_t r = 0; r < R; ++r) {
-      const int64_t from = std::max<int64_t>(n_attended[r] - first, 0);
-      for (int64_t j = from; j < count; ++j)
-        for (int32_t g = 0; g < G; ++g) {
-          const int32_t h = r * G + g;
-          ws.s[((h / kQuad) * int64_t{kPartitionSize} + j) * kQuad + h % kQuad] = canon::neg_inf();
-        }
-    }
+    mask_short_rows(gk, R, G, first, count, ws.s);
     pl.kernels->softmax(t);
     for (int32_t h = 0; h < H; ++h) {
       ws.part_m[h * parts + part] = ws.m[h];
@@ -295,17 +335,100 @@ void attend_fast(const AttentionArgs& a, const Plan& pl, const Rows& rows, RowGr
     for (int64_t part = 0; part < parts; ++part) global_max = part_m[part] > global_max ? part_m[part] : global_max;
     float L = 0.0f;
     for (int32_t d = 0; d < D; ++d) merged[d] = 0.0f;
-    for (int64_t part = 0; part < parts; ++part) {
-      const float w = canon::merge_weight(part_m[part], global_max);
-      L = canon::fma_f32(part_l[part], w, L);
-      const float* acc = ws.part_acc + (static_cast<int64_t>(h) * parts + part) * D;
-      for (int32_t d = 0; d < D; ++d) merged[d] = canon::fma_f32(acc[d], w, merged[d]);
+    for (int64_t part = 0; part < parts; ++part)
+      fold_partition(part_m[part], part_l[part], ws.part_acc + (static_cast<int64_t>(h) * parts + part) * D,
+                     global_max, D, L, merged);
+    store_output(a, grp.first + h / G, kv_head * G + h % G, D, L, merged);
+  }
+}
+
+// A prefill block of R consecutive rows x G query heads (R * G <= 32) for one
+// KV head, without a window. Every K and V row is decoded once per pass for
+// all R * G heads, keys past the block's last row are never read, and there
+// is no per-partition scratch: attend_query's merge folds partition p with
+// w_p = exp(m_p - M), so M (each row's global max) must be known first.
+//  * the last partition runs first, in full: its m and l, its accumulators
+//    kept (one partition's, R * G * D floats) until its turn in the fold;
+//  * pass 1: scores of the other partitions, for M only (the max is
+//    order-free: docs/canonical-arithmetic.md); the scores of the first
+//    kCachedPartitions are kept, so rows up to 2,304 keys compute each score once;
+//  * pass 2: each other partition in order (scores again past the cached
+//    ones), softmax, P.V, folded at once; then the last partition is folded.
+// A row whose key list ends before a partition is not folded there, and keys
+// past its list enter none of its P.V chains (key_limit): a NaN V row there
+// is not its business. Same floats as attend_query, partition by partition.
+inline constexpr int64_t kCachedPartitions = 8;
+
+void attend_tiled(const AttentionArgs& a, const Plan& pl, const Rows& rows, RowGroup grp, int32_t kv_head,
+                  Workspace& ws) {
+  const int32_t seq = rows[grp.first].first;
+  const int32_t R = grp.count;
+  const GroupKeys gk = group_keys(a, rows, grp);
+  const int64_t n = gk.keys.size();
+  const int64_t parts = (n + kPartitionSize - 1) / kPartitionSize;
+  const int32_t D = pl.D, G = pl.G, H = R * G;
+  ws.layout(pl, 1, H);
+  const int64_t quads = (H + kQuad - 1) / kQuad, score_floats = quads * kPartitionSize * kQuad;
+  const int64_t cached = std::min<int64_t>(parts - 1, kCachedPartitions);
+  ws.fold.resize(static_cast<size_t>(2 * H * D + 4 * H + cached * score_floats));
+  float* acc_last = ws.fold.data();
+  float* merged = acc_last + H * D;
+  float *M = merged + H * D, *L = M + H, *m_last = L + H, *l_last = m_last + H;
+  float* score_cache = l_last + H;
+  PartitionTask t = prepare_item(a, pl, grp, kv_head, ws, D);
+  int32_t limit[kMaxGroupHeads];
+  t.key_limit = limit;
+
+  // Partition `part`: K/V rows, scores (unless kept from pass 1), masks.
+  const auto scores_of = [&](int64_t part, bool keep) {
+    const int64_t first = part * kPartitionSize;
+    const int32_t count = static_cast<int32_t>(std::min<int64_t>(n - first, kPartitionSize));
+    resolve_keys(a, pl, gk.keys, seq, kv_head, first, count, ws);
+    t.count = count;
+    const bool in_cache = part < cached;
+    t.s = in_cache ? score_cache + part * score_floats : ws.s;
+    if (!in_cache || keep) {
+      pl.kernels->scores(t);
+      mask_short_rows(gk, R, G, first, count, t.s);
     }
-    const float v_scale = a.scales.v_scale;
-    for (int32_t d = 0; d < D; ++d) merged[d] = (merged[d] / L) * v_scale;
-    const int64_t row = grp.first + h / G;
-    const int32_t qh = kv_head * G + h % G;
-    for (int32_t d = 0; d < D; ++d) store_float(a.out.data, a.out.dtype, a.out.offset(row, qh, d), merged[d]);
+    for (int32_t h = 0; h < H; ++h)
+      limit[h] = static_cast<int32_t>(std::clamp<int64_t>(gk.n_keys[h / G] - first, 0, count));
+  };
+  const auto rows_parts = [&](int32_t h) { return (gk.n_keys[h / G] + kPartitionSize - 1) / kPartitionSize; };
+
+  scores_of(parts - 1, true);
+  t.acc = acc_last;
+  pl.kernels->softmax(t);
+  pl.kernels->pv(t);
+  for (int32_t h = 0; h < H; ++h) {
+    m_last[h] = ws.m[h];
+    l_last[h] = ws.l[h];
+    M[h] = ws.m[h];
+  }
+  for (int64_t part = 0; part + 1 < parts; ++part) {
+    scores_of(part, true);
+    for (int32_t h = 0; h < H; ++h) {
+      const float* s = t.s + (h / kQuad) * int64_t{kPartitionSize} * kQuad + h % kQuad;
+      float m = M[h];
+      for (int32_t j = 0; j < t.count; ++j) m = s[j * kQuad] > m ? s[j * kQuad] : m;
+      M[h] = m;
+    }
+  }
+  for (int32_t h = 0; h < H; ++h) {
+    L[h] = 0.0f;
+    for (int32_t d = 0; d < D; ++d) merged[h * D + d] = 0.0f;
+  }
+  t.acc = ws.part_acc;
+  for (int64_t part = 0; part + 1 < parts; ++part) {
+    scores_of(part, false);
+    pl.kernels->softmax(t);
+    pl.kernels->pv(t);
+    for (int32_t h = 0; h < H; ++h)
+      if (part < rows_parts(h)) fold_partition(ws.m[h], ws.l[h], ws.part_acc + h * D, M[h], D, L[h], merged + h * D);
+  }
+  for (int32_t h = 0; h < H; ++h) {
+    if (rows_parts(h) == parts) fold_partition(m_last[h], l_last[h], acc_last + h * D, M[h], D, L[h], merged + h * D);
+    store_output(a, grp.first + h / G, kv_head * G + h % G, D, L[h], merged + h * D);
   }
 }
 
@@ -373,8 +496,12 @@ void run_attention_rows(tbb::task_arena& arena, const AttentionArgs& a,
                         // item runs start to finish on one thread (it never waits on other tasks).
                         thread_local Workspace ws;
                         for (int64_t i = r.rows().begin(); i < r.rows().end(); ++i)
-                          for (int32_t h = r.cols().begin(); h < r.cols().end(); ++h)
-                            attend_fast(a, plan, rows, groups[i], h, ws);
+                          for (int32_t h = r.cols().begin(); h < r.cols().end(); ++h) {
+                            if (groups[i].count > 1)
+                              attend_tiled(a, plan, rows, groups[i], h, ws);
+                            else
+                              attend_fast(a, plan, rows, groups[i], h, ws);
+                          }
                       });
   });
 }

@@ -458,16 +458,31 @@ void softmax(const PartitionTask& t) {
 // ---------------------------------------------------------------- P.V
 // NZ vectors (16 dims each) of NG heads' accumulators in registers over every
 // key of the partition: acc = fma(p_j, v_j[d], acc), keys in order.
+// Keys [0, limit[g]) enter head g; keys every head takes run without a test.
 template <RowFormat F, int NG, int NZ>
-inline void pv_block(const PartitionTask& t, const float* p, float* const* out, int32_t d0) {
+inline void pv_block(const PartitionTask& t, const float* p, float* const* out, const int32_t* limit, int32_t d0) {
   __m512 acc[NG][NZ];
-  for (int g = 0; g < NG; ++g)
+  int32_t common = t.count, longest = 0;
+  for (int g = 0; g < NG; ++g) {
+    common = limit[g] < common ? limit[g] : common;
+    longest = limit[g] > longest ? limit[g] : longest;
     for (int z = 0; z < NZ; ++z) acc[g][z] = _mm512_setzero_ps();
-  for (int32_t j = 0; j < t.count; ++j) {
+  }
+  for (int32_t j = 0; j < common; ++j) {
     const uint8_t* row = t.v_rows[j];
     __m512 v[NZ];
     for (int z = 0; z < NZ; ++z) v[z] = dec16<F>(row, d0 + 16 * z);
     for (int g = 0; g < NG; ++g) {
+      const __m512 pj = _mm512_set1_ps(p[j * kQuad + g]);
+      for (int z = 0; z < NZ; ++z) acc[g][z] = _mm512_fmadd_ps(pj, v[z], acc[g][z]);
+    }
+  }
+  for (int32_t j = common; j < longest; ++j) {
+    const uint8_t* row = t.v_rows[j];
+    __m512 v[NZ];
+    for (int z = 0; z < NZ; ++z) v[z] = dec16<F>(row, d0 + 16 * z);
+    for (int g = 0; g < NG; ++g) {
+      if (j >= limit[g]) continue;
       const __m512 pj = _mm512_set1_ps(p[j * kQuad + g]);
       for (int z = 0; z < NZ; ++z) acc[g][z] = _mm512_fmadd_ps(pj, v[z], acc[g][z]);
     }
@@ -480,10 +495,14 @@ template <RowFormat F, int NG>
 void pv_quad(const PartitionTask& t, int32_t q) {
   const float* p = t.p + static_cast<int64_t>(q) * kPartitionSize * kQuad;
   float* out[NG];
-  for (int g = 0; g < NG; ++g) out[g] = t.acc + (static_cast<int64_t>(q) * kQuad + g) * t.acc_stride;
+  int32_t limit[NG];
+  for (int g = 0; g < NG; ++g) {
+    out[g] = t.acc + (static_cast<int64_t>(q) * kQuad + g) * t.acc_stride;
+    limit[g] = t.key_limit != nullptr ? t.key_limit[q * kQuad + g] : t.count;
+  }
   int32_t d = 0;
-  for (; d + 64 <= t.head_dim; d += 64) pv_block<F, NG, 4>(t, p, out, d);
-  for (; d < t.head_dim; d += 16) pv_block<F, NG, 1>(t, p, out, d);
+  for (; d + 64 <= t.head_dim; d += 64) pv_block<F, NG, 4>(t, p, out, limit, d);
+  for (; d < t.head_dim; d += 16) pv_block<F, NG, 1>(t, p, out, limit, d);
 }
 
 template <RowFormat F>

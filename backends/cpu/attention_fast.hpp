@@ -18,6 +18,12 @@
 //    and butterfly, four query heads side by side.
 //  * P.V: per output dim acc = fma(p_j, v_j[d], acc) over keys in order, 16
 //    or 64 dims per register block, one V decode per key for the group.
+//  * prefill: a block of consecutive query rows x the GQA group runs as one
+//    item (attention.cpp's attend_tiled): every decoded K/V row serves all of
+//    the block's heads, partitions past the block's last key are never read,
+//    and partitions are folded in order against the row's global max, found
+//    by a first pass over the scores (docs/canonical-arithmetic.md), so there
+//    is no per-partition scratch.
 //
 // The ISA kernels (avx512, portable) work on one partition of one (query
 // row, KV head) item; the driver (attention.cpp) resolves key slots to rows
@@ -82,6 +88,10 @@ struct PartitionTask {
   float* l = nullptr;    // [quads * 4] partition sum per head (out)
   float* acc = nullptr;  // head g's P.V accumulators at acc + g * acc_stride, head_dim floats (out)
   int64_t acc_stride = 0;
+  // [group] keys [0, key_limit[g]) of the partition enter head g's P.V (the
+  // rest lie past its row's key list: a tiled prefill block's shorter rows);
+  // nullptr = all `count` keys for every head.
+  const int32_t* key_limit = nullptr;
   float* kbuf = nullptr;  // scratch of >= 64 * c + 64 floats
 };
 

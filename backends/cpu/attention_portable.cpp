@@ -114,6 +114,7 @@ void pv(const PartitionTask& t) {
   for (int32_t j = 0; j < t.count; ++j) {
     decode_row(t.format, t.v_rows[j], v, D);
     for (int32_t g = 0; g < t.group; ++g) {
+      if (t.key_limit != nullptr && j >= t.key_limit[g]) continue;
       const float pj = t.p[(static_cast<int64_t>(g / kQuad) * kPartitionSize + j) * kQuad + g % kQuad];
       float* acc = t.acc + g * t.acc_stride;
       for (int32_t d = 0; d < D; ++d) acc[d] = canon::fma_f32(pj, v[d], acc[d]);

@@ -49,6 +49,7 @@ struct Case {
   bool one_more_block = false;
   bool decode = true;
   int max_queries = 1;  // prefill: queries of sequence b = 1 + b % max_queries (capped by its length)
+  std::vector<int32_t> queries;  // prefill: queries of sequence b, when given (overrides max_queries)
   CacheDtype q_dtype = CacheDtype::fp32, out_dtype = CacheDtype::fp32;
   bool strided_views = false;
   float sm_scale = 0.088f;
@@ -219,7 +220,8 @@ void check_case(const Case& c, int threads = 2) {
   std::vector<std::pair<int32_t, int64_t>> rows;
   std::vector<int32_t> q_indptr{0};
   for (size_t b = 0; b < c.lens.size(); ++b) {
-    const int32_t nq = c.decode ? 1 : std::min<int32_t>(c.lens[b], 1 + static_cast<int32_t>(b) % c.max_queries);
+    const int32_t wanted = b < c.queries.size() ? c.queries[b] : 1 + static_cast<int32_t>(b) % c.max_queries;
+    const int32_t nq = c.decode ? 1 : std::min<int32_t>(c.lens[b], wanted);
     for (int32_t i = 0; i < nq; ++i)
       rows.emplace_back(static_cast<int32_t>(b), prefill_position(c.lens[b], q_indptr.back(), q_indptr.back() + nq,
                                                                   q_indptr.back() + i));
@@ -494,6 +496,52 @@ TEST_CASE("fast attention: head_dim 1024 and 16 (runtime-c and one-vector paths)
     c.decode = false;
     c.max_queries = 2;
     check_case(c);
+  }
+}
+
+// Prefill chunks long enough for the tiled path's blocks (32 / G consecutive
+// rows) to cross pages, 256-key partitions and the block's end mid-page, after
+// a cached prefix (chunks that start past 0) and from position 0.
+TEST_CASE("fast attention: tiled prefill blocks across pages, partitions and GQA groups") {
+  const CacheDtype dtypes[] = {CacheDtype::bf16, CacheDtype::fp16, CacheDtype::fp32, CacheDtype::fp8_e4m3,
+                               CacheDtype::fp8_e5m2};
+  int i = 0;
+  for (int P : {1, 3, 16, 17})
+    for (int G : {1, 2, 4, 8}) {
+      Case c;
+      c.P = P;
+      c.G = G;
+      c.H = 2;
+      c.D = i % 2 ? 64 : 128;
+      c.dtype = dtypes[i % 5];
+      c.layout = (i / 2) % 2 ? BlockLayout::nhd : BlockLayout::hnd;
+      c.placement = (i / 4) % 2 ? LayerPlacement::per_layer : LayerPlacement::in_block;
+      c.decode = false;
+      c.lens = {300, 530, 45, 260};
+      c.queries = {300, 41, 45, 7};  // one chunk from 0; chunks after a cached prefix
+      c.pool_specials = i % 3 == 0 ? 6 : 0;
+      c.q_specials = i % 4 == 1;
+      if (c.dtype == CacheDtype::fp8_e4m3 || c.dtype == CacheDtype::fp8_e5m2) c.amplitude = 8.0f;
+      c.seed = 4000 + static_cast<uint32_t>(i);
+      check_case(c, i % 2 ? 3 : 1);
+      ++i;
+    }
+}
+
+// Rows past kCachedPartitions' kept scores: pass 2 computes scores again.
+TEST_CASE("fast attention: tiled prefill past the kept scores (2,600 keys)") {
+  for (CacheDtype dtype : {CacheDtype::bf16, CacheDtype::fp8_e4m3}) {
+    Case c;
+    c.dtype = dtype;
+    c.P = 16;
+    c.G = 4;
+    c.H = 1;
+    c.decode = false;
+    c.lens = {2600};
+    c.queries = {37};
+    c.pool_specials = dtype == CacheDtype::bf16 ? 4 : 0;
+    if (dtype == CacheDtype::fp8_e4m3) c.amplitude = 8.0f;
+    check_case(c, 2);
   }
 }
 
