@@ -169,6 +169,8 @@ std::vector<RowGroup> group_rows(const AttentionArgs& a, const Rows& rows) {
 // One item's key lists: the row attending the most keys resolves the slots
 // (`keys`); every row's own attended count and list length.
 struct GroupKeys {
+  int32_t seq = 0;
+  int64_t parts = 0;  // partitions of the resolving list
   KeyList keys;
   int64_t n_attended[kMaxGroupHeads];
   int64_t n_keys[kMaxGroupHeads];
@@ -184,6 +186,8 @@ GroupKeys group_keys(const AttentionArgs& a, const Rows& rows, RowGroup grp) {
     k.n_keys[r] = kr.size();
     if (kr.n_attended > k.keys.n_attended) k.keys = kr;
   }
+  k.seq = rows[grp.first].first;
+  k.parts = (k.keys.size() + kPartitionSize - 1) / kPartitionSize;
   return k;
 }
 
@@ -302,12 +306,9 @@ void store_output(const AttentionArgs& a, int64_t row, int32_t qh, int32_t D, fl
 // kernels: same inputs, same bytes. Decode rows and windowed prefill rows.
 void attend_fast(const AttentionArgs& a, const Plan& pl, const Rows& rows, RowGroup grp, int32_t kv_head,
                  Workspace& ws) {
-  const int32_t seq = rows[grp.first].first;
-  const int32_t R = grp.count;
   const GroupKeys gk = group_keys(a, rows, grp);
-  const int64_t n = gk.keys.size();
-  const int64_t parts = (n + kPartitionSize - 1) / kPartitionSize;
-  const int32_t D = pl.D, G = pl.G, H = R * G;
+  const int32_t seq = gk.seq, R = grp.count, D = pl.D, G = pl.G, H = R * G;
+  const int64_t n = gk.keys.size(), parts = gk.parts;
   ws.layout(pl, parts, H);
   PartitionTask t = prepare_item(a, pl, grp, kv_head, ws, parts * D);
   for (int64_t part = 0; part < parts; ++part) {
@@ -361,12 +362,9 @@ inline constexpr int64_t kCachedPartitions = 8;
 
 void attend_tiled(const AttentionArgs& a, const Plan& pl, const Rows& rows, RowGroup grp, int32_t kv_head,
                   Workspace& ws) {
-  const int32_t seq = rows[grp.first].first;
-  const int32_t R = grp.count;
   const GroupKeys gk = group_keys(a, rows, grp);
-  const int64_t n = gk.keys.size();
-  const int64_t parts = (n + kPartitionSize - 1) / kPartitionSize;
-  const int32_t D = pl.D, G = pl.G, H = R * G;
+  const int32_t seq = gk.seq, R = grp.count, D = pl.D, G = pl.G, H = R * G;
+  const int64_t n = gk.keys.size(), parts = gk.parts;
   ws.layout(pl, 1, H);
   const int64_t quads = (H + kQuad - 1) / kQuad, score_floats = quads * kPartitionSize * kQuad;
   const int64_t cached = std::min<int64_t>(parts - 1, kCachedPartitions);
