@@ -115,7 +115,7 @@ struct Workspace {
         G * parts,                                 // part_m
         G * parts,                                 // part_l
         G * parts * D,                             // part_acc
-        D,                                         // merged
+        D + 1,                                     // merged (prepare_item: a q row and its -0 pad)
         2 * int64_t{kWarp} * pl.c + 64,            // kbuf
         pl.direct ? 0 : int64_t{kPartitionSize} * D,  // kstage
         pl.direct ? 0 : int64_t{kPartitionSize} * D,  // vstage
@@ -191,21 +191,37 @@ GroupKeys group_keys(const AttentionArgs& a, const Rows& rows, RowGroup grp) {
   return k;
 }
 
+// Row `row`, head `head` of a fp32/fp16/bf16 view as fp32: load_float's
+// conversions with the dtype switch hoisted out of the loop.
+void load_head(const TensorView& v, int64_t row, int32_t head, int32_t D, float* out) {
+  const int64_t base = v.offset(row, head, 0), step = v.stride[2];
+  const auto* h16 = static_cast<const uint16_t*>(v.data);
+  switch (v.dtype) {
+    case CacheDtype::fp32:
+      for (int32_t d = 0; d < D; ++d) out[d] = static_cast<const float*>(v.data)[base + d * step];
+      return;
+    case CacheDtype::fp16:
+      for (int32_t d = 0; d < D; ++d) out[d] = codec::f16_to_f32(h16[base + d * step]);
+      return;
+    case CacheDtype::bf16:
+      for (int32_t d = 0; d < D; ++d) out[d] = codec::bf16_to_f32(h16[base + d * step]);
+      return;
+    default:
+      for (int32_t d = 0; d < D; ++d) out[d] = load_float(v.data, v.dtype, base + d * step);
+  }
+}
+
 // q of each head of the item (h = r * G + g) transposed into the kernel's
 // lane order, and the partition task every partition of the item reuses.
 PartitionTask prepare_item(const AttentionArgs& a, const Plan& pl, RowGroup grp, int32_t kv_head, Workspace& ws,
                            int64_t acc_stride) {
   const int32_t D = pl.D, G = pl.G, c = pl.c, H = grp.count * G;
-  float* qrow = ws.merged;
+  float* qrow = ws.merged;  // D + 1 floats: the row, then the -0 every padding position reads
+  qrow[D] = -0.0f;
   for (int32_t h = 0; h < H; ++h) {
-    const int64_t row = grp.first + h / G;
-    const int32_t qh = kv_head * G + h % G;
-    for (int32_t d = 0; d < D; ++d) qrow[d] = load_float(a.q.data, a.q.dtype, a.q.offset(row, qh, d));
-    for (int32_t j = 0; j < c; ++j)
-      for (int pos = 0; pos < kWarp; ++pos) {
-        const int32_t d = pl.lane_of_position[pos] * c + j;
-        ws.qt[(static_cast<int64_t>(h) * c + j) * kWarp + pos] = d < D ? qrow[d] : -0.0f;
-      }
+    load_head(a.q, grp.first + h / G, kv_head * G + h % G, D, qrow);
+    float* qt = ws.qt + static_cast<int64_t>(h) * c * kWarp;
+    for (int32_t i = 0; i < c * kWarp; ++i) qt[i] = qrow[pl.kt_source[i]];  // K's transposition, D -> -0
   }
   PartitionTask t;
   t.head_dim = D;
@@ -299,7 +315,21 @@ void fold_partition(float m, float l, const float* acc, float global_max, int32_
 void store_output(const AttentionArgs& a, int64_t row, int32_t qh, int32_t D, float L, float* merged) {
   const float v_scale = a.scales.v_scale;
   for (int32_t d = 0; d < D; ++d) merged[d] = (merged[d] / L) * v_scale;
-  for (int32_t d = 0; d < D; ++d) store_float(a.out.data, a.out.dtype, a.out.offset(row, qh, d), merged[d]);
+  const int64_t base = a.out.offset(row, qh, 0), step = a.out.stride[2];
+  // store_float's conversions with the dtype switch hoisted out of the loop.
+  switch (a.out.dtype) {
+    case CacheDtype::fp32:
+      for (int32_t d = 0; d < D; ++d) static_cast<float*>(a.out.data)[base + d * step] = canonical_nan(merged[d]);
+      return;
+    case CacheDtype::fp16:
+      for (int32_t d = 0; d < D; ++d) static_cast<uint16_t*>(a.out.data)[base + d * step] = codec::f32_to_f16(merged[d]);
+      return;
+    case CacheDtype::bf16:
+      for (int32_t d = 0; d < D; ++d) static_cast<uint16_t*>(a.out.data)[base + d * step] = codec::f32_to_bf16(merged[d]);
+      return;
+    default:
+      for (int32_t d = 0; d < D; ++d) store_float(a.out.data, a.out.dtype, base + d * step, merged[d]);
+  }
 }
 
 // attend_query's work items (rows of the group x KV head) through the fast

@@ -457,10 +457,12 @@ void softmax(const PartitionTask& t) {
 
 // ---------------------------------------------------------------- P.V
 // NZ vectors (16 dims each) of NG heads' accumulators in registers over every
-// key of the partition: acc = fma(p_j, v_j[d], acc), keys in order.
-// Keys [0, limit[g]) enter head g; keys every head takes run without a test.
+// key of the partition: acc = fma(p_j, v_j[d], acc), keys in order. Head g's
+// probabilities are pcol[g][j * kQuad]; keys [0, limit[g]) enter head g, and
+// keys every head takes run without a test.
 template <RowFormat F, int NG, int NZ>
-inline void pv_block(const PartitionTask& t, const float* p, float* const* out, const int32_t* limit, int32_t d0) {
+inline void pv_block(const PartitionTask& t, const float* const* pcol, float* const* out, const int32_t* limit,
+                     int32_t d0) {
   __m512 acc[NG][NZ];
   int32_t common = t.count, longest = 0;
   for (int g = 0; g < NG; ++g) {
@@ -473,7 +475,7 @@ inline void pv_block(const PartitionTask& t, const float* p, float* const* out, 
     __m512 v[NZ];
     for (int z = 0; z < NZ; ++z) v[z] = dec16<F>(row, d0 + 16 * z);
     for (int g = 0; g < NG; ++g) {
-      const __m512 pj = _mm512_set1_ps(p[j * kQuad + g]);
+      const __m512 pj = _mm512_set1_ps(pcol[g][j * kQuad]);
       for (int z = 0; z < NZ; ++z) acc[g][z] = _mm512_fmadd_ps(pj, v[z], acc[g][z]);
     }
   }
@@ -483,7 +485,7 @@ inline void pv_block(const PartitionTask& t, const float* p, float* const* out, 
     for (int z = 0; z < NZ; ++z) v[z] = dec16<F>(row, d0 + 16 * z);
     for (int g = 0; g < NG; ++g) {
       if (j >= limit[g]) continue;
-      const __m512 pj = _mm512_set1_ps(p[j * kQuad + g]);
+      const __m512 pj = _mm512_set1_ps(pcol[g][j * kQuad]);
       for (int z = 0; z < NZ; ++z) acc[g][z] = _mm512_fmadd_ps(pj, v[z], acc[g][z]);
     }
   }
@@ -491,29 +493,37 @@ inline void pv_block(const PartitionTask& t, const float* p, float* const* out, 
     for (int z = 0; z < NZ; ++z) _mm512_storeu_ps(out[g] + d0 + 16 * z, acc[g][z]);
 }
 
+// Heads [h0, h0 + NG): up to 8 at once (16 accumulators of 32 dims), so one
+// V decode serves 8 heads; 4 or fewer take 64 dims per block.
 template <RowFormat F, int NG>
-void pv_quad(const PartitionTask& t, int32_t q) {
-  const float* p = t.p + static_cast<int64_t>(q) * kPartitionSize * kQuad;
+void pv_heads(const PartitionTask& t, int32_t h0) {
+  const float* pcol[NG];
   float* out[NG];
   int32_t limit[NG];
   for (int g = 0; g < NG; ++g) {
-    out[g] = t.acc + (static_cast<int64_t>(q) * kQuad + g) * t.acc_stride;
-    limit[g] = t.key_limit != nullptr ? t.key_limit[q * kQuad + g] : t.count;
+    const int32_t h = h0 + g;
+    pcol[g] = t.p + static_cast<int64_t>(h / kQuad) * kPartitionSize * kQuad + h % kQuad;
+    out[g] = t.acc + h * t.acc_stride;
+    limit[g] = t.key_limit != nullptr ? t.key_limit[h] : t.count;
   }
+  constexpr int kWide = NG > 4 ? 2 : 4;
   int32_t d = 0;
-  for (; d + 64 <= t.head_dim; d += 64) pv_block<F, NG, 4>(t, p, out, limit, d);
-  for (; d < t.head_dim; d += 16) pv_block<F, NG, 1>(t, p, out, limit, d);
+  for (; d + 16 * kWide <= t.head_dim; d += 16 * kWide) pv_block<F, NG, kWide>(t, pcol, out, limit, d);
+  for (; d < t.head_dim; d += 16) pv_block<F, NG, 1>(t, pcol, out, limit, d);
 }
 
 template <RowFormat F>
 void pv_format(const PartitionTask& t) {
-  for (int32_t q = 0; q < t.quads; ++q) {
-    const int32_t heads = t.group - q * kQuad < kQuad ? t.group - q * kQuad : kQuad;
-    switch (heads) {
-      case 1: pv_quad<F, 1>(t, q); break;
-      case 2: pv_quad<F, 2>(t, q); break;
-      case 3: pv_quad<F, 3>(t, q); break;
-      default: pv_quad<F, 4>(t, q); break;
+  for (int32_t h0 = 0; h0 < t.group; h0 += 8) {
+    switch (t.group - h0 < 8 ? t.group - h0 : 8) {
+      case 1: pv_heads<F, 1>(t, h0); break;
+      case 2: pv_heads<F, 2>(t, h0); break;
+      case 3: pv_heads<F, 3>(t, h0); break;
+      case 4: pv_heads<F, 4>(t, h0); break;
+      case 5: pv_heads<F, 5>(t, h0); break;
+      case 6: pv_heads<F, 6>(t, h0); break;
+      case 7: pv_heads<F, 7>(t, h0); break;
+      default: pv_heads<F, 8>(t, h0); break;
     }
   }
 }
