@@ -431,13 +431,25 @@ void softmax(const PartitionTask& t) {
   for (int32_t q = 0; q < t.quads; ++q) {
     const float* s = t.s + static_cast<int64_t>(q) * kPartitionSize * kQuad;
     float* p = t.p + static_cast<int64_t>(q) * kPartitionSize * kQuad;
-    // Max in key order: maxps(s, m) is `s > m ? s : m` per lane.
-    __m128 m = _mm_castsi128_ps(_mm_set1_epi32(static_cast<int>(0xFF800000u)));
-    for (int32_t j = 0; j < n; ++j) m = _mm_max_ps(_mm_loadu_ps(s + j * kQuad), m);
-    _mm_storeu_ps(t.m + q * kQuad, m);
-    const __m512 m16 = _mm512_broadcast_f32x4(m);
+    // Max: maxps(s, m) is `s > m ? s : m` per lane (a NaN score never wins).
+    // Four keys per vector and four chains, then the chains: the max is
+    // order-free but for the sign of a zero maximum, which no later step can
+    // see (docs/canonical-arithmetic.md), so this gives attend_query's bytes.
     const int32_t total = n * kQuad;
-    for (int32_t i = 0; i < total; i += 16) {
+    const __m512 ninf = _mm512_castsi512_ps(_mm512_set1_epi32(static_cast<int>(0xFF800000u)));
+    __m512 mx[4] = {ninf, ninf, ninf, ninf};
+    int32_t i = 0;
+    for (; i + 64 <= total; i += 64)
+      for (int k = 0; k < 4; ++k) mx[k] = _mm512_max_ps(_mm512_loadu_ps(s + i + 16 * k), mx[k]);
+    for (; i < total; i += 16) {
+      const __mmask16 k = total - i >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << (total - i)) - 1u);
+      mx[0] = _mm512_max_ps(_mm512_mask_loadu_ps(ninf, k, s + i), mx[0]);
+    }
+    const __m512 m4 = _mm512_max_ps(_mm512_max_ps(mx[0], mx[1]), _mm512_max_ps(mx[2], mx[3]));
+    const __m512 m2 = _mm512_max_ps(m4, _mm512_shuffle_f32x4(m4, m4, _MM_SHUFFLE(1, 0, 3, 2)));
+    const __m512 m16 = _mm512_max_ps(m2, _mm512_shuffle_f32x4(m2, m2, _MM_SHUFFLE(2, 3, 0, 1)));
+    _mm_storeu_ps(t.m + q * kQuad, _mm512_castps512_ps128(m16));
+    for (i = 0; i < total; i += 16) {
       const __mmask16 k = total - i >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << (total - i)) - 1u);
       _mm512_mask_storeu_ps(p + i, k, probability16(_mm512_maskz_loadu_ps(k, s + i), m16));
     }
