@@ -3,7 +3,8 @@
 // canonical order of core's attend_query, arranged for SIMD, same bytes) or,
 // with Isa::reference (KVSIM_CPU_ATTENTION=reference), attend_query itself
 // per (query row, KV head). A decode item is one row; a prefill item is a
-// group of rows of one sequence sharing their K/V reads (RowGroup below).
+// block of consecutive rows of one sequence sharing their K/V reads
+// (RowGroup, attend_tiled below).
 // Work items write disjoint output rows and every reduction stays inside one
 // item in the canonical order, so the bytes are the same for any thread
 // count, ISA and grouping.
