@@ -9,6 +9,9 @@
 //    Q (NaN payloads too); sliding windows with sinks (ring wrapped and not);
 //    context lengths around the 256-key partition (255, 256, 257, 1000);
 //    fp32/fp16/bf16 q and out, strided q/out views; 1 and 3 threads;
+//  * the tiled prefill (blocks of 32 / G consecutive rows): chunks from 0 and
+//    after a cached prefix crossing pages 1/3/16/17 and 256-key partitions,
+//    GQA 1/2/4/8, D 64/128, rows past the kept scores (2,600 keys);
 //  * the CPU backend's public decode/prefill entry against the reference.
 // Reference and candidate write into separately poisoned output buffers and
 // the whole buffers (padding included) are compared with memcmp.
@@ -512,7 +515,7 @@ TEST_CASE("fast attention: tiled prefill blocks across pages, partitions and GQA
       c.P = P;
       c.G = G;
       c.H = 2;
-      c.D = i % 2 ? 64 : 128;
+      c.D = (i / 4 + i) % 2 ? 64 : 128;  // each GQA group at both head dims over the page sizes
       c.dtype = dtypes[i % 5];
       c.layout = (i / 2) % 2 ? BlockLayout::nhd : BlockLayout::hnd;
       c.placement = (i / 4) % 2 ? LayerPlacement::per_layer : LayerPlacement::in_block;
