@@ -44,5 +44,6 @@ void register_run(CLI::App& app);
 void register_diff(CLI::App& app);
 void register_trace(CLI::App& app);
 void register_mma_check(CLI::App& app);
+void register_events(CLI::App& app);
 
 }  // namespace kvsim::cli

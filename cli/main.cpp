@@ -66,6 +66,7 @@ int main(int argc, char** argv) {
   register_diff(app);
   register_trace(app);
   register_mma_check(app);
+  register_events(app);
 
   int status = kExitOk;
   try {

@@ -1,7 +1,8 @@
 // `kvsim trace stats|import` and `kvsim run --trace` end to end
 // (cli/cmd_trace.cpp, cli/trace_options.cpp): the --json object, the imported
 // file `kvsim validate` accepts, a trace window replayed with every
-// invariant, and bad input rejected by name (exit 2, nothing on stdout).
+// invariant, bad input rejected by name (exit 2, nothing on stdout), and
+// `kvsim events check|replay` with their exit codes.
 #include <doctest/doctest.h>
 
 #include <filesystem>
@@ -104,4 +105,39 @@ TEST_CASE("bad trace input: exit 2, the error named, nothing on stdout") {
   CHECK(r.out.find("holds no request") != std::string::npos);
   CHECK(run("trace stats " + f + " 2>/dev/null").code == 2);  // --capacity-tokens is required
   CHECK(run("trace stats " + f + " --format vllm --capacity-tokens 4096 2>/dev/null").code == 2);
+}
+
+TEST_CASE("events check and replay --json: exit 0 for a consistent stream, 1 for a broken one, 2 for unreadable input") {
+  const std::string stored =
+      "{\"ts\": 1, \"events\": [{\"type\": \"BlockStored\", \"block_hashes\": [1, 2], \"parent_block_hash\": null, "
+      "\"token_ids\": [1, 2, 3, 4], \"block_size\": 2, \"lora_id\": null, \"medium\": \"GPU\", \"lora_name\": null}]}\n";
+  const std::string good = temp_file("kvsim_events_cli_good.jsonl", stored);
+  Result r = run("events check --json " + good + " 2>/dev/null");
+  CHECK(r.code == 0);
+  nlohmann::json j = nlohmann::json::parse(r.out);
+  CHECK(j["engine"] == "vllm");
+  CHECK(j["encoding"] == "jsonl-map");
+  CHECK(j["stored_blocks"] == 2);
+  CHECK(j["invariants"]["removed_is_live"]["status"] == "pass");
+  CHECK(j["invariants"]["sequence_contiguous"]["status"] == "n/a");
+  CHECK(j["ok"] == true);
+  const std::string broken = temp_file("kvsim_events_cli_broken.jsonl",
+                                       stored + "{\"ts\": 2, \"events\": [{\"type\": \"BlockRemoved\", \"block_hashes\": [7]}]}\n");
+  r = run("events check --json " + broken + " 2>/dev/null");
+  CHECK(r.code == 1);
+  j = nlohmann::json::parse(r.out);
+  CHECK(j["invariants"]["removed_is_live"]["status"] == "fail");
+  CHECK(j["invariants"]["removed_is_live"]["first"] == broken + ":2 batch 1 event 0: removed block 7 is not live");
+  r = run("events replay --json " + good + " --capacity-blocks 8 2>/dev/null");
+  CHECK(r.code == 0);
+  j = nlohmann::json::parse(r.out);
+  CHECK(j["replayed_stores"] == 1);
+  CHECK(j["chain_tokens"] == 4);
+  CHECK(j["block_size"] == 2);
+  const std::string bad = temp_file("kvsim_events_cli_bad.jsonl", "{\"ts\": 1, \"events\": [{\"type\": \"BlockMoved\"}]}\n");
+  r = run("events check " + bad + " 2>&1 >/dev/null");
+  CHECK(r.code == 2);
+  CHECK(r.out == "kvsim: error: bad_event_stream: " + bad +
+                     ":1 batch 0 event 0: event tag: expected BlockStored, BlockRemoved or AllBlocksCleared, got \"BlockMoved\"\n");
+  CHECK(run("events replay " + good + " 2>/dev/null").code == 2);  // --capacity-blocks is required
 }

@@ -84,7 +84,7 @@ TEST_CASE("prompt tokens agree exactly where the hash chains agree") {
 
 TEST_CASE("malformed traces are rejected with FILE:LINE and the field") {
   CHECK(rejection(std::string(kGood) + "{\"timestamp\": 1, \"input_length\": 40\n").rfind(
-            "bad_trace: t.jsonl:2: json: expected one JSON object per line, got a malformed line", 0) == 0);
+            "bad_trace: t.jsonl:2: json: expected one JSON value per line, got a malformed line", 0) == 0);
   CHECK(rejection(std::string(kGood) + "[1, 2]\n") == "bad_trace: t.jsonl:2: json: expected a JSON object, got [1,2]");
   CHECK(rejection("{\"timestamp\": 0, \"input_length\": 40, \"output_length\": 2, \"hash_ids\": [], \"prio\": 1}\n") ==
         "bad_trace: t.jsonl:1: prio: unknown field for the mooncake format (expected timestamp, input_length, "

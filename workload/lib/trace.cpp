@@ -12,6 +12,8 @@
 
 #include <kvsim/core/errors.hpp>
 
+#include "json_lines.hpp"
+
 namespace kvsim::workload {
 
 namespace {
@@ -105,26 +107,8 @@ Trace parse_trace(std::string_view text, const std::string& source, TraceFormat 
                                      " tokens (token ids are 31-bit), got more");
     return static_cast<int32_t>(next_id++);
   };
-  int64_t line_no = 0;
-  size_t pos = 0;
-  while (pos < text.size()) {
-    size_t end = text.find('\n', pos);
-    if (end == std::string_view::npos) end = text.size();
-    std::string_view line = text.substr(pos, end - pos);
-    pos = end + 1;
-    ++line_no;
-    if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
-    const std::string where = source + ":" + std::to_string(line_no);
-    if (line.find_first_not_of(" \t") == std::string_view::npos) continue;  // blank lines carry nothing
-    nlohmann::json obj;
-    try {
-      obj = nlohmann::json::parse(line);
-    } catch (const nlohmann::json::parse_error& e) {
-      std::string msg = e.what();
-      const size_t cut = msg.find("parse error");
-      reject(where, "json", "expected one JSON object per line, got a malformed line (" +
-                                (cut == std::string::npos ? msg : msg.substr(cut)) + ")");
-    }
+  for_each_json_line(text, source, ErrorCode::bad_trace, [&](const nlohmann::json& obj, const std::string& where,
+                                                             int64_t line_no) {
     if (!obj.is_object()) reject(where, "json", "expected a JSON object, got " + shown(obj));
     for (auto it = obj.begin(); it != obj.end(); ++it) {
       const std::string& k = it.key();
@@ -168,7 +152,7 @@ Trace parse_trace(std::string_view text, const std::string& source, TraceFormat 
     }
     while (static_cast<int64_t>(r.blocks.size()) < prompt_blocks) r.blocks.push_back(new_id(where));
     t.requests.push_back(std::move(r));
-  }
+  });
   std::stable_sort(t.requests.begin(), t.requests.end(),
                    [](const TraceRequest& a, const TraceRequest& b) { return a.arrival_ms < b.arrival_ms; });
   t.distinct_blocks = next_id;

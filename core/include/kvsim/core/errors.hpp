@@ -31,6 +31,7 @@ enum class ErrorCode {
   bad_argument,              // any other argument the op cannot accept
   bad_scenario,              // a scenario file that is malformed or asks for impossible settings
   bad_trace,                 // a request trace file that is malformed (FILE:LINE: field)
+  bad_event_stream,          // a KV-event stream that cannot be read (FILE:LINE or FILE:byte N: field)
 };
 
 constexpr std::string_view error_name(ErrorCode c) {
@@ -55,6 +56,7 @@ constexpr std::string_view error_name(ErrorCode c) {
     case ErrorCode::bad_argument: return "bad_argument";
     case ErrorCode::bad_scenario: return "bad_scenario";
     case ErrorCode::bad_trace: return "bad_trace";
+    case ErrorCode::bad_event_stream: return "bad_event_stream";
   }
   return "unknown";
 }
