@@ -83,6 +83,11 @@ void Backend::prefill_attention(const KvPools& pools, const PrefillAttentionOp& 
   validate_prefill_attention(pools, op);
   timed([&] { run_prefill_attention(pools, op); });
 }
+
+void Backend::mla_attention(const KvPools& pools, const MlaAttentionOp& op) {
+  validate_mla_attention(pools, op);
+  timed([&] { run_mla_attention(pools, op); });
+}
 void Backend::partial_copy(const KvPools& pools, const PartialCopyOp& op) {
   validate_partial_copy(pools, op);
   timed([&] { run_partial_copy(pools, op); });

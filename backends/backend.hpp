@@ -14,6 +14,7 @@
 
 #include <kvsim/core.hpp>
 #include <kvsim/core/ops/attention.hpp>
+#include <kvsim/core/ops/mla_attention.hpp>
 #include <kvsim/core/ops/qkv_preprocess.hpp>
 #include <kvsim/core/ops/read_copy_ops.hpp>
 #include <kvsim/core/ops/write_ops.hpp>
@@ -54,6 +55,7 @@ class Backend {
   void gather_paged(const KvPools& pools, const GatherPagedOp& op);
   void decode_attention(const KvPools& pools, const DecodeAttentionOp& op);
   void prefill_attention(const KvPools& pools, const PrefillAttentionOp& op);
+  void mla_attention(const KvPools& pools, const MlaAttentionOp& op);
   void partial_copy(const KvPools& pools, const PartialCopyOp& op);
   void copy_blocks(const KvPools& pools, const CopyBlocksOp& op);
   void offload(const KvPools& pools, const MoveBlocksOp& op);
@@ -97,6 +99,7 @@ class Backend {
   virtual void run_gather_paged(const KvPools&, const GatherPagedOp&) = 0;
   virtual void run_decode_attention(const KvPools&, const DecodeAttentionOp&) = 0;
   virtual void run_prefill_attention(const KvPools&, const PrefillAttentionOp&) = 0;
+  virtual void run_mla_attention(const KvPools&, const MlaAttentionOp&) = 0;
   virtual void run_partial_copy(const KvPools&, const PartialCopyOp&) = 0;
   virtual void run_copy_blocks(const KvPools&, const CopyBlocksOp&) = 0;
   virtual void run_move_blocks(const KvPools&, const MoveBlocksOp&, bool to_secondary) = 0;

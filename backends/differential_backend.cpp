@@ -537,6 +537,28 @@ void DifferentialBackend::run_prefill_attention(const KvPools& pools, const Pref
   }
 }
 
+void DifferentialBackend::run_mla_attention(const KvPools& pools, const MlaAttentionOp& op) {
+  for (int s = 0; s < 2; ++s) {
+    MlaAttentionOp o = op;
+    o.q = translate(op.q, s);
+    o.out = translate(op.out, s);
+    backends_[s]->mla_attention(translate(pools, s), o);
+  }
+  ++counters_.ops;
+  const bool had = first_.has_value();
+  compare_tensor("mla_attention", "out", op.out);
+  if (!had && first_ && !first_->tensor_index.empty()) {  // row -> (sequence, query position)
+    const MlaRows rows = make_mla_rows(op);
+    const int64_t row = first_->tensor_index[0];
+    if (row < static_cast<int64_t>(rows.seq.size())) {
+      first_->sequence = rows.seq[row];
+      first_->token = rows.position[row];
+      first_->token_meaning = "query position";
+      if (static_cast<size_t>(rows.seq[row]) < sequence_ids_.size()) first_->sequence_id = sequence_ids_[rows.seq[row]];
+    }
+  }
+}
+
 void DifferentialBackend::run_partial_copy(const KvPools& pools, const PartialCopyOp& op) {
   for (int s = 0; s < 2; ++s) backends_[s]->partial_copy(translate(pools, s), op);
   ++counters_.ops;

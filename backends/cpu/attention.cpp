@@ -575,4 +575,25 @@ void CpuBackend::run_prefill_attention(const KvPools& pools, const PrefillAttent
   cpu_attention::run_attention_rows(arena_, a, rows, cpu_attention::selected_isa());
 }
 
+// MLA attention: core's attend_mla_query for every (row, query head), in any
+// order and on any thread (each item writes its own output row).
+void CpuBackend::run_mla_attention(const KvPools& pools, const MlaAttentionOp& op) {
+  const MlaRows rows = make_mla_rows(op);
+  MlaAttentionArgs a = make_mla_attention_args(pools, op);
+  a.row_seq = rows.seq.data();
+  a.row_position = rows.position.data();
+  tbb::enumerable_thread_specific<std::vector<float>> scratch;
+  arena_.execute([&] {
+    tbb::parallel_for(tbb::blocked_range2d<int64_t, int32_t>(0, a.rows, 0, a.heads),
+                      [&](const tbb::blocked_range2d<int64_t, int32_t>& r) {
+                        std::vector<float>& buf = scratch.local();
+                        for (int64_t i = r.rows().begin(); i < r.rows().end(); ++i) {
+                          const int64_t need = mla_scratch_floats(a.d_ckv, a.d_kpe, a.row_position[i]);
+                          if (static_cast<int64_t>(buf.size()) < need) buf.resize(static_cast<size_t>(need));
+                          for (int32_t h = r.cols().begin(); h < r.cols().end(); ++h) attend_mla_query(a, i, h, buf.data());
+                        }
+                      });
+  });
+}
+
 }  // namespace kvsim

@@ -35,6 +35,7 @@ class CpuBackend final : public Backend {
   void run_gather_paged(const KvPools&, const GatherPagedOp&) override;
   void run_decode_attention(const KvPools&, const DecodeAttentionOp&) override;
   void run_prefill_attention(const KvPools&, const PrefillAttentionOp&) override;
+  void run_mla_attention(const KvPools&, const MlaAttentionOp&) override;
   void run_partial_copy(const KvPools&, const PartialCopyOp&) override;
   void run_copy_blocks(const KvPools&, const CopyBlocksOp&) override;
   void run_move_blocks(const KvPools&, const MoveBlocksOp&, bool to_secondary) override;

@@ -3,8 +3,9 @@
 // each step becomes, for every layer, the scenario's write op
 // (qkv_preprocess_write / append_paged / reshape_and_cache / append_mla),
 // indexer_k_scatter when enabled, then prefill_attention over the step's
-// prefill chunks and decode_attention over its decodes (MLA latent pools have
-// no attention op in core; their requests are checked through read-backs).
+// prefill chunks and decode_attention over its decodes (MLA latent pools: mla_attention
+// over every entry when mla.attention is set; read-backs in any case). With
+// [layers], each layer uses its KV cache group's table, window and pool.
 #include "kvsim/sim/replay_run.hpp"
 
 #include <Eigen/Dense>
@@ -178,6 +179,7 @@ class Runner final : public BlockMover {
   void write_layer(int32_t layer, const std::vector<Entry>& es, int64_t nnz, BackendBuffer& q_buf, CacheDtype& q_dtype);
   void attend(int32_t layer, const std::vector<Entry>& es, size_t first, size_t last, int64_t row0,
               const BackendBuffer& q_buf, CacheDtype q_dtype, bool decode);
+  void attend_mla(int32_t layer, const std::vector<Entry>& es);
   void check_dense(int32_t layer, const std::vector<Entry>& es, size_t first, size_t last,
                    const std::vector<float>& q, const std::vector<float>& out, int32_t hq);
   void read_back(RequestState& r);
@@ -445,7 +447,10 @@ void Runner::execute(const StepPlan& plan) {
     BackendBuffer q_buf;
     CacheDtype q_dtype = s_.model.input_dtype;
     write_layer(layer, es, nnz, q_buf, q_dtype);
-    if (s_.mla.enabled) continue;
+    if (s_.mla.enabled) {
+      if (s_.mla.attention) attend_mla(layer, es);
+      continue;
+    }
     if (!plan.prefill.empty()) attend(layer, es, 0, plan.prefill.size(), 0, q_buf, q_dtype, false);
     if (!plan.decode.empty()) attend(layer, es, plan.prefill.size(), es.size(), nnz_prefill, q_buf, q_dtype, true);
   }
@@ -775,6 +780,60 @@ void Runner::attend(int32_t layer, const std::vector<Entry>& es, size_t first, s
   std::vector<float> q(q_bytes.size() / qb);
   for (size_t i = 0; i < q.size(); ++i) q[i] = load_float(q_bytes.data(), q_dtype, static_cast<int64_t>(i));
   if (opt_.dense_check) check_dense(layer, batch, 0, batch.size(), q, out, Hq);
+}
+
+// mla_attention over the step's entries, prefill chunks and decodes as one
+// ragged batch (a decode is a one-token chunk: the same bytes).
+void Runner::attend_mla(int32_t layer, const std::vector<Entry>& es) {
+  const int32_t Hq = s_.model.q_heads, d_ckv = s_.mla.d_ckv, d_kpe = s_.mla.d_kpe, dq = d_ckv + d_kpe;
+  int32_t columns = 1;
+  for (const Entry& e : es) columns = std::max<int32_t>(columns, static_cast<int32_t>(bm_->table(e.r->index, group_).size()));
+  std::vector<int32_t> table, seq_lens, q_indptr{0};
+  for (const Entry& e : es) {
+    const auto row = table_row(*e.r, columns);
+    table.insert(table.end(), row.begin(), row.end());
+    seq_lens.push_back(e.cache_len());
+    q_indptr.push_back(q_indptr.back() + e.e->n);
+  }
+  const int64_t rows = q_indptr.back();
+  const CacheDtype q_dtype = s_.model.input_dtype;
+  std::vector<uint8_t> q(static_cast<size_t>(rows * Hq * dq * element_bytes(q_dtype)));
+  int64_t r = 0;
+  for (const Entry& e : es)
+    for (int32_t i = 0; i < e.e->n; ++i, ++r) {
+      const int64_t position = e.e->start + i;
+      for (int32_t h = 0; h < Hq; ++h)
+        for (int32_t d = 0; d < dq; ++d)
+          put_value(q, q_dtype, (r * Hq + h) * dq + d,
+                    model_.value(ModelTensor::q, layer, h, d, position, e.r->hashes[position]), 1.0f);
+    }
+  BackendBuffer q_b(be_, q.size()), out_b(be_, static_cast<size_t>(rows * Hq * d_ckv * 4));
+  q_b.upload(q.data(), q.size());
+  MlaAttentionOp op;
+  op.layer = pool_layer_of_[layer];
+  op.q = contiguous_view(q_b.get(), q_dtype, {rows, Hq, dq});
+  op.out = contiguous_view(out_b.get(), CacheDtype::fp32, {rows, Hq, d_ckv});
+  op.q_indptr = q_indptr;
+  op.seq_lens = seq_lens;
+  op.block_table = table;
+  op.max_blocks_per_seq = columns;
+  op.d_ckv = d_ckv;
+  op.d_kpe = d_kpe;
+  op.sm_scale = 1.0f / std::sqrt(static_cast<float>(dq));
+  const bool coded = g_.dtype == CacheDtype::fp8_e4m3 || g_.dtype == CacheDtype::fp8_e5m2 || g_.dtype == CacheDtype::int8;
+  op.scale = coded ? s_.cache.k_scale : 1.0f;
+  op.ckv_global_scale = s_.cache.k_global_scale;
+  op.kpe_scale = s_.cache.k_scale;  // append_mla's kpe_scale
+  notify("mla_attention", layer, es);
+  be_.mla_attention(pools_, op);
+  std::vector<float> out(static_cast<size_t>(rows * Hq * d_ckv));
+  out_b.download(out.data(), out.size() * 4);
+  hash_ = fnv1a(hash_, out.data(), out.size() * 4);
+  const size_t row_elems = static_cast<size_t>(Hq) * d_ckv;
+  r = 0;
+  for (const Entry& e : es)
+    for (int32_t i = 0; i < e.e->n; ++i, ++r)
+      record_output({e.r->id, layer, OutputKind::attention, e.e->start + i}, out.data() + r * row_elems, row_elems * 4);
 }
 
 // dense: each query's output against attention in double (Eigen) over the

@@ -329,10 +329,11 @@ void parse_model(Scenario& s, const toml::table& t) {
 }
 
 void parse_mla(Scenario& s, const toml::table& t) {
-  Section sec(s, t, "mla.", {"enabled", "d_ckv", "d_kpe"});
+  Section sec(s, t, "mla.", {"enabled", "d_ckv", "d_kpe", "attention"});
   sec.read("enabled", s.mla.enabled);
   sec.read("d_ckv", s.mla.d_ckv);
   sec.read("d_kpe", s.mla.d_kpe);
+  sec.read("attention", s.mla.attention);
 }
 
 void parse_cache(Scenario& s, const toml::table& t) {
@@ -578,6 +579,8 @@ namespace {
 
 void check_mla(const Scenario& s, const Checker& c) {
   const MlaSpec& mla = s.mla;
+  if (mla.attention)
+    c.require(mla.enabled, "mla.attention", "expected mla.enabled = true (mla_attention reads a latent pool)");
   if (!mla.enabled) {
     c.require(s.cache.write_path != WritePath::append_mla, "cache.write_path",
               "expected qkv_preprocess, append_paged or reshape_and_cache: append_mla writes an MLA latent pool "

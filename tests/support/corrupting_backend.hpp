@@ -66,6 +66,10 @@ class CorruptingBackend final : public Backend {
     cpu_.prefill_attention(p, o);
     corrupt("prefill_attention", nullptr, &o.out);
   }
+  void run_mla_attention(const KvPools& p, const MlaAttentionOp& o) override {
+    cpu_.mla_attention(p, o);
+    corrupt("mla_attention", nullptr, &o.out);
+  }
   void run_partial_copy(const KvPools& p, const PartialCopyOp& o) override {
     cpu_.partial_copy(p, o);
     corrupt("partial_copy", &p, nullptr);

@@ -52,6 +52,9 @@ struct MlaSpec {
   bool enabled = false;
   int32_t d_ckv = 512;
   int32_t d_kpe = 64;
+  // Also run mla_attention (absorbed DeepSeek-V3 attention over the latent
+  // pool) for every layer of every step; its outputs are attention outputs.
+  bool attention = false;
 };
 
 // How K/V reach the pool each step; one of SPEC §5's write ops.

@@ -235,6 +235,9 @@ KVSIM_HD constexpr int64_t prefill_position(int32_t seq_len, int32_t q_begin, in
 
 // ---------------------------------------------------------------- validation
 namespace detail {
+inline void validate_attention_table(const PoolGeometry& g, std::span<const int32_t> seq_lens,
+                                     std::span<const int32_t> block_table, int32_t max_blocks, const WindowMapping& w,
+                                     const std::string& o);
 inline void validate_attention_common(const KvPools& pools, int32_t layer, const TensorView& q, const TensorView& out,
                                       int64_t rows, std::span<const int32_t> seq_lens,
                                       std::span<const int32_t> block_table, int32_t max_blocks,
@@ -267,6 +270,14 @@ inline void validate_attention_common(const KvPools& pools, int32_t layer, const
   if (w.enabled() && w.tokens_per_block != g.tokens_per_block)
     fail(ErrorCode::bad_window, o + "window mapping built for P = " + std::to_string(w.tokens_per_block) +
                                     " but the pool has P = " + std::to_string(g.tokens_per_block));
+  validate_attention_table(g, seq_lens, block_table, max_blocks, w, o);
+}
+
+// The block table of an attention op: [batch, max_blocks] entries, every
+// sequence at least one token and every page it occupies a live block.
+inline void validate_attention_table(const PoolGeometry& g, std::span<const int32_t> seq_lens,
+                                     std::span<const int32_t> block_table, int32_t max_blocks, const WindowMapping& w,
+                                     const std::string& o) {
   if (max_blocks < 0 || static_cast<int64_t>(block_table.size()) != static_cast<int64_t>(seq_lens.size()) * max_blocks)
     fail(ErrorCode::shape_mismatch, o + "block_table has " + std::to_string(block_table.size()) + " entries, expected " +
                                         std::to_string(seq_lens.size()) + " x " + std::to_string(max_blocks));
@@ -294,6 +305,23 @@ inline void validate_attention_common(const KvPools& pools, int32_t layer, const
     }
   }
 }
+
+// q_indptr of a prefill op: batch + 1 non-decreasing entries from 0, no
+// sequence with more queries than tokens.
+inline void validate_q_indptr(std::span<const int32_t> q_indptr, std::span<const int32_t> seq_lens, const std::string& o) {
+  if (q_indptr.size() != seq_lens.size() + 1 || q_indptr.empty() || q_indptr[0] != 0)
+    fail(ErrorCode::shape_mismatch, o + "q_indptr must have batch + 1 entries starting at 0");
+  for (size_t b = 0; b + 1 < q_indptr.size(); ++b) {
+    if (q_indptr[b + 1] < q_indptr[b])
+      fail(ErrorCode::non_monotone_indptr, o + "sequence " + std::to_string(b) + ": q_indptr[" + std::to_string(b + 1) +
+                                               "] = " + std::to_string(q_indptr[b + 1]) + " < q_indptr[" +
+                                               std::to_string(b) + "]: rule: non-decreasing");
+    if (q_indptr[b + 1] - q_indptr[b] > seq_lens[b])
+      fail(ErrorCode::position_beyond_sequence, o + "sequence " + std::to_string(b) + " has " +
+                                                    std::to_string(q_indptr[b + 1] - q_indptr[b]) +
+                                                    " queries but seq_lens = " + std::to_string(seq_lens[b]));
+  }
+}
 }  // namespace detail
 
 inline void validate_decode_attention(const KvPools& pools, const DecodeAttentionOp& op) {
@@ -303,19 +331,7 @@ inline void validate_decode_attention(const KvPools& pools, const DecodeAttentio
 }
 
 inline void validate_prefill_attention(const KvPools& pools, const PrefillAttentionOp& op) {
-  const std::string o = "prefill_attention: ";
-  if (op.q_indptr.size() != op.seq_lens.size() + 1 || op.q_indptr.empty() || op.q_indptr[0] != 0)
-    fail(ErrorCode::shape_mismatch, o + "q_indptr must have batch + 1 entries starting at 0");
-  for (size_t b = 0; b + 1 < op.q_indptr.size(); ++b) {
-    if (op.q_indptr[b + 1] < op.q_indptr[b])
-      fail(ErrorCode::non_monotone_indptr, o + "sequence " + std::to_string(b) + ": q_indptr[" + std::to_string(b + 1) +
-                                               "] = " + std::to_string(op.q_indptr[b + 1]) + " < q_indptr[" +
-                                               std::to_string(b) + "]: rule: non-decreasing");
-    if (op.q_indptr[b + 1] - op.q_indptr[b] > op.seq_lens[b])
-      fail(ErrorCode::position_beyond_sequence, o + "sequence " + std::to_string(b) + " has " +
-                                                    std::to_string(op.q_indptr[b + 1] - op.q_indptr[b]) +
-                                                    " queries but seq_lens = " + std::to_string(op.seq_lens[b]));
-  }
+  detail::validate_q_indptr(op.q_indptr, op.seq_lens, "prefill_attention: ");
   detail::validate_attention_common(pools, op.layer, op.q, op.out, op.q_indptr.back(), op.seq_lens, op.block_table,
                                     op.max_blocks_per_seq, op.scales, op.window, "prefill_attention");
 }

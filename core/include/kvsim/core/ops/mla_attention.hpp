@@ -1,0 +1,244 @@
+// mla_attention: DeepSeek-V3 multi-head latent attention over a latent pool,
+// absorbed form (FlashInfer BatchMLAPagedAttention, vLLM / FlashMLA decode).
+// The pool holds one latent row per token, [ckv (d_ckv) | kpe (d_kpe)], kv
+// factor 1, one head (append_mla writes it). The absorbed query of head h is
+// [q_nope · W_UK (d_ckv) | q_pe (d_kpe)]; the score of key t is the dot product
+// of that query with key t's whole latent row, and the output is the softmax
+// average of the keys' ckv parts: a [Hq, d_ckv] row in the latent space (W_UV
+// is applied after the op). 128 query heads read the same latent head.
+//
+// Canonical order (docs/canonical-arithmetic.md, as attend_query): work item =
+// (query row, query head). The keys of a query at position p are positions
+// 0..p (no window, no masked page tail), cut into partitions of
+// kPartitionSize keys (the split-KV chunks); per partition: scores
+// dot(q, row, d_ckv + d_kpe) * (sm_scale * scale), the partition max,
+// probabilities, their sum, and the P.V accumulation over the ckv part with
+// fma in key order; partitions are merged in order with merge_weight, and the
+// output is (merged / L) * scale. Decode (one row per sequence at
+// seq_len - 1) and prefill chunks (q_indptr) run the same item, so a chunked
+// prefill is bit-equal to one chunk and a one-token chunk to decode.
+//
+// Latent row values: fp32/fp16/bf16 as stored; fp8 / int8 codes with the
+// per-tensor `scale` folded into the score and the output (as decode_attention
+// folds k_scale / v_scale); nvfp4 pools: ckv nibbles decoded with their block
+// scales and ckv_global_scale, kpe as e4m3 bytes packed in two nibbles each
+// (append_mla's layout) times kpe_scale.
+#pragma once
+
+#include <span>
+#include <string>
+#include <vector>
+
+#include "attention.hpp"
+
+namespace kvsim {
+
+struct MlaAttentionOp {
+  int32_t layer = 0;
+  TensorView q;    // [rows, Hq, d_ckv + d_kpe] fp32/fp16/bf16: absorbed q_nope | q_pe
+  TensorView out;  // [rows, Hq, d_ckv] fp32/fp16/bf16
+  // Empty: decode, one row per sequence at position seq_lens[b] - 1. Else
+  // batch + 1 entries: rows [q_indptr[b], q_indptr[b+1]) are sequence b's
+  // chunk, the last of them at seq_lens[b] - 1.
+  std::span<const int32_t> q_indptr;
+  std::span<const int32_t> seq_lens;     // tokens per sequence, the chunk included
+  std::span<const int32_t> block_table;  // [batch, max_blocks_per_seq] primary BlockRefs, slot = position
+  int32_t max_blocks_per_seq = 0;
+  int32_t d_ckv = 512;
+  int32_t d_kpe = 64;
+  float sm_scale = 1.0f;
+  float scale = 1.0f;             // fp8 / int8 latent: per-tensor decode scale; 1 otherwise
+  float ckv_global_scale = 1.0f;  // nvfp4 ckv
+  float kpe_scale = 1.0f;         // nvfp4 pools: decode scale of the e4m3 kpe bytes
+};
+
+// Trivially copyable arguments of attend_mla_query; row_seq / row_position
+// point at the backend's copies of make_mla_rows().
+struct MlaAttentionArgs {
+  KvPools pools;
+  int32_t layer = 0;
+  TensorView q, out;
+  const int32_t* block_table = nullptr;
+  int32_t max_blocks_per_seq = 0;
+  int32_t d_ckv = 0, d_kpe = 0;
+  int32_t heads = 0;
+  int64_t rows = 0;
+  const int32_t* row_seq = nullptr;
+  const int64_t* row_position = nullptr;
+  float score_scale = 1.0f;  // sm_scale * scale
+  float scale = 1.0f;
+  float ckv_global_scale = 1.0f;
+  float kpe_scale = 1.0f;
+};
+
+// Sequence and position of every query row.
+struct MlaRows {
+  std::vector<int32_t> seq;
+  std::vector<int64_t> position;
+};
+inline MlaRows make_mla_rows(const MlaAttentionOp& op) {
+  MlaRows r;
+  for (size_t b = 0; b < op.seq_lens.size(); ++b) {
+    const int32_t n = op.q_indptr.empty() ? 1 : op.q_indptr[b + 1] - op.q_indptr[b];
+    for (int32_t i = 0; i < n; ++i) {
+      r.seq.push_back(static_cast<int32_t>(b));
+      r.position.push_back(static_cast<int64_t>(op.seq_lens[b]) - n + i);
+    }
+  }
+  return r;
+}
+
+inline MlaAttentionArgs make_mla_attention_args(const KvPools& pools, const MlaAttentionOp& op) {
+  MlaAttentionArgs a;
+  a.pools = pools;
+  a.layer = op.layer;
+  a.q = op.q;
+  a.out = op.out;
+  a.block_table = op.block_table.data();
+  a.max_blocks_per_seq = op.max_blocks_per_seq;
+  a.d_ckv = op.d_ckv;
+  a.d_kpe = op.d_kpe;
+  a.heads = op.q.rank == 3 ? static_cast<int32_t>(op.q.shape[1]) : 0;
+  a.rows = op.q.rank == 3 ? op.q.shape[0] : 0;
+  a.score_scale = op.sm_scale * op.scale;
+  a.scale = op.scale;
+  a.ckv_global_scale = op.ckv_global_scale;
+  a.kpe_scale = op.kpe_scale;
+  return a;
+}
+
+// Scratch floats one work item needs for a query at `position`.
+KVSIM_HD constexpr int64_t mla_scratch_floats(int32_t d_ckv, int32_t d_kpe, int64_t position) {
+  const int64_t n = position + 1;
+  const int64_t parts = (n + canon::kPartitionSize - 1) / canon::kPartitionSize;
+  const int64_t dq = static_cast<int64_t>(d_ckv) + d_kpe;
+  return 2 * dq                                  // q, latent row
+         + 2 * static_cast<int64_t>(canon::kPartitionSize)  // scores, probabilities
+         + parts * (2 + static_cast<int64_t>(d_ckv))      // m_p, l_p, acc_p
+         + d_ckv;                                          // merged
+}
+
+// The latent row of the token in `slot` of sequence seq, exact fp32 values
+// (codes for fp8 / int8; the per-tensor scale is the caller's).
+KVSIM_HD inline void load_latent_row(const MlaAttentionArgs& a, int32_t seq, int64_t slot, float* row) {
+  const PoolGeometry& g = a.pools.geometry;
+  const PageDivider page = g.page_divider();
+  const BlockRef ref{a.block_table[static_cast<int64_t>(seq) * a.max_blocks_per_seq + page.div(slot)]};
+  const int64_t block = ref.block();
+  const int32_t entry = page.mod(slot);
+  const uint8_t* pool = a.pools.bytes(PoolKind::primary);
+  const PoolStrides& st = a.pools.strides[0];
+  if (g.dtype == CacheDtype::nvfp4) {
+    const uint8_t* scales = a.pools.scale_bytes(PoolKind::primary);
+    for (int32_t d = 0; d < a.d_ckv; ++d) {
+      const uint8_t sf = scales[scale_offset(a.pools.scale_strides[0], block, a.layer, 0, 0, entry, d)];
+      row[d] = codec::nvfp4_decode(load_nibble(pool, element_offset(st, block, a.layer, 0, 0, entry, d)), sf,
+                                   a.ckv_global_scale);
+    }
+    for (int32_t j = 0; j < a.d_kpe; ++j) {
+      const int32_t d = a.d_ckv + 2 * j;
+      const uint8_t lo = load_nibble(pool, element_offset(st, block, a.layer, 0, 0, entry, d));
+      const uint8_t hi = load_nibble(pool, element_offset(st, block, a.layer, 0, 0, entry, d + 1));
+      row[a.d_ckv + j] = codec::e4m3_to_f32(static_cast<uint8_t>(lo | (hi << 4))) * a.kpe_scale;
+    }
+  } else {
+    for (int32_t d = 0; d < a.d_ckv + a.d_kpe; ++d)
+      row[d] = load_cache_code_value(pool, g.dtype, element_offset(st, block, a.layer, 0, 0, entry, d));
+  }
+}
+
+// Work item: query row `row` (sequence row_seq[row], position row_position[row]), query head `head`.
+KVSIM_HD inline void attend_mla_query(const MlaAttentionArgs& a, int64_t row, int32_t head, float* scratch) {
+  using namespace canon;
+  const int32_t seq = a.row_seq[row];
+  const int64_t position = a.row_position[row];
+  const int32_t dq = a.d_ckv + a.d_kpe, dv = a.d_ckv;
+  const int64_t n = position + 1;
+  const int64_t parts = (n + kPartitionSize - 1) / kPartitionSize;
+
+  float* q = scratch;
+  float* lrow = q + dq;
+  float* s = lrow + dq;                // [kPartitionSize]
+  float* p = s + kPartitionSize;       // [kPartitionSize]
+  float* part_m = p + kPartitionSize;  // [parts]
+  float* part_l = part_m + parts;      // [parts]
+  float* part_acc = part_l + parts;    // [parts][dv]
+  float* merged = part_acc + parts * dv;
+
+  for (int32_t d = 0; d < dq; ++d) q[d] = load_float(a.q.data, a.q.dtype, a.q.offset(row, head, d));
+  for (int64_t part = 0; part < parts; ++part) {
+    const int64_t first = part * kPartitionSize;
+    const int32_t count = static_cast<int32_t>(n - first < kPartitionSize ? n - first : kPartitionSize);
+    for (int32_t j = 0; j < count; ++j) {
+      load_latent_row(a, seq, first + j, lrow);
+      s[j] = dot(q, lrow, dq) * a.score_scale;
+    }
+    const float m = partition_max(s, count);
+    for (int32_t j = 0; j < count; ++j) p[j] = probability(s[j], m);
+    part_m[part] = m;
+    part_l[part] = partition_sum(p, count);
+    float* acc = part_acc + part * dv;
+    for (int32_t d = 0; d < dv; ++d) acc[d] = 0.0f;
+    for (int32_t j = 0; j < count; ++j) {
+      load_latent_row(a, seq, first + j, lrow);
+      for (int32_t d = 0; d < dv; ++d) acc[d] = fma_f32(p[j], lrow[d], acc[d]);
+    }
+  }
+  float global_max = neg_inf();
+  for (int64_t part = 0; part < parts; ++part) global_max = part_m[part] > global_max ? part_m[part] : global_max;
+  float L = 0.0f;
+  for (int32_t d = 0; d < dv; ++d) merged[d] = 0.0f;
+  for (int64_t part = 0; part < parts; ++part) {
+    const float w = merge_weight(part_m[part], global_max);
+    L = fma_f32(part_l[part], w, L);
+    const float* acc = part_acc + part * dv;
+    for (int32_t d = 0; d < dv; ++d) merged[d] = fma_f32(acc[d], w, merged[d]);
+  }
+  for (int32_t d = 0; d < dv; ++d) store_float(a.out.data, a.out.dtype, a.out.offset(row, head, d), (merged[d] / L) * a.scale);
+}
+
+// ---------------------------------------------------------------- validation
+inline void validate_mla_attention(const KvPools& pools, const MlaAttentionOp& op) {
+  const std::string o = "mla_attention: ";
+  const PoolGeometry& g = pools.geometry;
+  if (g.kv_factor != 1 || g.kv_heads != 1)
+    fail(ErrorCode::bad_argument, o + "needs a latent pool (kv_factor 1, one head), got kv_factor " +
+                                      std::to_string(g.kv_factor) + ", " + std::to_string(g.kv_heads) + " heads");
+  validate_layer(g, op.layer, o);
+  validate_pool(pools, PoolKind::primary, o);
+  if (op.d_ckv < 1 || op.d_kpe < 0)
+    fail(ErrorCode::shape_mismatch, o + "d_ckv = " + std::to_string(op.d_ckv) + ", d_kpe = " + std::to_string(op.d_kpe) +
+                                        ": rule: d_ckv >= 1, d_kpe >= 0");
+  const bool nvfp4 = g.dtype == CacheDtype::nvfp4;
+  const int64_t width = static_cast<int64_t>(op.d_ckv) + (nvfp4 ? 2 : 1) * static_cast<int64_t>(op.d_kpe);
+  if (width != g.head_dim)
+    fail(ErrorCode::shape_mismatch, o + "the pool's row is " + std::to_string(g.head_dim) + " elements but d_ckv " +
+                                        (nvfp4 ? "+ 2 * d_kpe" : "+ d_kpe") + " = " + std::to_string(width));
+  if (nvfp4 && op.d_ckv % codec::kNvfp4BlockElems != 0)
+    fail(ErrorCode::unsupported_head_dim, o + "nvfp4 ckv of " + std::to_string(op.d_ckv) +
+                                              " elements: rule: a multiple of the 16-element scale block");
+  const int64_t dq = static_cast<int64_t>(op.d_ckv) + op.d_kpe;
+  if (dq > 8192) fail(ErrorCode::unsupported_head_dim, o + "d_ckv + d_kpe = " + std::to_string(dq) + " > 8192");
+  const int64_t batch = static_cast<int64_t>(op.seq_lens.size());
+  if (!op.q_indptr.empty()) detail::validate_q_indptr(op.q_indptr, op.seq_lens, o);
+  const int64_t rows = op.q_indptr.empty() ? batch : op.q_indptr.back();
+  const std::pair<const TensorView*, int64_t> tensors[2] = {{&op.q, dq}, {&op.out, op.d_ckv}};
+  for (const auto& [t, width_t] : tensors) {
+    const char* name = t == &op.q ? "q" : "out";
+    if (t->data == nullptr || t->rank != 3 || !is_float_input(t->dtype) || t->shape[0] != rows ||
+        t->shape[2] != width_t || t->shape[1] < 1 || t->shape[1] > INT32_MAX)
+      fail(ErrorCode::shape_mismatch, o + name + " must be [" + std::to_string(rows) + ", Hq, " +
+                                          std::to_string(width_t) + "] fp32/fp16/bf16");
+  }
+  if (op.q.shape[1] != op.out.shape[1]) fail(ErrorCode::shape_mismatch, o + "q and out have different head counts");
+  const bool coded = g.dtype == CacheDtype::fp8_e4m3 || g.dtype == CacheDtype::fp8_e5m2 || g.dtype == CacheDtype::int8;
+  for (float v : {op.sm_scale, op.scale, op.kpe_scale})
+    if (!(v == v) || v == canon::pos_inf() || v == canon::neg_inf())
+      fail(ErrorCode::bad_argument, o + "sm_scale, scale and kpe_scale must be finite");
+  if (!coded && op.scale != 1.0f)
+    fail(ErrorCode::bad_argument, o + "scale = " + std::to_string(op.scale) + ": rule: a per-tensor scale is for fp8 / int8 latents only");
+  if (nvfp4) validate_global_scale(op.ckv_global_scale, o + "ckv_global_scale");
+  detail::validate_attention_table(g, op.seq_lens, op.block_table, op.max_blocks_per_seq, WindowMapping{}, o);
+}
+
+}  // namespace kvsim
