@@ -117,13 +117,24 @@ struct AttentionArgs {
 // Loads one head row (D values) of K (kv = 0) or V (kv = 1) at a cache slot,
 // as exact fp32: stored codes for fp32/fp16/bf16/fp8/int8 (per-tensor scales
 // are applied by the caller), full SPEC §4 decode for nvfp4.
+// Block and entry of cache slot `slot` of sequence seq in a dense table.
+struct TableSlot {
+  int64_t block;
+  int32_t entry;
+};
+KVSIM_HD inline TableSlot table_slot(const PoolGeometry& g, const int32_t* table, int32_t max_blocks, int32_t seq,
+                                     int64_t slot) {
+  const PageDivider page = g.page_divider();
+  const BlockRef ref{table[static_cast<int64_t>(seq) * max_blocks + page.div(slot)]};
+  return {ref.block(), page.mod(slot)};
+}
+
 KVSIM_HD inline void load_head_row(const AttentionArgs& a, int32_t seq, int64_t slot, int32_t kv, int32_t head,
                                    float* row) {
   const PoolGeometry& g = a.pools.geometry;
-  const PageDivider page = g.page_divider();
-  const BlockRef ref{a.block_table[static_cast<int64_t>(seq) * a.max_blocks_per_seq + page.div(slot)]};
-  const int64_t block = ref.block();
-  const int32_t entry = page.mod(slot);
+  const TableSlot at = table_slot(g, a.block_table, a.max_blocks_per_seq, seq, slot);
+  const int64_t block = at.block;
+  const int32_t entry = at.entry;
   const uint8_t* pool = a.pools.bytes(PoolKind::primary);
   const PoolStrides& st = a.pools.strides[0];
   if (g.dtype == CacheDtype::nvfp4) {

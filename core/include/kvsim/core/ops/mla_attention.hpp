@@ -121,29 +121,23 @@ KVSIM_HD constexpr int64_t mla_scratch_floats(int32_t d_ckv, int32_t d_kpe, int6
 // The latent row of the token in `slot` of sequence seq, exact fp32 values
 // (codes for fp8 / int8; the per-tensor scale is the caller's).
 KVSIM_HD inline void load_latent_row(const MlaAttentionArgs& a, int32_t seq, int64_t slot, float* row) {
-  const PoolGeometry& g = a.pools.geometry;
-  const PageDivider page = g.page_divider();
-  const BlockRef ref{a.block_table[static_cast<int64_t>(seq) * a.max_blocks_per_seq + page.div(slot)]};
-  const int64_t block = ref.block();
-  const int32_t entry = page.mod(slot);
-  const uint8_t* pool = a.pools.bytes(PoolKind::primary);
-  const PoolStrides& st = a.pools.strides[0];
-  if (g.dtype == CacheDtype::nvfp4) {
-    const uint8_t* scales = a.pools.scale_bytes(PoolKind::primary);
-    for (int32_t d = 0; d < a.d_ckv; ++d) {
-      const uint8_t sf = scales[scale_offset(a.pools.scale_strides[0], block, a.layer, 0, 0, entry, d)];
-      row[d] = codec::nvfp4_decode(load_nibble(pool, element_offset(st, block, a.layer, 0, 0, entry, d)), sf,
-                                   a.ckv_global_scale);
-    }
-    for (int32_t j = 0; j < a.d_kpe; ++j) {
-      const int32_t d = a.d_ckv + 2 * j;
-      const uint8_t lo = load_nibble(pool, element_offset(st, block, a.layer, 0, 0, entry, d));
-      const uint8_t hi = load_nibble(pool, element_offset(st, block, a.layer, 0, 0, entry, d + 1));
-      row[a.d_ckv + j] = codec::e4m3_to_f32(static_cast<uint8_t>(lo | (hi << 4))) * a.kpe_scale;
-    }
-  } else {
+  const KvPools& p = a.pools;
+  const TableSlot at = table_slot(p.geometry, a.block_table, a.max_blocks_per_seq, seq, slot);
+  auto elem = [&](int32_t d) { return element_offset(p.strides[0], at.block, a.layer, 0, 0, at.entry, d); };
+  if (p.geometry.dtype != CacheDtype::nvfp4) {
     for (int32_t d = 0; d < a.d_ckv + a.d_kpe; ++d)
-      row[d] = load_cache_code_value(pool, g.dtype, element_offset(st, block, a.layer, 0, 0, entry, d));
+      row[d] = load_cache_code_value(p.bytes(PoolKind::primary), p.geometry.dtype, elem(d));
+    return;
+  }
+  const uint8_t* nibbles = p.bytes(PoolKind::primary);
+  for (int32_t d = 0; d < a.d_ckv; ++d) {
+    const uint8_t sf = p.scale_bytes(PoolKind::primary)[scale_offset(p.scale_strides[0], at.block, a.layer, 0, 0, at.entry, d)];
+    row[d] = codec::nvfp4_decode(load_nibble(nibbles, elem(d)), sf, a.ckv_global_scale);
+  }
+  for (int32_t j = 0; j < a.d_kpe; ++j) {  // e4m3 bytes, low nibble first (append_mla's fp8 pairs)
+    const uint8_t lo = load_nibble(nibbles, elem(a.d_ckv + 2 * j));
+    const uint8_t hi = load_nibble(nibbles, elem(a.d_ckv + 2 * j + 1));
+    row[a.d_ckv + j] = codec::e4m3_to_f32(static_cast<uint8_t>(lo | (hi << 4))) * a.kpe_scale;
   }
 }
 
