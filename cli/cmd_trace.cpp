@@ -17,6 +17,7 @@
 #include "kvsim/core/errors.hpp"
 #include "kvsim/workload/trace.hpp"
 #include "kvsim/workload/trace_import.hpp"
+#include "kvsim/workload/trace_schedule.hpp"
 #include "kvsim/workload/trace_stats.hpp"
 #include "numbers.hpp"
 #include "trace_options.hpp"
@@ -90,6 +91,42 @@ void run_import(const TraceImportOptions& o) {
   if (!out) fail(ErrorCode::bad_argument, "-o = '" + printable(o.output) + "': writing failed");
 }
 
+struct TraceScheduleOptions {
+  TraceFileOptions file;
+  TraceScenarioOptions scenario;
+  bool json = false;
+};
+
+void run_schedule(const TraceScheduleOptions& o) {
+  const workload::Trace t = load_trace_file(o.file);
+  const workload::ScheduleStats st = workload::schedule_metadata(trace_scenario_in_memory(t, o.scenario));
+  if (o.json) {
+    std::cout << nlohmann::json{{"trace", t.source},
+                                {"requests", st.requests},
+                                {"primary_blocks", st.primary_blocks},
+                                {"steps", st.counters.steps},
+                                {"prefill_tokens", st.counters.prefill_tokens},
+                                {"decode_tokens", st.counters.decode_tokens},
+                                {"reuse_hit_tokens", st.counters.reuse_hit_tokens},
+                                {"evicted_blocks", st.counters.evicted_blocks},
+                                {"preemptions", st.counters.preemptions},
+                                {"peak_blocks_in_use", st.peak_blocks_in_use},
+                                {"finished", st.finished}}
+                     .dump(2)
+              << '\n';
+  } else {
+    std::printf("%s: %lld requests, primary pool of %lld blocks; metadata only\n", t.source.c_str(),
+                static_cast<long long>(st.requests), static_cast<long long>(st.primary_blocks));
+    std::printf("steps %lld, prefill %lld, decode %lld, reused %lld, evicted %lld, preemptions %lld, peak blocks in use "
+                "%lld%s\n",
+                static_cast<long long>(st.counters.steps), static_cast<long long>(st.counters.prefill_tokens),
+                static_cast<long long>(st.counters.decode_tokens), static_cast<long long>(st.counters.reuse_hit_tokens),
+                static_cast<long long>(st.counters.evicted_blocks), static_cast<long long>(st.counters.preemptions),
+                static_cast<long long>(st.peak_blocks_in_use), st.finished ? "" : " (NOT finished within max_steps)");
+  }
+  if (!st.finished) throw ExitStatus{kExitCheckFailed};
+}
+
 }  // namespace
 
 void register_trace(CLI::App& app) {
@@ -114,6 +151,14 @@ void register_trace(CLI::App& app) {
   add_trace_scenario_options(*i, imp->scenario);
   i->add_option("-o,--output", imp->output, "Scenario file to write (default: stdout)");
   i->callback([imp] { run_import(*imp); });
+
+  auto sch = std::make_shared<TraceScheduleOptions>();
+  CLI::App* c = trace->add_subcommand(
+      "schedule", "Step a trace (or a window) through the scheduler and block manager, metadata only; print the counters");
+  add_trace_file_options(*c, sch->file);
+  add_trace_scenario_options(*c, sch->scenario);
+  c->add_flag("--json", sch->json, "Print one JSON object");
+  c->callback([sch] { run_schedule(*sch); });
 }
 
 }  // namespace kvsim::cli

@@ -69,6 +69,10 @@ std::string trace_scenario_toml(const workload::Trace& t, const TraceScenarioOpt
   return workload::trace_scenario_toml(t, resolved(o));
 }
 
+sim::Scenario trace_scenario_in_memory(const workload::Trace& t, const TraceScenarioOptions& o) {
+  return workload::trace_scenario(t, resolved(o));
+}
+
 std::string trace_scenario_name(const workload::Trace& t, const TraceScenarioOptions& o) {
   return workload::trace_scenario_name(t, resolved(o));
 }

@@ -9,6 +9,7 @@
 
 #include "kvsim/workload/trace.hpp"
 #include "kvsim/workload/trace_import.hpp"
+#include "kvsim/workload/trace_schedule.hpp"
 
 namespace kvsim::cli {
 
@@ -32,5 +33,7 @@ workload::Trace load_trace_file(const TraceFileOptions& o);
 // The scenario text (checked options, model file read) and its name.
 std::string trace_scenario_toml(const workload::Trace& t, const TraceScenarioOptions& o);
 std::string trace_scenario_name(const workload::Trace& t, const TraceScenarioOptions& o);
+// The same scenario built in memory (workload::trace_scenario), for whole traces.
+sim::Scenario trace_scenario_in_memory(const workload::Trace& t, const TraceScenarioOptions& o);
 
 }  // namespace kvsim::cli

@@ -84,6 +84,24 @@ TEST_CASE("a window of the Mooncake trace replays with every invariant under poo
   CHECK(s["ok"] == true);
 }
 
+TEST_CASE("trace schedule (metadata only) reports the counters kvsim run reports for the same window") {
+  const std::string window = kTrace + " --requests 56:62 --scale 1/32 --step-ms 100 --primary-blocks 32";
+  const Result full = run("run --json --trace " + window + " 2>/dev/null");
+  REQUIRE(full.code == 0);
+  const nlohmann::json r = nlohmann::json::parse(full.out)["scenarios"][0];
+  const Result meta = run("trace schedule --json " + window + " 2>/dev/null");
+  REQUIRE(meta.code == 0);
+  const nlohmann::json m = nlohmann::json::parse(meta.out);
+  for (const char* k : {"steps", "prefill_tokens", "decode_tokens", "reuse_hit_tokens", "evicted_blocks", "preemptions"}) {
+    CAPTURE(k);
+    CHECK(m[k] == r[k]);
+  }
+  CHECK(m["evicted_blocks"].get<int>() > 0);
+  CHECK(m["peak_blocks_in_use"].get<int>() <= 32);
+  CHECK(m["peak_blocks_in_use"].get<int>() > 0);
+  CHECK(m["finished"] == true);
+}
+
 TEST_CASE("bad trace input: exit 2, the error named, nothing on stdout") {
   const std::string bad = temp_file("kvsim_trace_cli_bad.jsonl",
                                     std::string(kSmall) + "{\"timestamp\": 300, \"input_length\": 10, \"output_length\": 1}\n");

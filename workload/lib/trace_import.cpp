@@ -1,5 +1,6 @@
 // Trace window -> scenario file: see trace_import.hpp for the mapping.
 #include "kvsim/workload/trace_import.hpp"
+#include "kvsim/workload/trace_schedule.hpp"
 
 #include <cmath>
 #include <filesystem>
@@ -38,10 +39,31 @@ std::string trace_scenario_name(const Trace& t, const TraceImportOptions& o) {
          std::to_string(w.end - 1);
 }
 
-std::string trace_scenario_toml(const Trace& t, const TraceImportOptions& o) {
-  const TraceWindow w = select_window(t, o.requests, o.time);
+namespace {
+
+struct PlannedRequest {
+  int64_t index = 0;         // in Trace::requests
+  int64_t prompt = 0;        // scaled lengths
+  int64_t output = 0;
+  int64_t arrival_step = 0;
+};
+
+// The options checked and the window mapped: what both the text and the
+// in-memory scenario are written from.
+struct ImportPlan {
+  TraceWindow w;
+  int64_t bs = 0;  // tokens per trace block after scaling
+  double t0 = 0.0;
+  int64_t primary = 0;
+  int64_t max_steps = 0;
+  std::vector<PlannedRequest> requests;
+};
+
+ImportPlan make_plan(const Trace& t, const TraceImportOptions& o) {
+  ImportPlan p;
+  p.w = select_window(t, o.requests, o.time);
   const int64_t B = t.block_tokens;
-  const int64_t bs = scaled_block(t, o.scale);
+  p.bs = scaled_block(t, o.scale);
   if (!(o.step_ms > 0) || !std::isfinite(o.step_ms))
     fail(ErrorCode::bad_argument, "--step-ms = " + std::to_string(o.step_ms) + ": expected a finite number > 0");
   if (o.page_size < 1 || o.page_size > 1024)
@@ -59,17 +81,56 @@ std::string trace_scenario_toml(const Trace& t, const TraceImportOptions& o) {
                                           ": expected only a [model] table in a --model-toml file, got " + line);
     }
   }
-  const double t0 = t.requests[static_cast<size_t>(w.begin)].arrival_ms;
+  p.t0 = t.requests[static_cast<size_t>(p.w.begin)].arrival_ms;
   int64_t pages_all = 0, last_step = 0;
-  std::map<int32_t, std::vector<int32_t>> prefixes;  // dense block id -> its Bs tokens
-  for (int64_t i = w.begin; i < w.end; ++i) {
+  for (int64_t i = p.w.begin; i < p.w.end; ++i) {
     const TraceRequest& r = t.requests[static_cast<size_t>(i)];
-    const int64_t L = scaled(r.input_length, bs, B), O = scaled(r.output_length, bs, B);
-    pages_all += (L + O + o.page_size - 1) / o.page_size;
-    last_step = std::max<int64_t>(last_step, static_cast<int64_t>(std::floor((r.arrival_ms - t0) / o.step_ms)));
+    PlannedRequest q;
+    q.index = i;
+    q.prompt = scaled(r.input_length, p.bs, B);
+    q.output = scaled(r.output_length, p.bs, B);
+    q.arrival_step = static_cast<int64_t>(std::floor((r.arrival_ms - p.t0) / o.step_ms));
+    if (q.arrival_step > INT32_MAX / 2 || q.output > INT32_MAX)
+      fail(ErrorCode::bad_argument, "--step-ms = " + std::to_string(o.step_ms) + ": request " + std::to_string(i) +
+                                        " would arrive at step " + std::to_string(q.arrival_step) + " (at most 2^30)");
+    pages_all += (q.prompt + q.output + o.page_size - 1) / o.page_size;
+    last_step = std::max(last_step, q.arrival_step);
+    p.requests.push_back(q);
   }
-  const int64_t primary = o.primary_blocks > 0 ? o.primary_blocks : std::max<int64_t>(pages_all, 1);
+  p.primary = o.primary_blocks > 0 ? o.primary_blocks : std::max<int64_t>(pages_all, 1);
+  p.max_steps = std::max<int64_t>(100000, last_step + 100000);
+  return p;
+}
 
+}  // namespace
+
+sim::Scenario trace_scenario(const Trace& t, const TraceImportOptions& o) {
+  const ImportPlan p = make_plan(t, o);
+  sim::Scenario s;
+  s.name = trace_scenario_name(t, o);
+  s.cache.page_size = o.page_size;
+  s.cache.primary_blocks = p.primary;
+  s.reuse.enabled = true;
+  s.scheduler.token_budget = o.token_budget;
+  s.scheduler.max_steps = static_cast<int32_t>(std::min<int64_t>(p.max_steps, INT32_MAX));
+  for (const PlannedRequest& q : p.requests) {
+    sim::RequestSpec r;
+    r.id = "t" + std::to_string(q.index);
+    r.arrival_step = static_cast<int32_t>(q.arrival_step);
+    r.tokens = prompt_tokens(t.requests[static_cast<size_t>(q.index)], static_cast<int32_t>(p.bs), q.prompt);
+    r.decode_tokens = static_cast<int32_t>(q.output);
+    s.requests.push_back(std::move(r));
+  }
+  return s;
+}
+
+std::string trace_scenario_toml(const Trace& t, const TraceImportOptions& o) {
+  const ImportPlan p = make_plan(t, o);
+  const TraceWindow w = p.w;
+  const int64_t B = t.block_tokens, bs = p.bs;
+  const double t0 = p.t0;
+  const int64_t primary = p.primary;
+  std::map<int32_t, std::vector<int32_t>> prefixes;  // dense block id -> its Bs tokens
   std::ostringstream body;
   body << "# Imported from " << t.source << " (" << trace_format_name(t.format) << ", " << B
        << "-token trace blocks): requests " << w.begin << ".." << w.end - 1 << " of " << t.requests.size()
@@ -80,17 +141,15 @@ std::string trace_scenario_toml(const Trace& t, const TraceImportOptions& o) {
        << "# Written by `kvsim trace import` (docs/traces.md).\n";
   if (!o.model_toml.empty()) body << "\n# [model] from " << o.model_source << "\n" << o.model_toml << "\n";
   body << "\n[cache]\npage_size = " << o.page_size << "\nprimary_blocks = " << primary << "\n\n[reuse]\nenabled = true\n\n"
-       << "[scheduler]\ntoken_budget = " << o.token_budget << "\nmax_steps = " << std::max<int64_t>(100000, last_step + 100000)
-       << "\n";
+       << "[scheduler]\ntoken_budget = " << o.token_budget << "\nmax_steps = " << p.max_steps << "\n";
   std::ostringstream reqs;
   std::vector<int32_t> tokens;
-  for (int64_t i = w.begin; i < w.end; ++i) {
+  for (const PlannedRequest& q : p.requests) {
+    const int64_t i = q.index, L = q.prompt, O = q.output;
     const TraceRequest& r = t.requests[static_cast<size_t>(i)];
-    const int64_t L = scaled(r.input_length, bs, B), O = scaled(r.output_length, bs, B);
     prompt_tokens_into(r, static_cast<int32_t>(bs), L, tokens);
     const int64_t full = L / bs;
-    reqs << "\n[[request]]\nid = \"t" << i << "\"\narrival_step = "
-         << static_cast<int64_t>(std::floor((r.arrival_ms - t0) / o.step_ms)) << "\nprefixes = [";
+    reqs << "\n[[request]]\nid = \"t" << i << "\"\narrival_step = " << q.arrival_step << "\nprefixes = [";
     for (int64_t j = 0; j < full; ++j) {
       const int32_t id = r.blocks[static_cast<size_t>(j)];
       reqs << (j ? ", " : "") << "\"b" << id << '"';
