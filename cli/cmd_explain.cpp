@@ -81,6 +81,7 @@ std::vector<int32_t> parse_table(const std::string& text, const std::string& fla
 ExplainRequest explain_request(const ExplainOptions& o) {
   ExplainRequest r;
   r.geometry = make_geometry(o.geometry);
+  r.engine = engine_option(o.geometry);
   if (o.block_table) {
     r.block_table = parse_table(*o.block_table, "--block-table", true);
   } else {
@@ -174,6 +175,16 @@ Json explanation_json(const Explanation& e) {
   j["v_scale_offset"] = opt(nvfp4 && v, v ? v->scale_element : 0);
   j["k_scale_byte_offset"] = opt(nvfp4, k.scale_byte);
   j["v_scale_byte_offset"] = opt(nvfp4 && v, v ? v->scale_byte : 0);
+  if (e.engine) {  // offsets inside the engine's own tensors (absent without --engine)
+    j["engine"] = engine_json(*e.engine);
+    for (const TensorOffsets& t : e.tensors) {
+      const std::string p = t.kv == 0 ? "k" : "v";
+      j[p + "_tensor"] = t.tensor;
+      j[p + "_tensor_offset"] = t.tensor_element;
+      j[p + "_tensor_byte_offset"] = t.tensor_byte;
+      if (nvfp4) j[p + "_tensor_scale_offset"] = t.tensor_scale_element;
+    }
+  }
 
   Json f;
   if (e.window.enabled()) {

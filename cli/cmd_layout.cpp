@@ -3,6 +3,8 @@
 // scale_geometry); this file only arranges them.
 #include <iostream>
 #include <memory>
+#include <optional>
+#include <sstream>
 
 #include "commands.hpp"
 #include "geometry_options.hpp"
@@ -97,7 +99,9 @@ void print_pool_text(std::ostream& out, const PoolGeometry& g, PoolKind kind, co
   }
 }
 
-void print_layout_text(std::ostream& out, const PoolGeometry& g) {
+// With an engine the pools are the engine's tensors (print_engine_text), not
+// kvsim's contiguous pools.
+void print_layout_text(std::ostream& out, const PoolGeometry& g, bool pools = true) {
   out << "kvsim layout: " << geometry_summary(g) << "\n";
   out << "element size     " << bits_per_element(g.dtype) << " bits (" << dtype_name(g.dtype) << ")"
       << (g.dtype == CacheDtype::nvfp4 ? ", offsets count nibbles: element 2i low, 2i+1 high nibble of byte i" : "")
@@ -106,6 +110,7 @@ void print_layout_text(std::ostream& out, const PoolGeometry& g) {
     out << "split-x x        " << g.split_x() << " elements = 16 bytes\n";
   out << "sub-block        " << g.inner_elements() << " elements (one layer, one of K/V: H*P*D)\n";
   out << "block            " << g.block_elements() << " elements, " << g.block_bytes() << " bytes (all layers, K and V)\n";
+  if (!pools) return;
   print_pool_text(out, g, PoolKind::primary, "pool");
   print_pool_text(out, g, PoolKind::secondary, "pool");
   if (g.has_scale_pool()) {
@@ -118,6 +123,22 @@ void print_layout_text(std::ostream& out, const PoolGeometry& g) {
   }
 }
 
+// The engine's own tensors with their row-major strides, and where kvsim
+// lays them in one allocation (the pool above, with the engine's strides).
+void print_engine_text(std::ostream& out, const EngineLayout& l, const char* what) {
+  const bool per_layer = l.tensors[0].per_layer;
+  out << "engine " << engine_name(l.engine) << " " << what << " (one allocation of " << l.allocation_elements
+      << " elements" << (per_layer ? ": layer after layer" : "") << (l.tensors.size() == 2 ? ", K tensor before V tensor" : "")
+      << ")\n";
+  for (const EngineTensor& t : l.tensors) {
+    out << "  " << t.name << (t.per_layer ? " per layer " : " ") << t.shape_text() << "  strides";
+    for (const EngineTensorAxis& a : t.axes) out << "  " << a.name << " " << a.stride;
+    out << "\n";
+  }
+  const PoolStrides& s = l.strides;
+  out << "  kvsim strides  block " << s.block << "  layer " << s.layer << "  kv " << s.kv << "\n";
+}
+
 }  // namespace
 
 void register_layout(CLI::App& app) {
@@ -126,11 +147,28 @@ void register_layout(CLI::App& app) {
   add_geometry_options(*cmd, opts->geometry);
   cmd->add_flag("--json", opts->json, "Print one JSON object (schema in docs/index-arithmetic.md)");
   cmd->callback([opts]() {
-    const PoolGeometry g = make_geometry(opts->geometry);
-    if (opts->json)
-      std::cout << layout_json(g).dump(2) << '\n';
-    else
-      print_layout_text(std::cout, g);
+    PoolGeometry g = make_geometry(opts->geometry);
+    std::optional<EngineLayout> engine;
+    if (const std::optional<Engine> e = engine_option(opts->geometry)) {
+      engine = engine_layout(*e, g);
+      g = engine->geometry;  // the engine's layout and placement
+    }
+    std::ostringstream out;  // printed whole, so a failure prints nothing on stdout
+    if (opts->json) {
+      Json j = layout_json(g);
+      if (engine) {
+        j["engine"] = engine_json(*engine);
+        if (g.has_scale_pool()) j["engine_scales"] = engine_json(engine_scale_layout(engine->engine, g));
+      }
+      out << j.dump(2) << '\n';
+    } else {
+      print_layout_text(out, g, !engine);
+      if (engine) {
+        print_engine_text(out, *engine, "tensors");
+        if (g.has_scale_pool()) print_engine_text(out, engine_scale_layout(engine->engine, g), "nvfp4 scale tensors");
+      }
+    }
+    std::cout << out.str();
     std::cout.flush();
   });
 }

@@ -46,6 +46,16 @@ void add_geometry_options(CLI::App& cmd, GeometryOptions& opts) {
       ->group(group);
   add_int_option(cmd, "--blocks", opts.blocks, "Primary pool blocks")->group(group);
   add_int_option(cmd, "--secondary-blocks", opts.secondary_blocks, "Secondary (offload) pool blocks")->group(group);
+  cmd.add_option("--engine", opts.engine,
+                 "An engine's own KV tensors (docs/index-arithmetic.md, Engine tensor presets): sets --layout "
+                 "(flashinfer keeps NHD or HND) and --placement")
+      ->check(core_name_validator([](const std::string& s) { return parse_engine(s).has_value(); }, engine_choices()))
+      ->group(group);
+}
+
+std::optional<Engine> engine_option(const GeometryOptions& opts) {
+  if (opts.engine.empty()) return std::nullopt;
+  return parse_engine(opts.engine).value();  // the validator accepted it
 }
 
 PoolGeometry make_geometry(const GeometryOptions& opts) {
@@ -106,6 +116,25 @@ Json axes_json(const std::vector<Axis>& axes) {
   Json list = Json::array();
   for (const Axis& a : axes) list.push_back(Json{{"name", a.name}, {"extent", a.extent}, {"stride", a.stride}});
   return list;
+}
+
+Json engine_json(const EngineLayout& l) {
+  Json tensors = Json::array();
+  for (const EngineTensor& t : l.tensors) {
+    Json axes = Json::array();
+    for (const EngineTensorAxis& a : t.axes) axes.push_back(Json{{"name", a.name}, {"extent", a.extent}, {"stride", a.stride}});
+    tensors.push_back(Json{{"name", t.name},
+                           {"per_layer", t.per_layer},
+                           {"holds", t.kv < 0 ? "K and V" : t.kv == 0 ? "K" : "V"},
+                           {"elements", t.elements()},
+                           {"axes", axes}});
+  }
+  Json j;
+  j["name"] = std::string(engine_name(l.engine));
+  j["tensors"] = tensors;
+  j["allocation_elements"] = l.allocation_elements;
+  j["allocation_strides"] = strides_json(l.strides, l.geometry.kv_factor);
+  return j;
 }
 
 }  // namespace kvsim::cli

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -30,15 +31,18 @@ struct GeometryOptions {
   int32_t page_size = 16;
   int64_t blocks = 64;
   int64_t secondary_blocks = 0;
+  std::string engine;  // empty: none (core/engine_presets.hpp)
 };
 
 // Adds --layout --placement --layers --kv-factor --kv-heads --head-dim
-// --page-size --dtype --blocks --secondary-blocks to `cmd`, bound to `opts`.
+// --page-size --dtype --blocks --secondary-blocks --engine to `cmd`, bound to `opts`.
 void add_geometry_options(CLI::App& cmd, GeometryOptions& opts);
 
 // The PoolGeometry the flags describe, checked by core's validate_geometry
 // (throws kvsim::ValidationError, e.g. bad_geometry, unsupported_page_size).
 PoolGeometry make_geometry(const GeometryOptions& opts);
+// --engine, when given.
+std::optional<Engine> engine_option(const GeometryOptions& opts);
 
 Json geometry_json(const PoolGeometry& g);
 Json inner_strides_json(const InnerStrides& s);
@@ -52,5 +56,8 @@ using sim::inner_axes;
 using sim::kv_label;
 using sim::outer_axes;
 Json axes_json(const std::vector<Axis>& axes);
+// An engine preset: its name, each tensor (name, per layer, K/V, axes with the
+// engine's strides) and kvsim's strides into the one allocation of them all.
+Json engine_json(const EngineLayout& l);
 
 }  // namespace kvsim::cli

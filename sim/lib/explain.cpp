@@ -51,6 +51,11 @@ Explanation explain(const ExplainRequest& o) {
   Explanation e;
   e.g = o.geometry;
   validate_geometry(e.g);
+  if (o.engine) {
+    e.engine = engine_layout(*o.engine, e.g);  // the engine fixes layout and placement
+    e.g = e.engine->geometry;
+    if (e.g.has_scale_pool()) e.engine_scales = engine_scale_layout(*o.engine, e.g);
+  }
   const PoolGeometry& g = e.g;
 
   if (o.one_more_block && o.window == 0)
@@ -130,8 +135,9 @@ Explanation explain(const ExplainRequest& o) {
     throw std::logic_error("vLLM slot " + std::to_string(e.slot) + " does not locate back to its block and entry");
 
   // Steps 4-6: element, byte and scale offsets.
-  e.strides = contiguous_strides(g, e.ref.pool());
-  if (g.has_scale_pool()) e.scale_strides = contiguous_strides(g.scale_geometry(), e.ref.pool());
+  e.strides = e.engine ? e.engine->strides : contiguous_strides(g, e.ref.pool());
+  if (g.has_scale_pool())
+    e.scale_strides = e.engine_scales ? e.engine_scales->strides : contiguous_strides(g.scale_geometry(), e.ref.pool());
   for (int32_t kv = 0; kv < g.kv_factor; ++kv) {
     TensorOffsets t;
     t.kv = kv;
@@ -147,6 +153,13 @@ Explanation explain(const ExplainRequest& o) {
                                    e.dim / codec::kNvfp4BlockElems, sg.head_dim, "dim/16");
       check_terms(t.scale_terms, t.scale_element);
       t.scale_byte = element_byte_offset(t.scale_element, sg.dtype);
+      if (e.engine_scales) t.tensor_scale_element = t.scale_element - e.engine_scales->tensor_base(e.layer, kv);
+    }
+    if (e.engine) {
+      t.tensor = e.engine->tensor_label(e.layer, kv);
+      t.tensor_base = e.engine->tensor_base(e.layer, kv);
+      t.tensor_element = t.element - t.tensor_base;
+      t.tensor_byte = element_byte_offset(t.tensor_element, g.dtype);
     }
     e.tensors.push_back(t);
   }
@@ -275,13 +288,22 @@ std::string join_numbers(const std::vector<int32_t>& v) {
 }
 // ---------------------------------------------------------------- the steps as text lines
 
+std::string engine_tensors_text(const EngineLayout& l) {
+  std::string text = "engine " + std::string(engine_name(l.engine)) + " tensors:";
+  for (size_t i = 0; i < l.tensors.size(); ++i) {
+    const EngineTensor& t = l.tensors[i];
+    text += std::string(i ? "," : "") + " " + t.name + " " + t.shape_text() + (t.per_layer ? " per layer" : "");
+  }
+  return text;
+}
+
 std::vector<std::string> explain_header(const Explanation& e) {
   const PoolGeometry& g = e.g;
   return {"kvsim explain: token " + std::to_string(e.token) + ", layer " + std::to_string(e.layer) + ", head " +
               std::to_string(e.head) + ", dim " + std::to_string(e.dim),
           "geometry: " + geometry_summary(g) + ", " + std::to_string(g.primary_blocks) + " primary blocks, " +
               std::to_string(g.secondary_blocks) + " secondary",
-          "pool tensor: " + pool_tensor_text(g, e.strides, e.ref.pool())};
+          e.engine ? engine_tensors_text(*e.engine) : "pool tensor: " + pool_tensor_text(g, e.strides, e.ref.pool())};
 }
 
 std::vector<ExplainStep> explain_steps(const Explanation& e) {
@@ -326,7 +348,8 @@ std::vector<ExplainStep> explain_steps(const Explanation& e) {
                    {table_lookup_text(e), "vLLM " + slot_formula(e)}});
 
   ExplainStep element{"element",
-                      std::string("element offsets (contiguous_strides + element_offset, unit ") +
+                      std::string(e.engine ? "element offsets (engine_layout strides + element_offset, unit "
+                                           : "element offsets (contiguous_strides + element_offset, unit ") +
                           (g.dtype == CacheDtype::nvfp4 ? "nibble" : "element") + ")",
                       {}};
   if (g.layout == BlockLayout::split_x)
@@ -337,6 +360,11 @@ std::vector<ExplainStep> explain_steps(const Explanation& e) {
   for (const TensorOffsets& t : e.tensors)
     element.lines.push_back(std::string(kv_label(t.kv, g.kv_factor)) + " = " + terms_formula(t.terms) + " = " +
                             std::to_string(t.element));
+  for (const TensorOffsets& t : e.tensors)
+    if (e.engine)
+      element.lines.push_back(std::string(kv_label(t.kv, g.kv_factor)) + " in " + t.tensor + " = " +
+                              std::to_string(t.element) + " - " + std::to_string(t.tensor_base) + " = " +
+                              std::to_string(t.tensor_element));
   if (g.kv_factor == 1) element.lines.push_back("(kv_factor 1: one latent tensor, no V)");
   steps.push_back(element);
 
@@ -348,6 +376,10 @@ std::vector<ExplainStep> explain_steps(const Explanation& e) {
       line += std::string(", ") + (t.high_nibble ? "high" : "low") + " nibble (element 2i low, 2i+1 high)";
     byte.lines.push_back(line);
   }
+  for (const TensorOffsets& t : e.tensors)
+    if (e.engine)
+      byte.lines.push_back(std::string(kv_label(t.kv, g.kv_factor)) + " in " + t.tensor + " " +
+                           byte_formula(t.tensor_element, t.tensor_byte, bits_per_element(g.dtype)));
   steps.push_back(byte);
 
   if (e.scale_strides) {
@@ -359,7 +391,10 @@ std::vector<ExplainStep> explain_steps(const Explanation& e) {
                       {"scale pool tensor: " + pool_tensor_text(sg, *e.scale_strides, e.ref.pool())}};
     for (const TensorOffsets& t : e.tensors)
       scale.lines.push_back(std::string(kv_label(t.kv, g.kv_factor)) + " scale = " + terms_formula(t.scale_terms) +
-                            " = " + std::to_string(t.scale_element) + " -> byte " + std::to_string(t.scale_byte));
+                            " = " + std::to_string(t.scale_element) + " -> byte " + std::to_string(t.scale_byte) +
+                            (e.engine_scales ? ", byte " + std::to_string(t.tensor_scale_element) + " in its " +
+                                                   e.engine_scales->tensor_label(e.layer, t.kv) + " scale tensor"
+                                             : ""));
     steps.push_back(scale);
   }
   return steps;

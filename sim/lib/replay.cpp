@@ -261,6 +261,7 @@ ScenarioReport replay(const Scenario& s, Backend& backend, const ReplayOptions& 
           c.cache.layout = layout;
           c.cache.placement = placement;
           c.cache.shared_kv_allocation = false;
+          c.cache.engine.reset();
           const std::string what = std::string(layout_name(layout)) + " " + std::string(placement_name(placement));
           try {
             merge(total, from_comparison(compare_outputs(main, run_scenario(c, backend, inner)), what));

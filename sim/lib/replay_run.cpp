@@ -171,6 +171,7 @@ class Runner final : public BlockMover {
 
  private:
   void allocate_pools();
+  void allocate_engine_pools(Engine engine, uint8_t fill);
   void move(int32_t primary, int32_t secondary, bool to_secondary);
   std::vector<uint8_t> block_bytes(PoolKind kind, int32_t block);
   void notify(const std::string& op, int32_t layer, const std::vector<Entry>& entries);
@@ -225,6 +226,10 @@ class Runner final : public BlockMover {
 
 void Runner::allocate_pools() {
   const uint8_t fill = rec_.poisoned ? 0xFF : 0x00;  // 0xFF: NaN in fp32/fp16/bf16/fp8, -max in e2m1 with a NaN scale
+  if (s_.cache.engine) {
+    allocate_engine_pools(*s_.cache.engine, fill);
+    return;
+  }
   if (!s_.cache.shared_kv_allocation) {
     for (int32_t p = 0; p < kv_pool_count(groups_); ++p)
       pool_sets_.push_back(be_.allocate_pools(s_.layers.enabled ? kv_pool_geometry(s_, groups_, p) : g_, fill));
@@ -290,6 +295,32 @@ void Runner::select_layer(int32_t layer) {
   pools_ = pool_sets_[groups_[group_].pool];
   write_map_ = write_maps_[group_];
   read_map_ = read_maps_[group_];
+}
+
+// An engine's tensors (core/engine_presets.hpp) laid in one allocation per
+// pool kind, with the engine's strides; the nvfp4 scales likewise.
+void Runner::allocate_engine_pools(Engine engine, uint8_t fill) {
+  pools_ = KvPools{};
+  pools_.geometry = g_;
+  for (const PoolKind kind : {PoolKind::primary, PoolKind::secondary}) {
+    if (g_.blocks(kind) == 0) continue;
+    const int k = static_cast<int>(kind);
+    const auto take = [&](const PoolGeometry& g, const EngineLayout& l, void*& data, PoolStrides& strides,
+                          int64_t& allocation) {
+      pool_memory_.emplace_back(be_, static_cast<size_t>(g.bytes_for(l.allocation_elements)));
+      be_.fill(pool_memory_.back().get(), fill, pool_memory_.back().bytes());
+      data = pool_memory_.back().get();
+      strides = l.strides;
+      allocation = l.allocation_elements;
+    };
+    take(g_, engine_layout(engine, g_, kind), pools_.data[k], pools_.strides[k], pools_.allocation_elements[k]);
+    if (g_.has_scale_pool())
+      take(g_.scale_geometry(), engine_scale_layout(engine, g_, kind), pools_.scales[k], pools_.scale_strides[k],
+           pools_.scale_allocation_elements[k]);
+    validate_pool(pools_, kind, "engine " + std::string(engine_name(engine)) + " pools: ");
+  }
+  pool_sets_.push_back(pools_);
+  if (s_.cache.fresh_page_fill) fill_fresh_pages(pools_, *s_.cache.fresh_page_fill);
 }
 
 // Every byte of one block: each (layer, kv) sub-block, data and nvfp4 scales,

@@ -338,7 +338,7 @@ void parse_mla(Scenario& s, const toml::table& t) {
 
 void parse_cache(Scenario& s, const toml::table& t) {
   Section sec(s, t, "cache.",
-              {"dtype", "layout", "placement", "page_size", "primary_blocks", "secondary_blocks", "shared_kv_allocation",
+              {"dtype", "layout", "placement", "engine", "page_size", "primary_blocks", "secondary_blocks", "shared_kv_allocation",
                "write_path", "k_scale", "v_scale", "k_global_scale", "v_global_scale", "zero_v_tail", "poison_nan",
                "fresh_page_fill", "block_order"});
   CacheSpec& c = s.cache;
@@ -349,6 +349,16 @@ void parse_cache(Scenario& s, const toml::table& t) {
   sec.read("primary_blocks", c.primary_blocks);
   sec.read("secondary_blocks", c.secondary_blocks);
   sec.read("shared_kv_allocation", c.shared_kv_allocation);
+  std::vector<std::string_view> engines;
+  for (Engine e : kEngines) engines.push_back(engine_name(e));
+  Engine engine{};
+  const bool has_engine = sec.has("engine");
+  sec.read_name<Engine>("engine", engine, parse_engine, engines);
+  if (has_engine) {
+    c.engine = engine;
+    c.placement = engine_placement(engine);
+    if (c.layout != BlockLayout::split_x) c.layout = engine_block_layout(engine, c.layout);  // split-x + flashinfer: check_cache says why
+  }
   sec.read_name<WritePath>("write_path", c.write_path, parse_write_path,
                            {"qkv_preprocess", "append_paged", "reshape_and_cache", "append_mla"});
   sec.read("k_scale", c.k_scale);
@@ -639,6 +649,18 @@ void check_cache(const Scenario& s, const Checker& c) {
     c.require(k.dtype != CacheDtype::nvfp4, "cache.fresh_page_fill",
               "expected a cache dtype with one code per element (an nvfp4 element's value depends on its block scale)");
     c.require(!k.shared_kv_allocation, "cache.fresh_page_fill", "expected shared_kv_allocation = false");
+  }
+  if (k.engine) {
+    c.require(!k.shared_kv_allocation, "cache.shared_kv_allocation",
+              "expected false with cache.engine (the engine's preset says where K and V live)");
+    c.require(s.cache.write_path != WritePath::append_mla && !s.mla.enabled, "cache.engine",
+              "expected no MLA with an engine preset (the presets hold separate K and V)");
+    c.require(!s.layers.enabled, "cache.engine", "expected no per-layer windows ([layers]) with an engine preset "
+                                                 "(one pool of the engine's tensors)");
+    c.core_check("cache.engine", [&] {
+      engine_layout(*k.engine, pool_geometry(s), PoolKind::primary);
+      engine_layout(*k.engine, pool_geometry(s), PoolKind::secondary);
+    });
   }
   if (k.shared_kv_allocation)
     c.require(k.placement == LayerPlacement::per_layer && k.layout == BlockLayout::nhd, "cache.shared_kv_allocation",

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include <kvsim/core.hpp>
+#include <kvsim/core/engine_presets.hpp>
 
 namespace kvsim::sim {
 
@@ -33,6 +34,9 @@ struct ExplainRequest {
   int32_t layer = 0, head = 0, dim = 0;
   int32_t window = 0, sinks = 0;  // window 0 = none
   bool one_more_block = false;
+  // The engine's own tensors (core/engine_presets.hpp): layout, placement and
+  // strides from the engine; offsets are also given inside the engine tensor.
+  std::optional<Engine> engine;
 };
 
 // One product index * stride of an offset sum.
@@ -53,6 +57,13 @@ struct TensorOffsets {
   std::vector<OffsetTerm> scale_terms;
   int64_t scale_element = 0;
   int64_t scale_byte = 0;
+  // with an engine preset: the engine tensor holding the element and the
+  // offsets inside it (element - tensor_base)
+  std::string tensor;  // "key_cache[layer 1]"
+  int64_t tensor_base = 0;
+  int64_t tensor_element = 0;
+  int64_t tensor_byte = 0;
+  int64_t tensor_scale_element = 0;  // nvfp4: inside the engine's scale tensor
 };
 
 struct Explanation {
@@ -75,6 +86,8 @@ struct Explanation {
   PoolStrides strides;
   std::optional<PoolStrides> scale_strides;  // nvfp4
   std::vector<TensorOffsets> tensors;        // K (and V when kv_factor == 2)
+  std::optional<EngineLayout> engine;        // with ExplainRequest::engine
+  std::optional<EngineLayout> engine_scales; // with an engine and nvfp4
 };
 
 // Validates the request (core's named ValidationErrors: bad_window,
@@ -128,6 +141,8 @@ std::vector<Axis> inner_axes(const PoolGeometry& g, const PoolStrides& s, int32_
 std::string axes_text(const std::vector<Axis>& axes);
 // The pool tensor's axes, with K's and V's inner axes apart for split-x.
 std::string pool_tensor_text(const PoolGeometry& g, const PoolStrides& s, PoolKind kind);
+// "engine vllm-paged tensors: key_cache [blocks 64]... per layer, value_cache ..."
+std::string engine_tensors_text(const EngineLayout& l);
 // "K" and "V", or "latent" for the single tensor of kv_factor 1 (MLA).
 const char* kv_label(int32_t kv, int32_t kv_factor);
 // "4,9,2"

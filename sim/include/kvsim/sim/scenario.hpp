@@ -80,6 +80,9 @@ struct CacheSpec {
   // FlashInfer's arrangement: K and V as strided views into one shared
   // [pages, 2, P, H, D] allocation per layer (requires per_layer + nhd).
   bool shared_kv_allocation = false;
+  // An engine's own tensors (core/engine_presets.hpp): sets layout (FlashInfer
+  // keeps nhd/hnd) and placement; pools get the engine's strides in one allocation.
+  std::optional<Engine> engine;
   WritePath write_path = WritePath::qkv_preprocess;
   float k_scale = 1.0f;            // fp8/int8 per-tensor scales (decode convention: x ≈ code * scale)
   float v_scale = 1.0f;

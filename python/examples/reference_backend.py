@@ -1,0 +1,59 @@
+"""A PyTorch reference backend's KV writes, the way engines' Python reference
+paths write them (plain tensor indexing), with switches that plant three
+classic bugs. The example tests check these against kvsim.
+
+* ``torch_append_paged``: FlashInfer-style paged append into a
+  [pages, 2, P, H, D] cache from (batch_indices, positions) and a CSR table.
+  Bug ``past_off_by_chunk``: the position is computed from the sequence length
+  before the chunk instead of after it (past_seq_len off by one chunk).
+  Bug ``minus_one_page``: a token whose table entry is −1 (BAD_PAGE) is
+  written to page −1 + ... = block 0 instead of being refused.
+* ``torch_reshape_and_cache_fp8``: vLLM-style fp8 write (uint8 cache,
+  ``(x / scale).to(float8)``), rounded through kvsim's codec because Debian's
+  torch 1.13 has no float8 dtype.
+* ``torch_prefill_write``: a TensorRT-LLM-style context write that must zero
+  the V rows of the sequence's last block beyond its length. Bug
+  ``v_tail_not_zeroed`` leaves them as they were (NaN from the allocator).
+"""
+
+import torch
+
+import kvsim
+
+
+def torch_append_paged(k, v, append_indptr, seq_lens, kv_cache, indptr, indices, page_size, bug=None):
+    for b in range(len(seq_lens)):
+        n = append_indptr[b + 1] - append_indptr[b]
+        past = seq_lens[b] - n
+        if bug == "past_off_by_chunk":
+            past = seq_lens[b] - 2 * n if seq_lens[b] >= 2 * n else 0
+        for j in range(n):
+            i = append_indptr[b] + j
+            pos = past + j
+            page = indices[indptr[b] + pos // page_size]
+            if page < 0 and bug != "minus_one_page":
+                raise ValueError("write through BAD_PAGE")
+            page = max(page, 0)  # the bug: -1 clamps to block 0
+            kv_cache[page, 0, pos % page_size] = k[i]
+            kv_cache[page, 1, pos % page_size] = v[i]
+
+
+def torch_reshape_and_cache_fp8(key, value, key_cache, value_cache, slot_mapping, k_scale, v_scale):
+    P = key_cache.shape[1]
+    for i, slot in enumerate(slot_mapping):
+        if slot < 0:
+            continue
+        b, e = divmod(slot, P)
+        key_cache[b, e] = torch.from_numpy(kvsim.codec.encode("e4m3", (key[i] / k_scale).numpy()))
+        value_cache[b, e] = torch.from_numpy(kvsim.codec.encode("e4m3", (value[i] / v_scale).numpy()))
+
+
+def torch_prefill_write(k, v, key_cache, value_cache, block_table, length, bug=None):
+    """Context write of one sequence's `length` tokens into [blocks, P, H, D] caches, zeroing V's tail."""
+    P = key_cache.shape[1]
+    for t in range(length):
+        b, e = block_table[t // P], t % P
+        key_cache[b, e] = k[t]
+        value_cache[b, e] = v[t]
+    if bug != "v_tail_not_zeroed" and length % P:
+        value_cache[block_table[(length - 1) // P], length % P:] = 0

@@ -1,0 +1,55 @@
+"""kvsim from Python: the exact KV-cache oracle inside an engine's own kernel tests.
+
+* ``kvsim.flashinfer.append_paged_kv_cache``, ``kvsim.vllm.reshape_and_cache_flash``,
+  ``kvsim.vllm.reshape_and_cache``, ``kvsim.vllm.paged_attention_decode``:
+  the engines' own signatures, kvsim's bytes.
+* ``kvsim.testing.assert_cache_equal``: byte equality with the first difference named.
+* ``kvsim.explain(...)``, ``kvsim.engine_info(...)``, ``kvsim.engines()``,
+  ``kvsim.codec``, ``kvsim.replay(path)``, ``kvsim.Error`` and its named subclasses.
+
+See docs/python.md.
+"""
+
+from . import _kvsim
+from . import codec, errors, flashinfer, testing, vllm
+from ._tensors import int_array as _ints
+from .errors import Error
+
+__all__ = ["Error", "codec", "errors", "flashinfer", "vllm", "testing", "explain", "engine_info", "engines", "replay"]
+
+has_cuda = _kvsim.has_cuda
+
+
+def engines():
+    """Names of the engine tensor presets (core/engine_presets.hpp)."""
+    return list(_kvsim.engines())
+
+
+def engine_info(engine, *, cache_dtype="bf16", kv_layout="NHD", layers=1, kv_heads=8, page_size=16, head_dim=128,
+                blocks=64):
+    """The engine's tensors for a geometry: names, per layer or not, K/V, axes (name, extent, row-major stride)."""
+    return _kvsim.engine_info(engine, cache_dtype, kv_layout.lower(), layers, kv_heads, page_size, head_dim, blocks)
+
+
+def explain(*, token, block_table=None, indptr=None, indices=None, last_page_len=None, seq=0, layer=0, head=0,
+            dim=0, engine="", cache_dtype="bf16", kv_layout="NHD", placement="in_block", layers=1, kv_heads=8,
+            page_size=16, head_dim=128, blocks=64, window=0, sinks=0):
+    """The index arithmetic of one element as data (what ``kvsim explain`` prints).
+
+    Returns a dict: cache_token, logical_page, page_slot, entry, block, slot,
+    tensors (per K/V: offset, byte_offset, the stride terms, and with an engine
+    the engine tensor's name and the offset inside it), steps (key, title,
+    lines) and text. Give a dense ``block_table`` of the sequence, or the CSR
+    ``indptr``/``indices``/``last_page_len`` and ``seq``.
+    """
+    if block_table is None and indptr is None:
+        raise errors.BadArgument("bad_argument: give block_table or indptr/indices/last_page_len")
+    dense = [] if block_table is None else [int(x) for x in _ints(block_table).reshape(-1)]
+    csr = ([], [], []) if indptr is None else tuple(list(map(int, _ints(x))) for x in (indptr, indices, last_page_len))
+    return _kvsim.explain(engine, cache_dtype, kv_layout.lower(), placement, layers, kv_heads, page_size, head_dim,
+                          blocks, dense, csr[0], csr[1], csr[2], seq, token, layer, head, dim, window, sinks)
+
+
+def replay(scenario):
+    """Replay a scenario file on the CPU oracle: name, ok, content_hash, invariants, counters."""
+    return _kvsim.replay(str(scenario))

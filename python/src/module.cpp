@@ -1,0 +1,561 @@
+// kvsim._kvsim: the C++ side of the Python module (docs/python.md). Tensors
+// arrive through DLPack (any object with __dlpack__: numpy arrays, torch CPU
+// tensors); the memory is used in place, with the tensor's own strides. Pools
+// are built from an engine's tensors through core's engine presets
+// (core/engine_presets.hpp), ops run through the Backend API on the CPU
+// oracle, explain() is sim::explain. The engine-shaped wrappers, CUDA
+// staging and kvsim.testing are Python (python/kvsim/*.py).
+//
+// Element types: DLPack float 32/16, bfloat 16, int 8, uint 8 (fp8 codes,
+// nvfp4 packed bytes: the kvsim dtype says which) and the float8 type codes of
+// DLPack >= 1.0 (kDLFloat8_e4m3fn = 10, kDLFloat8_e5m2 = 12), read here by
+// number because Debian's dlpack.h (0.6) predates them.
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <dlpack/dlpack.h>
+
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "backends/backend.hpp"
+#include "kvsim/sim/explain.hpp"
+#include "kvsim/sim/replay.hpp"
+#include "kvsim/sim/scenario_file.hpp"
+
+namespace py = pybind11;
+using namespace kvsim;
+
+namespace {
+
+constexpr uint8_t kDLFloat8_e4m3fn = 10;  // DLPack 1.0 (dlpack.h of 0.6 has no float8 codes)
+constexpr uint8_t kDLFloat8_e5m2 = 12;
+
+// A borrowed DLPack tensor: the capsule keeps the producer's memory alive for
+// as long as this object lives (we never take ownership, so the capsule's own
+// destructor releases it).
+struct Borrowed {
+  py::object capsule;
+  DLTensor* t = nullptr;
+};
+
+Borrowed borrow(py::handle obj, const std::string& what) {
+  if (!py::hasattr(obj, "__dlpack__"))
+    fail(ErrorCode::shape_mismatch, what + ": expected an object with __dlpack__ (numpy array, torch tensor)");
+  Borrowed b;
+  b.capsule = obj.attr("__dlpack__")();
+  auto* managed = static_cast<DLManagedTensor*>(PyCapsule_GetPointer(b.capsule.ptr(), "dltensor"));
+  if (managed == nullptr) {
+    PyErr_Clear();
+    fail(ErrorCode::shape_mismatch, what + ": __dlpack__ did not return a DLPack tensor capsule");
+  }
+  b.t = &managed->dl_tensor;
+  if (b.t->device.device_type != kDLCPU && b.t->device.device_type != kDLCUDAHost)
+    fail(ErrorCode::bad_argument, what + ": a device tensor reached the host module (the Python layer stages CUDA "
+                                         "tensors through host copies)");
+  if (b.t->dtype.lanes != 1) fail(ErrorCode::shape_mismatch, what + ": vector element types are not supported");
+  return b;
+}
+
+// The kvsim dtype a DLPack element type can hold. `as` names the dtype the
+// bytes mean when the element type cannot say (uint8 holding fp8 codes).
+CacheDtype dtype_of(const DLTensor& t, const std::string& as, const std::string& what) {
+  const DLDataType d = t.dtype;
+  if (!as.empty()) {
+    const std::optional<CacheDtype> want = parse_dtype(as);
+    if (!want) fail(ErrorCode::bad_argument, what + ": unknown kvsim dtype '" + as + "'");
+    const bool byte_holder = d.bits == 8 && (d.code == kDLUInt || d.code == kDLInt || d.code == kDLFloat8_e4m3fn ||
+                                             d.code == kDLFloat8_e5m2);
+    const int want_bits = *want == CacheDtype::nvfp4 ? 8 : bits_per_element(*want);
+    if (byte_holder && want_bits == 8) return *want;
+    if (!byte_holder && static_cast<int>(d.bits) == want_bits) return *want;
+    fail(ErrorCode::shape_mismatch, what + ": element type (code " + std::to_string(d.code) + ", " +
+                                        std::to_string(d.bits) + " bits) cannot hold " + as);
+  }
+  if (d.code == kDLFloat && d.bits == 32) return CacheDtype::fp32;
+  if (d.code == kDLFloat && d.bits == 16) return CacheDtype::fp16;
+  if (d.code == kDLBfloat && d.bits == 16) return CacheDtype::bf16;
+  if (d.code == kDLInt && d.bits == 8) return CacheDtype::int8;
+  if (d.code == kDLFloat8_e4m3fn && d.bits == 8) return CacheDtype::fp8_e4m3;
+  if (d.code == kDLFloat8_e5m2 && d.bits == 8) return CacheDtype::fp8_e5m2;
+  fail(ErrorCode::shape_mismatch, what + ": element type code " + std::to_string(d.code) + " with " +
+                                      std::to_string(d.bits) + " bits is not a kvsim type (uint8 needs dtype=...)");
+}
+
+int64_t dl_stride(const DLTensor& t, int i) {
+  if (t.strides) return t.strides[i];
+  int64_t s = 1;
+  for (int j = t.ndim - 1; j > i; --j) s *= t.shape[j];
+  return s;
+}
+
+void* dl_data(const DLTensor& t) { return static_cast<uint8_t*>(t.data) + t.byte_offset; }
+
+// One past the largest element offset the tensor reaches (0 when empty).
+int64_t dl_extent(const DLTensor& t) {
+  int64_t last = 0;
+  for (int i = 0; i < t.ndim; ++i) {
+    if (t.shape[i] == 0) return 0;
+    if (dl_stride(t, i) < 0) fail(ErrorCode::bad_strides, "negative strides are not supported");
+    last += (t.shape[i] - 1) * dl_stride(t, i);
+  }
+  return last + 1;
+}
+
+// A TensorView over a borrowed tensor of the expected rank.
+TensorView view_of(const Borrowed& b, CacheDtype dtype, int rank, const std::string& what) {
+  const DLTensor& t = *b.t;
+  if (t.ndim != rank)
+    fail(ErrorCode::shape_mismatch, what + ": expected rank " + std::to_string(rank) + ", got " + std::to_string(t.ndim));
+  TensorView v;
+  v.data = dl_data(t);
+  v.dtype = dtype;
+  v.rank = rank;
+  for (int i = 0; i < rank; ++i) {
+    v.shape[i] = t.shape[i];
+    v.stride[i] = dl_stride(t, i);
+  }
+  return v;
+}
+
+template <class T>
+std::vector<T> int_list(const py::handle& obj) {
+  py::array_t<T, py::array::c_style | py::array::forcecast> a = py::array_t<T, py::array::c_style | py::array::forcecast>::ensure(obj);
+  if (!a) fail(ErrorCode::shape_mismatch, "expected an integer array");
+  return std::vector<T>(a.data(), a.data() + a.size());
+}
+
+// ---------------------------------------------------------------- pools from engine tensors
+
+// An engine's cache tensors, borrowed, as one KvPools (primary pool only). Two
+// tensors (K and V apart) must lie in one address range with V after K; the
+// Python layer stages them otherwise. Per-layer engines take one layer's
+// tensors (geometry layers = 1).
+struct EnginePools {
+  std::vector<Borrowed> keep;
+  KvPools pools;
+  EngineLayout layout;
+};
+
+std::shared_ptr<EnginePools> engine_pools(const std::string& engine_name, const std::string& dtype,
+                                          const std::string& kv_layout, int32_t layers, int32_t kv_heads,
+                                          int32_t page_size, int32_t head_dim, const py::list& tensors,
+                                          const py::list& scale_tensors) {
+  const std::optional<Engine> engine = parse_engine(engine_name);
+  if (!engine) fail(ErrorCode::bad_argument, "engine '" + engine_name + "': expected one of " + engine_choices());
+  PoolGeometry g;
+  g.layers = layers;
+  g.kv_heads = kv_heads;
+  g.tokens_per_block = page_size;
+  g.head_dim = head_dim;
+  const std::optional<CacheDtype> cd = parse_dtype(dtype);
+  if (!cd) fail(ErrorCode::bad_argument, "cache dtype '" + dtype + "' is not a kvsim dtype");
+  g.dtype = *cd;
+  const std::optional<BlockLayout> bl = parse_layout(kv_layout);
+  if (!bl) fail(ErrorCode::bad_argument, "kv_layout '" + kv_layout + "': expected NHD or HND");
+  g.layout = *bl;
+  auto out = std::make_shared<EnginePools>();
+
+  // The block count is the engine tensor's block (or location) axis extent.
+  const auto bind = [&](const py::list& list, bool scales, const PoolGeometry& geo0) -> EngineLayout {
+    EngineLayout probe = engine_layout(*engine, geo0);
+    if (list.size() != probe.tensors.size())
+      fail(ErrorCode::shape_mismatch, std::string("engine ") + engine_name + ": expected " +
+                                          std::to_string(probe.tensors.size()) + (scales ? " scale" : "") +
+                                          " tensor(s), got " + std::to_string(list.size()));
+    std::vector<Borrowed> borrowed;
+    for (size_t i = 0; i < list.size(); ++i)
+      borrowed.push_back(borrow(list[i], probe.tensors[i].name));
+    // nvfp4 data is packed two per byte: the last (dim) axis counts bytes.
+    const bool packed = geo0.dtype == CacheDtype::nvfp4;
+    PoolGeometry geo = geo0;
+    {
+      const DLTensor& t0 = *borrowed[0].t;
+      const EngineTensor& e0 = probe.tensors[0];
+      if (t0.ndim != static_cast<int>(e0.axes.size()))
+        fail(ErrorCode::shape_mismatch, e0.name + ": expected rank " + std::to_string(e0.axes.size()) + " " +
+                                            e0.shape_text() + ", got rank " + std::to_string(t0.ndim));
+      for (size_t a = 0; a < e0.axes.size(); ++a) {
+        if (e0.axes[a].indexes == EngineAxis::block) geo.primary_blocks = t0.shape[a];
+        if (e0.axes[a].indexes == EngineAxis::slot) {
+          if (t0.shape[a] % page_size != 0)
+            fail(ErrorCode::shape_mismatch, e0.name + ": " + std::to_string(t0.shape[a]) +
+                                                " locations is not a whole number of pages of " + std::to_string(page_size));
+          geo.primary_blocks = t0.shape[a] / page_size;
+        }
+      }
+    }
+    EngineLayout l = engine_layout(*engine, geo);
+    std::vector<std::vector<int64_t>> axis_strides;
+    for (size_t i = 0; i < borrowed.size(); ++i) {
+      const DLTensor& t = *borrowed[i].t;
+      const EngineTensor& e = l.tensors[i];
+      if (t.ndim != static_cast<int>(e.axes.size()))
+        fail(ErrorCode::shape_mismatch, e.name + ": expected rank " + std::to_string(e.axes.size()) + " " +
+                                            e.shape_text() + ", got rank " + std::to_string(t.ndim));
+      dtype_of(t, scales ? "fp8_e4m3" : dtype, e.name);  // the element type must hold the cache dtype
+      std::vector<int64_t> row;
+      for (size_t a = 0; a < e.axes.size(); ++a) {
+        const bool last = a + 1 == e.axes.size();
+        const int64_t want = packed && last ? e.axes[a].extent / 2 : e.axes[a].extent;
+        if (t.shape[a] != want)
+          fail(ErrorCode::shape_mismatch, e.name + ": axis " + std::to_string(a) + " (" + e.axes[a].name + ") is " +
+                                              std::to_string(t.shape[a]) + ", expected " + std::to_string(want) +
+                                              " for " + e.shape_text() + (packed && last ? " (packed bytes)" : ""));
+        int64_t stride = dl_stride(t, static_cast<int>(a));
+        if (packed) {
+          if (last && stride != 1)
+            fail(ErrorCode::bad_strides, e.name + ": packed nvfp4 bytes must be contiguous in the last axis");
+          stride = last ? 1 : 2 * stride;  // strides in nibbles
+        }
+        row.push_back(stride);
+      }
+      axis_strides.push_back(row);
+    }
+    // Two tensors: V's distance from K in elements (nibbles for nvfp4).
+    const int64_t unit_bits = packed ? 4 : bits_per_element(geo.dtype);
+    const auto* base = static_cast<const uint8_t*>(dl_data(*borrowed[0].t));
+    int64_t kv_distance = 0, allocation = dl_extent(*borrowed[0].t) * (packed ? 2 : 1);
+    if (borrowed.size() == 2) {
+      const auto* v = static_cast<const uint8_t*>(dl_data(*borrowed[1].t));
+      const int64_t bytes = v - base;
+      if (bytes <= 0 || (bytes * 8) % unit_bits != 0)
+        fail(ErrorCode::bad_argument, "kv_tensors_unordered: the V tensor does not lie after the K tensor in whole "
+                                      "elements (the Python layer stages such tensors)");
+      kv_distance = bytes * 8 / unit_bits;
+      allocation = kv_distance + dl_extent(*borrowed[1].t) * (packed ? 2 : 1);
+    }
+    l.strides = strides_from_axes(geo, l.tensors, axis_strides, kv_distance, 0);
+    l.allocation_elements = allocation;
+    for (Borrowed& b : borrowed) out->keep.push_back(std::move(b));
+    return l;
+  };
+
+  if (engine_layout(*engine, g).tensors[0].per_layer && layers != 1)
+    fail(ErrorCode::bad_argument, "a per-layer engine's tensors hold one layer: layers must be 1");
+  out->layout = bind(tensors, false, g);
+  const PoolGeometry& geo = out->layout.geometry;
+  out->pools.geometry = geo;
+  out->pools.data[0] = const_cast<void*>(static_cast<const void*>(dl_data(*out->keep[0].t)));
+  out->pools.strides[0] = out->layout.strides;
+  out->pools.allocation_elements[0] = out->layout.allocation_elements;
+  if (geo.has_scale_pool()) {
+    const size_t first = out->keep.size();
+    PoolGeometry sg = geo.scale_geometry();
+    sg.primary_blocks = geo.primary_blocks;
+    const EngineLayout sl = bind(scale_tensors, true, sg);
+    out->pools.scales[0] = dl_data(*out->keep[first].t);
+    out->pools.scale_strides[0] = sl.strides;
+    out->pools.scale_allocation_elements[0] = sl.allocation_elements;
+  } else if (!scale_tensors.empty()) {
+    fail(ErrorCode::bad_argument, "scale tensors are for nvfp4 caches only");
+  }
+  validate_pool(out->pools, PoolKind::primary, "engine " + engine_name + " tensors: ");
+  return out;
+}
+
+Backend& cpu() {
+  static std::unique_ptr<Backend> backend = make_backend("cpu");
+  return *backend;
+}
+
+// ---------------------------------------------------------------- ops
+
+void append_paged(const EnginePools& p, int32_t layer, py::handle k, py::handle v, py::handle batch_indices,
+                  py::handle positions, py::handle indptr, py::handle indices, py::handle last_page_len,
+                  const std::string& input_dtype, float k_global_scale, float v_global_scale) {
+  const Borrowed kb = borrow(k, "append_key"), vb = borrow(v, "append_value");
+  AppendPagedOp op;
+  op.layer = layer;
+  op.k = view_of(kb, dtype_of(*kb.t, input_dtype, "append_key"), 3, "append_key");
+  op.v = view_of(vb, dtype_of(*vb.t, input_dtype, "append_value"), 3, "append_value");
+  const std::vector<int32_t> bi = int_list<int32_t>(batch_indices), pos = int_list<int32_t>(positions),
+                             ip = int_list<int32_t>(indptr), ix = int_list<int32_t>(indices),
+                             lpl = int_list<int32_t>(last_page_len);
+  op.batch_indices = bi;
+  op.positions = pos;
+  op.indptr = ip;
+  op.indices = ix;
+  op.last_page_len = lpl;
+  op.k_global_scale = k_global_scale;
+  op.v_global_scale = v_global_scale;
+  cpu().append_paged(p.pools, op);
+}
+
+void reshape_and_cache(const EnginePools& p, int32_t layer, py::handle key, py::handle value, py::handle slot_mapping,
+                       const std::string& input_dtype, float k_scale, float v_scale) {
+  const Borrowed kb = borrow(key, "key"), vb = borrow(value, "value");
+  ReshapeAndCacheOp op;
+  op.layer = layer;
+  op.key = view_of(kb, dtype_of(*kb.t, input_dtype, "key"), 3, "key");
+  op.value = view_of(vb, dtype_of(*vb.t, input_dtype, "value"), 3, "value");
+  const std::vector<int64_t> slots = int_list<int64_t>(slot_mapping);
+  op.slot_mapping = slots;
+  op.k_scale = k_scale;
+  op.v_scale = v_scale;
+  cpu().reshape_and_cache(p.pools, op);
+}
+
+AttentionScales scales_of(float sm_scale, float k_scale, float v_scale, float kg, float vg) {
+  AttentionScales s;
+  s.sm_scale = sm_scale;
+  s.k_scale = k_scale;
+  s.v_scale = v_scale;
+  s.k_global_scale = kg;
+  s.v_global_scale = vg;
+  return s;
+}
+
+void decode_attention(const EnginePools& p, int32_t layer, py::handle q, py::handle out, py::handle seq_lens,
+                      py::handle block_table, int32_t max_blocks_per_seq, float sm_scale, float k_scale, float v_scale,
+                      float kg, float vg, int32_t window, int32_t sinks) {
+  const Borrowed qb = borrow(q, "q"), ob = borrow(out, "out");
+  DecodeAttentionOp op;
+  op.layer = layer;
+  op.q = view_of(qb, dtype_of(*qb.t, "", "q"), 3, "q");
+  op.out = view_of(ob, dtype_of(*ob.t, "", "out"), 3, "out");
+  const std::vector<int32_t> lens = int_list<int32_t>(seq_lens), table = int_list<int32_t>(block_table);
+  op.seq_lens = lens;
+  op.block_table = table;
+  op.max_blocks_per_seq = max_blocks_per_seq;
+  op.scales = scales_of(sm_scale, k_scale, v_scale, kg, vg);
+  op.window = WindowMapping::make(window, sinks, p.pools.geometry.tokens_per_block, false);
+  cpu().decode_attention(p.pools, op);
+}
+
+void prefill_attention(const EnginePools& p, int32_t layer, py::handle q, py::handle out, py::handle q_indptr,
+                       py::handle seq_lens, py::handle block_table, int32_t max_blocks_per_seq, float sm_scale,
+                       float k_scale, float v_scale, float kg, float vg, int32_t window, int32_t sinks) {
+  const Borrowed qb = borrow(q, "q"), ob = borrow(out, "out");
+  PrefillAttentionOp op;
+  op.layer = layer;
+  op.q = view_of(qb, dtype_of(*qb.t, "", "q"), 3, "q");
+  op.out = view_of(ob, dtype_of(*ob.t, "", "out"), 3, "out");
+  const std::vector<int32_t> qi = int_list<int32_t>(q_indptr), lens = int_list<int32_t>(seq_lens),
+                             table = int_list<int32_t>(block_table);
+  op.q_indptr = qi;
+  op.seq_lens = lens;
+  op.block_table = table;
+  op.max_blocks_per_seq = max_blocks_per_seq;
+  op.scales = scales_of(sm_scale, k_scale, v_scale, kg, vg);
+  op.window = WindowMapping::make(window, sinks, p.pools.geometry.tokens_per_block, false);
+  cpu().prefill_attention(p.pools, op);
+}
+
+// ---------------------------------------------------------------- explain, presets, codecs, replay
+
+py::dict terms_dict(const std::vector<sim::OffsetTerm>& terms) {
+  py::dict d;
+  for (const sim::OffsetTerm& t : terms) d[py::str(t.axis)] = py::make_tuple(t.index, t.stride);
+  return d;
+}
+
+py::dict explain(const std::string& engine, const std::string& dtype, const std::string& layout,
+                 const std::string& placement, int32_t layers, int32_t kv_heads, int32_t page_size, int32_t head_dim,
+                 int64_t blocks, std::vector<int32_t> block_table, std::vector<int32_t> indptr,
+                 std::vector<int32_t> indices, std::vector<int32_t> last_page_len, int32_t seq, int64_t token,
+                 int32_t layer, int32_t head, int32_t dim, int32_t window, int32_t sinks) {
+  sim::ExplainRequest r;
+  PoolGeometry& g = r.geometry;
+  g.layers = layers;
+  g.kv_heads = kv_heads;
+  g.tokens_per_block = page_size;
+  g.head_dim = head_dim;
+  g.primary_blocks = blocks;
+  if (auto d = parse_dtype(dtype)) g.dtype = *d; else fail(ErrorCode::bad_argument, "dtype '" + dtype + "'");
+  if (auto l = parse_layout(layout)) g.layout = *l; else fail(ErrorCode::bad_argument, "layout '" + layout + "'");
+  if (auto p = parse_placement(placement)) g.placement = *p; else fail(ErrorCode::bad_argument, "placement '" + placement + "'");
+  if (!engine.empty()) {
+    r.engine = parse_engine(engine);
+    if (!r.engine) fail(ErrorCode::bad_argument, "engine '" + engine + "': expected one of " + engine_choices());
+  }
+  r.csr = !indptr.empty();
+  r.block_table = std::move(block_table);
+  r.indptr = std::move(indptr);
+  r.indices = std::move(indices);
+  r.last_page_len = std::move(last_page_len);
+  r.seq = seq;
+  r.token = token;
+  r.layer = layer;
+  r.head = head;
+  r.dim = dim;
+  r.window = window;
+  r.sinks = sinks;
+  const sim::Explanation e = sim::explain(r);
+  py::dict d;
+  d["cache_token"] = e.cache_token;
+  d["logical_page"] = e.logical_page;
+  d["page_slot"] = e.page_slot;
+  d["entry"] = e.entry;
+  d["block"] = e.ref.block();
+  d["slot"] = e.slot;
+  py::list tensors;
+  for (const sim::TensorOffsets& t : e.tensors) {
+    py::dict td;
+    td["kv"] = t.kv;
+    td["offset"] = t.element;
+    td["byte_offset"] = t.byte;
+    td["terms"] = terms_dict(t.terms);
+    if (e.scale_strides) {
+      td["scale_offset"] = t.scale_element;
+      td["high_nibble"] = t.high_nibble;
+    }
+    if (e.engine) {
+      td["tensor"] = t.tensor;
+      td["tensor_offset"] = t.tensor_element;
+      td["tensor_byte_offset"] = t.tensor_byte;
+    }
+    tensors.append(td);
+  }
+  d["tensors"] = tensors;
+  py::list steps;
+  for (const sim::ExplainStep& s : sim::explain_steps(e))
+    steps.append(py::dict(py::arg("key") = s.key, py::arg("title") = s.title, py::arg("lines") = s.lines));
+  d["steps"] = steps;
+  d["text"] = sim::explain_text(e);
+  return d;
+}
+
+py::dict engine_info(const std::string& engine, const std::string& dtype, const std::string& kv_layout, int32_t layers,
+                     int32_t kv_heads, int32_t page_size, int32_t head_dim, int64_t blocks) {
+  const std::optional<Engine> e = parse_engine(engine);
+  if (!e) fail(ErrorCode::bad_argument, "engine '" + engine + "': expected one of " + engine_choices());
+  PoolGeometry g;
+  g.layers = layers;
+  g.kv_heads = kv_heads;
+  g.tokens_per_block = page_size;
+  g.head_dim = head_dim;
+  g.primary_blocks = blocks;
+  if (auto d = parse_dtype(dtype)) g.dtype = *d; else fail(ErrorCode::bad_argument, "dtype '" + dtype + "'");
+  if (auto l = parse_layout(kv_layout)) g.layout = *l; else fail(ErrorCode::bad_argument, "kv_layout '" + kv_layout + "'");
+  const EngineLayout l = engine_layout(*e, g);
+  py::list tensors;
+  for (const EngineTensor& t : l.tensors) {
+    py::list axes;
+    for (const EngineTensorAxis& a : t.axes) axes.append(py::make_tuple(a.name, a.extent, a.stride));
+    tensors.append(py::dict(py::arg("name") = t.name, py::arg("per_layer") = t.per_layer, py::arg("kv") = t.kv,
+                            py::arg("axes") = axes));
+  }
+  return py::dict(py::arg("tensors") = tensors, py::arg("layout") = std::string(layout_name(l.geometry.layout)),
+                  py::arg("placement") = std::string(placement_name(l.geometry.placement)));
+}
+
+py::array codec_encode(const std::string& format, py::array_t<float, py::array::c_style | py::array::forcecast> x) {
+  const float* in = x.data();
+  const size_t n = static_cast<size_t>(x.size());
+  std::vector<py::ssize_t> shape(x.shape(), x.shape() + x.ndim());
+  const auto bytes = [&](auto encode) {
+    py::array_t<uint8_t> out(shape);
+    uint8_t* o = out.mutable_data();
+    for (size_t i = 0; i < n; ++i) o[i] = static_cast<uint8_t>(encode(in[i]));
+    return py::array(out);
+  };
+  if (format == "e4m3") return bytes([](float f) { return codec::f32_to_e4m3(f, codec::Saturation::finite); });
+  if (format == "e4m3-nosat") return bytes([](float f) { return codec::f32_to_e4m3(f, codec::Saturation::none); });
+  if (format == "e5m2") return bytes([](float f) { return codec::f32_to_e5m2(f, codec::Saturation::finite); });
+  if (format == "e5m2-nosat") return bytes([](float f) { return codec::f32_to_e5m2(f, codec::Saturation::none); });
+  if (format == "e2m1") return bytes([](float f) { return codec::f32_to_e2m1(f); });
+  if (format == "int8") return bytes([](float f) { return static_cast<uint8_t>(codec::f32_to_int8(f)); });
+  if (format == "bf16" || format == "fp16") {
+    py::array_t<uint16_t> out(shape);
+    uint16_t* o = out.mutable_data();
+    for (size_t i = 0; i < n; ++i) o[i] = format == "bf16" ? codec::f32_to_bf16(in[i]) : codec::f32_to_f16(in[i]);
+    return py::array(out);
+  }
+  fail(ErrorCode::bad_argument, "codec format '" + format + "': expected e4m3, e4m3-nosat, e5m2, e5m2-nosat, e2m1, int8, "
+                                "bf16 or fp16");
+}
+
+py::array codec_decode(const std::string& format, py::array_t<uint16_t, py::array::c_style | py::array::forcecast> c) {
+  const uint16_t* in = c.data();
+  std::vector<py::ssize_t> shape(c.shape(), c.shape() + c.ndim());
+  py::array_t<float> out(shape);
+  float* o = out.mutable_data();
+  for (py::ssize_t i = 0; i < c.size(); ++i) {
+    const uint16_t v = in[i];
+    if (format == "e4m3") o[i] = codec::e4m3_to_f32(static_cast<uint8_t>(v));
+    else if (format == "e5m2") o[i] = codec::e5m2_to_f32(static_cast<uint8_t>(v));
+    else if (format == "e2m1") o[i] = codec::e2m1_to_f32(static_cast<uint8_t>(v & 0xF));
+    else if (format == "int8") o[i] = codec::int8_to_f32(static_cast<int8_t>(static_cast<uint8_t>(v)));
+    else if (format == "bf16") o[i] = codec::bf16_to_f32(v);
+    else if (format == "fp16") o[i] = codec::f16_to_f32(v);
+    else fail(ErrorCode::bad_argument, "codec format '" + format + "': expected e4m3, e5m2, e2m1, int8, bf16 or fp16");
+  }
+  return py::array(out);
+}
+
+py::array_t<uint8_t> nvfp4_quantize(py::array_t<float, py::array::c_style | py::array::forcecast> x, float global_scale,
+                                    py::array_t<uint8_t>& scales_out) {
+  validate_global_scale(global_scale, "nvfp4_quantize: global_scale");
+  if (x.size() % codec::kNvfp4BlockElems != 0)
+    fail(ErrorCode::shape_mismatch, "nvfp4_quantize: the element count must be a multiple of 16");
+  const py::ssize_t groups = x.size() / codec::kNvfp4BlockElems;
+  py::array_t<uint8_t> packed(x.size() / 2);
+  scales_out = py::array_t<uint8_t>(groups);
+  for (py::ssize_t gi = 0; gi < groups; ++gi)
+    scales_out.mutable_data()[gi] =
+        codec::nvfp4_quantize16(x.data() + gi * 16, global_scale, packed.mutable_data() + gi * 8);
+  return packed;
+}
+
+py::dict replay(const std::string& path) {
+  const sim::Scenario s = sim::load_scenario_file(path);
+  const sim::ScenarioReport r = sim::replay(s, cpu());
+  py::dict inv;
+  for (const sim::InvariantReport& i : r.invariants)
+    inv[py::str(std::string(sim::invariant_name(i.invariant)))] =
+        py::make_tuple(std::string(sim::invariant_status_name(i.status)), i.detail);
+  py::dict counters(py::arg("steps") = r.counters.steps, py::arg("prefill_tokens") = r.counters.prefill_tokens,
+                    py::arg("decode_tokens") = r.counters.decode_tokens,
+                    py::arg("reuse_hit_tokens") = r.counters.reuse_hit_tokens,
+                    py::arg("evicted_blocks") = r.counters.evicted_blocks, py::arg("ops") = r.counters.ops);
+  return py::dict(py::arg("name") = r.name, py::arg("ok") = r.ok, py::arg("content_hash") = r.content_hash,
+                  py::arg("invariants") = inv, py::arg("counters") = counters,
+                  py::arg("expectation_failures") = r.expectation_failures);
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_kvsim, m) {
+  m.doc() = "kvsim's C++ oracle (see the kvsim package for the engine-shaped API)";
+  // Every core ValidationError becomes the kvsim.Error subclass of its name
+  // (kvsim/errors.py), so a test can catch kvsim.errors.SlotBeyondPool.
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const ValidationError& e) {
+      py::object cls = py::module_::import("kvsim.errors").attr("error_class")(std::string(e.name()));
+      PyErr_SetObject(cls.ptr(), py::str(e.what()).ptr());
+    }
+  });
+  py::class_<EnginePools, std::shared_ptr<EnginePools>>(m, "EnginePools")
+      .def_property_readonly("blocks", [](const EnginePools& p) { return p.pools.geometry.primary_blocks; })
+      .def_property_readonly("strides", [](const EnginePools& p) {
+        const PoolStrides& s = p.pools.strides[0];
+        return py::make_tuple(s.block, s.layer, s.kv);
+      });
+  m.def("engine_pools", &engine_pools);
+  m.def("append_paged", &append_paged);
+  m.def("reshape_and_cache", &reshape_and_cache);
+  m.def("decode_attention", &decode_attention);
+  m.def("prefill_attention", &prefill_attention);
+  m.def("explain", &explain);
+  m.def("engine_info", &engine_info);
+  m.def("codec_encode", &codec_encode);
+  m.def("codec_decode", &codec_decode);
+  m.def("nvfp4_quantize", [](py::array_t<float, py::array::c_style | py::array::forcecast> x, float g) {
+    py::array_t<uint8_t> scales;
+    py::array_t<uint8_t> packed = nvfp4_quantize(x, g, scales);
+    return py::make_tuple(packed, scales);
+  });
+  m.def("replay", &replay);
+  m.def("engines", [] {
+    std::vector<std::string> names;
+    for (Engine e : kEngines) names.emplace_back(engine_name(e));
+    return names;
+  });
+  m.attr("has_cuda") = py::bool_(false);  // ops run on the CPU oracle; CUDA tensors are staged by the Python layer
+}
