@@ -128,6 +128,31 @@ std::vector<T> int_list(const py::handle& obj) {
   return std::vector<T>(a.data(), a.data() + a.size());
 }
 
+// The engine a name means, or bad_argument.
+Engine engine_named(const std::string& name) {
+  const std::optional<Engine> e = parse_engine(name);
+  if (!e) fail(ErrorCode::bad_argument, "engine '" + name + "': expected one of " + engine_choices());
+  return *e;
+}
+
+// A geometry from the Python side's names and numbers (validated by core when used).
+PoolGeometry geometry_of(const std::string& dtype, const std::string& layout, int32_t layers, int32_t kv_heads,
+                         int32_t page_size, int32_t head_dim, int64_t blocks) {
+  PoolGeometry g;
+  g.layers = layers;
+  g.kv_heads = kv_heads;
+  g.tokens_per_block = page_size;
+  g.head_dim = head_dim;
+  g.primary_blocks = blocks;
+  const std::optional<CacheDtype> d = parse_dtype(dtype);
+  if (!d) fail(ErrorCode::bad_argument, "cache dtype '" + dtype + "' is not a kvsim dtype");
+  g.dtype = *d;
+  const std::optional<BlockLayout> l = parse_layout(layout);
+  if (!l) fail(ErrorCode::bad_argument, "layout '" + layout + "': expected NHD, HND or split-x");
+  g.layout = *l;
+  return g;
+}
+
 // ---------------------------------------------------------------- pools from engine tensors
 
 // An engine's cache tensors, borrowed, as one KvPools (primary pool only). Two
@@ -144,19 +169,8 @@ std::shared_ptr<EnginePools> engine_pools(const std::string& engine_name, const 
                                           const std::string& kv_layout, int32_t layers, int32_t kv_heads,
                                           int32_t page_size, int32_t head_dim, const py::list& tensors,
                                           const py::list& scale_tensors) {
-  const std::optional<Engine> engine = parse_engine(engine_name);
-  if (!engine) fail(ErrorCode::bad_argument, "engine '" + engine_name + "': expected one of " + engine_choices());
-  PoolGeometry g;
-  g.layers = layers;
-  g.kv_heads = kv_heads;
-  g.tokens_per_block = page_size;
-  g.head_dim = head_dim;
-  const std::optional<CacheDtype> cd = parse_dtype(dtype);
-  if (!cd) fail(ErrorCode::bad_argument, "cache dtype '" + dtype + "' is not a kvsim dtype");
-  g.dtype = *cd;
-  const std::optional<BlockLayout> bl = parse_layout(kv_layout);
-  if (!bl) fail(ErrorCode::bad_argument, "kv_layout '" + kv_layout + "': expected NHD or HND");
-  g.layout = *bl;
+  const std::optional<Engine> engine = engine_named(engine_name);
+  const PoolGeometry g = geometry_of(dtype, kv_layout, layers, kv_heads, page_size, head_dim, 1);
   auto out = std::make_shared<EnginePools>();
 
   // The block count is the engine tensor's block (or location) axis extent.
@@ -359,19 +373,10 @@ py::dict explain(const std::string& engine, const std::string& dtype, const std:
                  std::vector<int32_t> indices, std::vector<int32_t> last_page_len, int32_t seq, int64_t token,
                  int32_t layer, int32_t head, int32_t dim, int32_t window, int32_t sinks) {
   sim::ExplainRequest r;
-  PoolGeometry& g = r.geometry;
-  g.layers = layers;
-  g.kv_heads = kv_heads;
-  g.tokens_per_block = page_size;
-  g.head_dim = head_dim;
-  g.primary_blocks = blocks;
-  if (auto d = parse_dtype(dtype)) g.dtype = *d; else fail(ErrorCode::bad_argument, "dtype '" + dtype + "'");
-  if (auto l = parse_layout(layout)) g.layout = *l; else fail(ErrorCode::bad_argument, "layout '" + layout + "'");
-  if (auto p = parse_placement(placement)) g.placement = *p; else fail(ErrorCode::bad_argument, "placement '" + placement + "'");
-  if (!engine.empty()) {
-    r.engine = parse_engine(engine);
-    if (!r.engine) fail(ErrorCode::bad_argument, "engine '" + engine + "': expected one of " + engine_choices());
-  }
+  r.geometry = geometry_of(dtype, layout, layers, kv_heads, page_size, head_dim, blocks);
+  if (auto p = parse_placement(placement)) r.geometry.placement = *p;
+  else fail(ErrorCode::bad_argument, "placement '" + placement + "'");
+  if (!engine.empty()) r.engine = engine_named(engine);
   r.csr = !indptr.empty();
   r.block_table = std::move(block_table);
   r.indptr = std::move(indptr);
@@ -421,17 +426,9 @@ py::dict explain(const std::string& engine, const std::string& dtype, const std:
 
 py::dict engine_info(const std::string& engine, const std::string& dtype, const std::string& kv_layout, int32_t layers,
                      int32_t kv_heads, int32_t page_size, int32_t head_dim, int64_t blocks) {
-  const std::optional<Engine> e = parse_engine(engine);
-  if (!e) fail(ErrorCode::bad_argument, "engine '" + engine + "': expected one of " + engine_choices());
-  PoolGeometry g;
-  g.layers = layers;
-  g.kv_heads = kv_heads;
-  g.tokens_per_block = page_size;
-  g.head_dim = head_dim;
-  g.primary_blocks = blocks;
-  if (auto d = parse_dtype(dtype)) g.dtype = *d; else fail(ErrorCode::bad_argument, "dtype '" + dtype + "'");
-  if (auto l = parse_layout(kv_layout)) g.layout = *l; else fail(ErrorCode::bad_argument, "kv_layout '" + kv_layout + "'");
-  const EngineLayout l = engine_layout(*e, g);
+  const Engine e = engine_named(engine);
+  const PoolGeometry g = geometry_of(dtype, kv_layout, layers, kv_heads, page_size, head_dim, blocks);
+  const EngineLayout l = engine_layout(e, g);
   py::list tensors;
   for (const EngineTensor& t : l.tensors) {
     py::list axes;
