@@ -34,24 +34,51 @@ std::string describe(const OutputKey& k) {
 }
 }  // namespace
 
+std::string describe_difference(const OutputKey& key, const std::vector<uint8_t>& test,
+                                const std::vector<uint8_t>& reference) {
+  size_t i = 0;
+  const size_t n = std::min(test.size(), reference.size());
+  while (i + 4 <= n && std::memcmp(&test[i], &reference[i], 4) == 0) i += 4;
+  if (i + 4 > n) return describe(key) + ", " + std::to_string(test.size()) + " vs " + std::to_string(reference.size()) + " bytes";
+  float a = 0, b = 0;
+  std::memcpy(&a, &test[i], 4);
+  std::memcpy(&b, &reference[i], 4);
+  char buf[128];
+  std::snprintf(buf, sizeof buf, ", element %zu: %.9g vs %.9g", i / 4, a, b);
+  return describe(key) + buf;
+}
+
+namespace {
+// Calls f(test row, reference row) for every key both finalized records hold.
+template <class F>
+void for_common(const RunRecord& test, const RunRecord& reference, F&& f) {
+  auto a = test.outputs.begin(), b = reference.outputs.begin();
+  while (a != test.outputs.end() && b != reference.outputs.end()) {
+    if (a->key < b->key) {
+      ++a;
+    } else if (b->key < a->key) {
+      ++b;
+    } else {
+      f(*a, *b);
+      ++a;
+      ++b;
+    }
+  }
+}
+}  // namespace
+
 Comparison compare_outputs(const RunRecord& test, const RunRecord& reference,
                            const std::function<bool(const OutputKey&)>& include) {
   Comparison c;
-  for (const auto& [key, bytes] : test.outputs) {
-    if (include && !include(key)) continue;
-    const auto it = reference.outputs.find(key);
-    if (it == reference.outputs.end()) continue;
+  for_common(test, reference, [&](const RecordedOutput& a, const RecordedOutput& b) {
+    if (include && !include(a.key)) return;
     ++c.compared;
-    if (bytes == it->second || !c.first_difference.empty()) continue;
-    size_t i = 0;
-    while (i + 4 <= bytes.size() && std::memcmp(&bytes[i], &it->second[i], 4) == 0) i += 4;
-    float a = 0, b = 0;
-    std::memcpy(&a, &bytes[i], 4);
-    std::memcpy(&b, &it->second[i], 4);
-    char buf[128];
-    std::snprintf(buf, sizeof buf, ", element %zu: %.9g vs %.9g", i / 4, a, b);
-    c.first_difference = describe(key) + buf;
-  }
+    if (c.differing_key || (a.digest == b.digest && a.bytes == b.bytes)) return;
+    c.differing_key = a.key;
+    const auto ta = output_bytes(test, a), tb = output_bytes(reference, b);
+    c.located = ta && tb;
+    c.first_difference = c.located ? describe_difference(a.key, *ta, *tb) : describe(a.key) + " (content digests differ)";
+  });
   return c;
 }
 
@@ -68,22 +95,28 @@ double quantization_bound(CacheDtype t) {
 QuantizationError quantization_error(const RunRecord& test, const RunRecord& ref) {
   QuantizationError q;
   double num = 0, den = 0;
-  for (const auto& [key, bytes] : test.outputs) {
-    if (key.kind != OutputKind::attention) continue;
-    const auto it = ref.outputs.find(key);
-    if (it == ref.outputs.end()) continue;
+  bool missing = false;
+  for_common(test, ref, [&](const RecordedOutput& x, const RecordedOutput& y) {
+    if (x.key.kind != OutputKind::attention) return;
+    const auto xa = output_bytes(test, x), ya = output_bytes(ref, y);
+    if (!xa || !ya || xa->size() != ya->size()) {
+      missing = true;
+      return;
+    }
     ++q.compared;
-    const size_t n = bytes.size() / 4;
-    std::vector<float> a(n), b(n);
-    std::memcpy(a.data(), bytes.data(), n * 4);
-    std::memcpy(b.data(), it->second.data(), n * 4);
+    const size_t n = xa->size() / 4;
     for (size_t i = 0; i < n; ++i) {
-      const double d = static_cast<double>(a[i]) - b[i];
+      float a = 0, b = 0;
+      std::memcpy(&a, xa->data() + 4 * i, 4);
+      std::memcpy(&b, ya->data() + 4 * i, 4);
+      const double d = static_cast<double>(a) - b;
       num += d * d;
-      den += static_cast<double>(b[i]) * b[i];
+      den += static_cast<double>(b) * b;
       q.max_abs = std::max(q.max_abs, std::fabs(d));
     }
-  }
+  });
+  // Both runs must have kept their attention rows (ReplayOptions::spill_attention).
+  if (missing) throw std::logic_error("quantization_error: a record did not keep its attention rows");
   q.rel_rms = den > 0 ? std::sqrt(num / den) : (num > 0 ? INFINITY : 0.0);
   if (std::isnan(q.rel_rms)) q.rel_rms = INFINITY;
   return q;
@@ -132,13 +165,21 @@ ScenarioReport replay(const Scenario& s, Backend& backend, const ReplayOptions& 
   const auto t0 = std::chrono::steady_clock::now();
   ScenarioReport rep;
   rep.name = s.name;
-  const RunRecord main = run_scenario(s, backend, options);
+  std::set<Invariant> targeted;
+  for (Fault f : s.faults) targeted.insert(invariant_for(f));
+  // With a fault on, only the invariants it targets are compared: the
+  // others would see the fault too and say nothing new.
+  auto wanted = [&](Invariant inv) { return s.faults.empty() || targeted.count(inv) != 0; };
+  const bool compare_quantization = options.comparison_invariants && is_quantized(s.cache.dtype) && !s.mla.enabled &&
+                                    wanted(Invariant::quantization);
+  ReplayOptions main_options = options;
+  main_options.record_outputs = options.comparison_invariants;
+  main_options.spill_attention = compare_quantization;
+  const RunRecord main = run_scenario(s, backend, main_options);
   rep.counters = main.counters;
   rep.content_hash = main.content_hash;
   rep.main_seconds = main.seconds;
 
-  std::set<Invariant> targeted;
-  for (Fault f : s.faults) targeted.insert(invariant_for(f));
   std::map<Invariant, InvariantReport> results;
   auto settle = [&](Invariant inv, const Outcome& o) {
     InvariantReport r;
@@ -186,12 +227,23 @@ ScenarioReport replay(const Scenario& s, Backend& backend, const ReplayOptions& 
       ReplayOptions inner;
       inner.comparison_invariants = false;
       inner.dense_check = false;
-      // With a fault on, only the invariants it targets are compared: the
-      // others would see the fault too and say nothing new.
-      auto wanted = [&](Invariant inv) { return s.faults.empty() || targeted.count(inv) != 0; };
-      auto rerun = [&](const Scenario& changed, Invariant inv, const std::function<Outcome(const RunRecord&)>& judge) {
+      // The records keep digests, not bytes: a difference is named by running
+      // both scenarios once more, keeping only the first differing row.
+      auto compare = [&](const Scenario& changed, const RunRecord& r, const std::string& what,
+                         const std::function<bool(const OutputKey&)>& include = {}) {
+        Comparison c = compare_outputs(main, r, include);
+        if (c.differing_key && !c.located) {
+          ReplayOptions capture = inner;
+          capture.capture = c.differing_key;
+          const RunRecord a = run_scenario(s, backend, capture), b = run_scenario(changed, backend, capture);
+          if (a.captured && b.captured) c.first_difference = describe_difference(*c.differing_key, *a.captured, *b.captured);
+        }
+        return from_comparison(c, what);
+      };
+      auto rerun = [&](const Scenario& changed, Invariant inv, const std::function<Outcome(const RunRecord&)>& judge,
+                       const ReplayOptions& o) {
         try {
-          settle(inv, judge(run_scenario(changed, backend, inner)));
+          settle(inv, judge(run_scenario(changed, backend, o)));
         } catch (const ValidationError& e) {
           settle(inv, {false, false, std::string("the comparison run was rejected: ") + e.what()});
         }
@@ -205,12 +257,12 @@ ScenarioReport replay(const Scenario& s, Backend& backend, const ReplayOptions& 
           c.scheduler.chunk_size = 5;  // odd chunks, against the scenario's whole-prompt prefill
         }
         const std::string what = s.scheduler.chunk_size > 0 ? "one-chunk prefill" : "prefill in chunks of 5";
-        rerun(c, Invariant::chunking, [&](const RunRecord& r) { return from_comparison(compare_outputs(main, r), what); });
+        rerun(c, Invariant::chunking, [&](const RunRecord& r) { return compare(c, r, what); }, inner);
       }
       if (s.reuse.enabled && wanted(Invariant::reuse)) {
         Scenario c = s;
         c.reuse.enabled = false;
-        rerun(c, Invariant::reuse, [&](const RunRecord& r) { return from_comparison(compare_outputs(main, r), "reuse off"); });
+        rerun(c, Invariant::reuse, [&](const RunRecord& r) { return compare(c, r, "reuse off"); }, inner);
       }
       if (s.layers.enabled && wanted(Invariant::window)) {
         // Per layer: a full layer's outputs at every position, a sliding
@@ -239,12 +291,13 @@ ScenarioReport replay(const Scenario& s, Backend& backend, const ReplayOptions& 
         c.cache.primary_blocks = std::max(c.cache.primary_blocks, blocks);
         const int64_t W = s.window.window;
         // Queries at positions < W attend exactly what they would without a window.
-        rerun(c, Invariant::window, [&](const RunRecord& r) {
-          return from_comparison(compare_outputs(main, r, [&](const OutputKey& k) {
-                                   return k.kind != OutputKind::attention || k.position < W;
-                                 }),
-                                 "no window (positions < W = " + std::to_string(W) + ", and every cached token)");
-        });
+        rerun(
+            c, Invariant::window,
+            [&](const RunRecord& r) {
+              return compare(c, r, "no window (positions < W = " + std::to_string(W) + ", and every cached token)",
+                             [&](const OutputKey& k) { return k.kind != OutputKind::attention || k.position < W; });
+            },
+            inner);
       }
       if (wanted(Invariant::layout)) {
         const BlockLayout layouts[3] = {BlockLayout::nhd, BlockLayout::hnd, BlockLayout::split_x};
@@ -264,16 +317,18 @@ ScenarioReport replay(const Scenario& s, Backend& backend, const ReplayOptions& 
           c.cache.engine.reset();
           const std::string what = std::string(layout_name(layout)) + " " + std::string(placement_name(placement));
           try {
-            merge(total, from_comparison(compare_outputs(main, run_scenario(c, backend, inner)), what));
+            merge(total, compare(c, run_scenario(c, backend, inner), what));
           } catch (const ValidationError& e) {
             merge(total, {false, false, what + " rejected: " + e.what()});
           }
         }
         settle(Invariant::layout, total);
       }
-      if (is_quantized(s.cache.dtype) && !s.mla.enabled && wanted(Invariant::quantization)) {
+      if (compare_quantization) {
         Scenario c = s;
         c.cache.dtype = CacheDtype::bf16;
+        ReplayOptions spilled = inner;
+        spilled.spill_attention = true;
         rerun(c, Invariant::quantization, [&](const RunRecord& r) {
           const QuantizationError q = quantization_error(main, r);
           const double bound = quantization_bound(s.cache.dtype);
@@ -281,7 +336,7 @@ ScenarioReport replay(const Scenario& s, Backend& backend, const ReplayOptions& 
                          "relative RMS error against bf16 " + format_double(q.rel_rms) + (q.rel_rms <= bound ? " <= " : " > ") +
                              "bound " + format_double(bound) + " over " + std::to_string(q.compared) +
                              " outputs (max |diff| " + format_double(q.max_abs) + ")"};
-        });
+        }, spilled);
       }
       if (wanted(Invariant::batch) && s.requests.size() >= 2) {
         Outcome total{false, false, ""};
@@ -293,7 +348,7 @@ ScenarioReport replay(const Scenario& s, Backend& backend, const ReplayOptions& 
                                                                  {&alone, "request " + s.requests.front().id + " alone"}};
         for (const auto& [c, what] : runs) {
           try {
-            merge(total, from_comparison(compare_outputs(main, run_scenario(*c, backend, inner)), what));
+            merge(total, compare(*c, run_scenario(*c, backend, inner), what));
           } catch (const ValidationError& e) {
             merge(total, {false, false, what + " rejected: " + e.what()});
           }

@@ -8,11 +8,16 @@
 // [layers], each layer uses its KV cache group's table, window and pool.
 #include "kvsim/sim/replay_run.hpp"
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <Eigen/Dense>
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <optional>
@@ -28,6 +33,87 @@ uint64_t fnv1a(uint64_t h, const void* data, size_t bytes) {
   const auto* p = static_cast<const uint8_t*>(data);
   for (size_t i = 0; i < bytes; ++i) h = (h ^ p[i]) * 0x100000001b3ull;
   return h;
+}
+
+SpillFile::SpillFile() {
+  const char* dir = std::getenv("TMPDIR");
+  std::string path = std::string(dir && *dir ? dir : "/tmp") + "/kvsim-spill-XXXXXX";
+  fd_ = mkstemp(path.data());
+  if (fd_ < 0)
+    fail(ErrorCode::insufficient_memory,
+         "cannot create a spill file for the quantization invariant's outputs in " + path.substr(0, path.size() - 18) +
+             ": " + std::strerror(errno) + " (set TMPDIR to a writable folder, or --invariants without quantization)");
+  unlink(path.c_str());  // gone when closed, whatever happens to the run
+}
+
+SpillFile::~SpillFile() {
+  if (fd_ >= 0) close(fd_);
+}
+
+int64_t SpillFile::append(const void* data, size_t bytes) {
+  const int64_t at = size_;
+  const auto* p = static_cast<const uint8_t*>(data);
+  size_t done = 0;
+  while (done < bytes) {
+    const ssize_t n = pwrite(fd_, p + done, bytes - done, static_cast<off_t>(at + static_cast<int64_t>(done)));
+    if (n <= 0)
+      fail(ErrorCode::insufficient_memory, std::string("the spill file of the quantization invariant's outputs cannot grow past ") +
+                                               std::to_string(at + static_cast<int64_t>(done)) + " bytes: " +
+                                               std::strerror(errno) + " (free disk space in TMPDIR)");
+    done += static_cast<size_t>(n);
+  }
+  size_ += static_cast<int64_t>(bytes);
+  return at;
+}
+
+std::vector<uint8_t> SpillFile::read(int64_t offset, size_t bytes) const {
+  std::vector<uint8_t> out(bytes);
+  size_t done = 0;
+  while (done < bytes) {
+    const ssize_t n = pread(fd_, out.data() + done, bytes - done, static_cast<off_t>(offset + static_cast<int64_t>(done)));
+    if (n <= 0) throw std::runtime_error("spill file: short read at offset " + std::to_string(offset));
+    done += static_cast<size_t>(n);
+  }
+  return out;
+}
+
+void record(RunRecord& r, const OutputKey& key, const void* data, size_t bytes) {
+  RecordedOutput o;
+  o.key = key;
+  o.digest = blake2b_128(data, bytes);
+  o.bytes = static_cast<uint32_t>(bytes);
+  if (r.spill && r.spill_kinds[static_cast<int>(key.kind)]) o.spill_offset = r.spill->append(data, bytes);
+  if (r.capture_key && *r.capture_key == key) {
+    const auto* p = static_cast<const uint8_t*>(data);
+    r.captured = std::vector<uint8_t>(p, p + bytes);
+  }
+  r.outputs.push_back(std::move(o));
+}
+
+void finalize(RunRecord& r) {
+  // Stable: of equal keys the last production comes last, and is the one kept.
+  std::stable_sort(r.outputs.begin(), r.outputs.end(),
+                   [](const RecordedOutput& a, const RecordedOutput& b) { return a.key < b.key; });
+  size_t kept = 0;
+  for (size_t i = 0; i < r.outputs.size(); ++i) {
+    if (i + 1 < r.outputs.size() && r.outputs[i + 1].key == r.outputs[i].key) continue;
+    if (kept != i) r.outputs[kept] = std::move(r.outputs[i]);
+    ++kept;
+  }
+  r.outputs.resize(kept);
+  r.outputs.shrink_to_fit();
+}
+
+const RecordedOutput* find_output(const RunRecord& r, const OutputKey& key) {
+  const auto it = std::lower_bound(r.outputs.begin(), r.outputs.end(), key,
+                                   [](const RecordedOutput& o, const OutputKey& k) { return o.key < k; });
+  return it != r.outputs.end() && it->key == key ? &*it : nullptr;
+}
+
+std::optional<std::vector<uint8_t>> output_bytes(const RunRecord& r, const RecordedOutput& o) {
+  if (r.spill && o.spill_offset >= 0) return r.spill->read(o.spill_offset, o.bytes);
+  if (r.captured && r.capture_key && *r.capture_key == o.key) return r.captured;
+  return std::nullopt;
 }
 
 namespace {
@@ -149,6 +235,11 @@ class Runner final : public BlockMover {
       }
     }
     if (!opt.dump_dir.empty()) dump_ = std::make_unique<NpyDump>(opt.dump_dir);
+    if (opt.spill_attention) {
+      rec_.spill = std::make_shared<SpillFile>();
+      rec_.spill_kinds[static_cast<int>(OutputKind::attention)] = true;
+    }
+    rec_.capture_key = opt.capture;
   }
   ~Runner() override {
     if (own_pools_)
@@ -404,8 +495,8 @@ std::vector<int32_t> Runner::table_row(const RequestState& r, int32_t columns) c
 }
 
 void Runner::record_output(const OutputKey& key, const void* data, size_t bytes) {
-  const auto* p = static_cast<const uint8_t*>(data);
-  rec_.outputs[key].assign(p, p + bytes);
+  if (!opt_.record_outputs) return;
+  record(rec_, key, data, bytes);
 }
 
 RunRecord Runner::run() {
@@ -457,6 +548,7 @@ RunRecord Runner::run() {
   rec_.counters.onboarded_blocks = c.onboarded_blocks;
   hash_final_state();
   rec_.content_hash = hash_;
+  finalize(rec_);
   if (dump_) dump_->write_manifest();
   rec_.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return std::move(rec_);
@@ -898,9 +990,10 @@ void Runner::check_dense(int32_t layer, const std::vector<Entry>& es, size_t fir
     }
     const int64_t pages = (slots + P - 1) / P;
     if (static_cast<int64_t>(ids.size()) < pages) ids.resize(static_cast<size_t>(pages), kBadPage);
-    Eigen::MatrixXd kv_rows[2];
+    std::vector<float> gathered[2];  // [slots, H, D] fp32, K then V
     for (int32_t kv = 0; kv < 2; ++kv) {
-      std::vector<float> g(static_cast<size_t>(slots * H * D));
+      std::vector<float>& g = gathered[kv];
+      g.resize(static_cast<size_t>(slots * H * D));
       BackendBuffer gb(be_, g.size() * 4);
       GatherPagedOp op;
       op.layer = pool_layer_of_[layer];
@@ -913,15 +1006,20 @@ void Runner::check_dense(int32_t layer, const std::vector<Entry>& es, size_t fir
       notify("gather_paged", layer, std::vector<std::string>{e.r->id});
       be_.gather_paged(pools_, op);
       gb.download(g.data(), g.size() * 4);
-      kv_rows[kv] = Eigen::Map<Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>>(
-                        g.data(), slots * H, D)
-                        .cast<double>();
     }
-    // Per KV head: K and V of every gathered slot, [slots, D] in double.
-    std::vector<Eigen::MatrixXd> k_head(static_cast<size_t>(H)), v_head(static_cast<size_t>(H));
+    // Per KV head: K, |K| and V of every gathered slot, [slots, D] in double,
+    // and each slot's largest |V|: built once per sequence, shared by every
+    // checked row and every query head of the GQA group.
+    using HeadRows = Eigen::Map<const Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>, 0,
+                                Eigen::OuterStride<>>;
+    using RowsXd = Eigen::Matrix<double, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+    std::vector<RowsXd> k_head(static_cast<size_t>(H)), k_abs(static_cast<size_t>(H)), v_head(static_cast<size_t>(H));
+    std::vector<Eigen::VectorXd> v_row_max(static_cast<size_t>(H));
     for (int32_t h = 0; h < H; ++h) {
-      k_head[h] = kv_rows[0](Eigen::seqN(h, slots, H), Eigen::all);
-      v_head[h] = kv_rows[1](Eigen::seqN(h, slots, H), Eigen::all);
+      k_head[h] = HeadRows(gathered[0].data() + h * D, slots, D, Eigen::OuterStride<>(H * D)).cast<double>();
+      k_abs[h] = k_head[h].cwiseAbs();
+      v_head[h] = HeadRows(gathered[1].data() + h * D, slots, D, Eigen::OuterStride<>(H * D)).cast<double>();
+      v_row_max[h] = v_head[h].cwiseAbs().rowwise().maxCoeff();
     }
     const int32_t n = e.e->n;
     const int32_t stride = n > 16 ? n / 16 : 1;  // up to ~16 query rows per sequence, always the last
@@ -934,34 +1032,63 @@ void Runner::check_dense(int32_t layer, const std::vector<Entry>& es, size_t fir
         bool masked = false;
         key_slots.push_back(kl.slot(j, read_map_, masked));
       }
-      for (int32_t h = 0; h < hq; ++h) {
-        const int32_t kvh = h / G;
-        const float* o = out.data() + ((row + i) * hq + h) * D;
-        bool nan = false;
-        for (int32_t d = 0; d < D; ++d) nan = nan || std::isnan(o[d]);
-        if (nan) continue;
-        Eigen::VectorXd qd(D);
-        for (int32_t d = 0; d < D; ++d) qd[d] = q[((row + i) * hq + h) * D + d];
-        const Eigen::MatrixXd K = k_head[kvh](key_slots, Eigen::all);
-        const Eigen::MatrixXd V = v_head[kvh](key_slots, Eigen::all);
-        const Eigen::VectorXd s = (K * qd) * static_cast<double>(sm_scale_);
-        const Eigen::VectorXd w = (s.array() - s.maxCoeff()).exp();
-        const Eigen::VectorXd ref = (V.transpose() * w) / w.sum();
-        const double dot_abs = (K.cwiseAbs() * qd.cwiseAbs()).maxCoeff();
-        const double bound =
-            V.cwiseAbs().maxCoeff() * (1e-5 + 4.0 * D * std::ldexp(1.0, -24) * sm_scale_ * dot_abs) + 1e-30;
-        ++rec_.dense_checked_rows;
-        for (int32_t d = 0; d < D; ++d) {
-          const double err = std::fabs(static_cast<double>(o[d]) - ref[d]);
-          const double ratio = std::isnan(ref[d]) ? 1e300 : err / bound;
-          rec_.dense_worst_ratio = std::max(rec_.dense_worst_ratio, ratio);
-          if (ratio > 1.0 && rec_.dense_violation.empty()) {
-            char buf[160];
-            std::snprintf(buf, sizeof buf, ": out %.9g, Eigen double %.9g, |diff| %.3g > bound %.3g", o[d], ref[d], err,
-                          bound);
-            rec_.dense_violation = "step " + std::to_string(step_) + ", layer " + std::to_string(layer) + ", request " +
-                                   e.r->id + ", position " + std::to_string(p) + ", head " + std::to_string(h) +
-                                   ", dim " + std::to_string(d) + buf;
+      const Eigen::Index keys = static_cast<Eigen::Index>(key_slots.size());
+      // Consecutive slots (no window, or a ring that has not wrapped) are one block of rows: no copy.
+      bool consecutive = true;
+      for (size_t j = 1; j < key_slots.size(); ++j) consecutive = consecutive && key_slots[j] == key_slots[j - 1] + 1;
+      for (int32_t kvh = 0; kvh < H; ++kvh) {
+        // The group's query heads whose output holds no NaN (those are no_nan's).
+        std::vector<int32_t> heads;
+        for (int32_t h = kvh * G; h < (kvh + 1) * G; ++h) {
+          const float* o = out.data() + ((row + i) * hq + h) * D;
+          bool nan = false;
+          for (int32_t d = 0; d < D; ++d) nan = nan || std::isnan(o[d]);
+          if (!nan) heads.push_back(h);
+        }
+        if (heads.empty()) continue;
+        Eigen::MatrixXd qd(D, static_cast<Eigen::Index>(heads.size()));
+        for (size_t c = 0; c < heads.size(); ++c)
+          for (int32_t d = 0; d < D; ++d) qd(d, static_cast<Eigen::Index>(c)) = q[((row + i) * hq + heads[c]) * D + d];
+        Eigen::MatrixXd scores, dots, ref;  // [keys, heads], [keys, heads], [D, heads]
+        double v_max = 0.0;
+        auto reference = [&](const auto& K, const auto& K_abs, const auto& V, const auto& v_rows) {
+          scores = (K * qd) * static_cast<double>(sm_scale_);
+          dots = K_abs * qd.cwiseAbs();
+          for (Eigen::Index c = 0; c < scores.cols(); ++c)
+            scores.col(c) = (scores.col(c).array() - scores.col(c).maxCoeff()).exp();
+          ref = V.transpose() * scores;
+          for (Eigen::Index c = 0; c < scores.cols(); ++c) ref.col(c) /= scores.col(c).sum();
+          v_max = v_rows.maxCoeff();
+        };
+        if (consecutive) {
+          const Eigen::Index at = static_cast<Eigen::Index>(key_slots.front());
+          reference(k_head[kvh].middleRows(at, keys), k_abs[kvh].middleRows(at, keys), v_head[kvh].middleRows(at, keys),
+                    v_row_max[kvh].segment(at, keys));
+        } else {
+          const Eigen::MatrixXd K = k_head[kvh](key_slots, Eigen::all), K_abs = k_abs[kvh](key_slots, Eigen::all),
+                                V = v_head[kvh](key_slots, Eigen::all);
+          const Eigen::VectorXd v_rows = v_row_max[kvh](key_slots);
+          reference(K, K_abs, V, v_rows);
+        }
+        for (size_t c = 0; c < heads.size(); ++c) {
+          const int32_t h = heads[c];
+          const float* o = out.data() + ((row + i) * hq + h) * D;
+          const double dot_abs = dots.col(static_cast<Eigen::Index>(c)).maxCoeff();
+          const double bound = v_max * (1e-5 + 4.0 * D * std::ldexp(1.0, -24) * sm_scale_ * dot_abs) + 1e-30;
+          ++rec_.dense_checked_rows;
+          for (int32_t d = 0; d < D; ++d) {
+            const double r = ref(d, static_cast<Eigen::Index>(c));
+            const double err = std::fabs(static_cast<double>(o[d]) - r);
+            const double ratio = std::isnan(r) ? 1e300 : err / bound;
+            rec_.dense_worst_ratio = std::max(rec_.dense_worst_ratio, ratio);
+            if (ratio > 1.0 && rec_.dense_violation.empty()) {
+              char buf[160];
+              std::snprintf(buf, sizeof buf, ": out %.9g, Eigen double %.9g, |diff| %.3g > bound %.3g", o[d], r, err,
+                            bound);
+              rec_.dense_violation = "step " + std::to_string(step_) + ", layer " + std::to_string(layer) +
+                                     ", request " + e.r->id + ", position " + std::to_string(p) + ", head " +
+                                     std::to_string(h) + ", dim " + std::to_string(d) + buf;
+            }
           }
         }
       }

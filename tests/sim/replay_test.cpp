@@ -409,11 +409,19 @@ TEST_CASE("replay: --dump writes .npy files and a manifest naming step, op, laye
 }
 
 TEST_CASE("comparisons: a one-bit difference is found and located; keys only one run holds are skipped") {
-  RunRecord a, b;
+  // Records as replay() makes them: digests of every row, attention rows also
+  // spilled (so the element is named), each key's last production kept.
+  auto spilled = [] {
+    RunRecord r;
+    r.spill = std::make_shared<SpillFile>();
+    r.spill_kinds[0] = r.spill_kinds[1] = r.spill_kinds[2] = true;
+    return r;
+  };
+  RunRecord a = spilled(), b = spilled();
   const float x[3] = {1.0f, 2.0f, 3.0f};
   auto put = [](RunRecord& r, const OutputKey& k, const float* v) {
-    const auto* p = reinterpret_cast<const uint8_t*>(v);
-    r.outputs[k].assign(p, p + 12);
+    record(r, k, v, 12);
+    finalize(r);
   };
   put(a, {"r", 0, OutputKind::attention, 5}, x);
   put(b, {"r", 0, OutputKind::attention, 5}, x);
@@ -433,7 +441,7 @@ TEST_CASE("comparisons: a one-bit difference is found and located; keys only one
   CHECK_FALSE(compare_outputs(a, b).first_difference.empty());
   // Quantization error: relative RMS over the attention outputs both hold.
   const float r1[3] = {1.0f, 0.0f, 0.0f}, q1[3] = {1.5f, 0.0f, 0.0f};
-  RunRecord q, ref;
+  RunRecord q = spilled(), ref = spilled();
   put(q, {"r", 0, OutputKind::attention, 0}, q1);
   put(ref, {"r", 0, OutputKind::attention, 0}, r1);
   CHECK(quantization_error(q, ref).rel_rms == doctest::Approx(0.5));
@@ -480,4 +488,40 @@ TEST_CASE("replay: a finite fresh-page fill reaches every pool byte a write leav
   const Comparison c = compare_outputs(poisoned, plain);
   CHECK(c.compared > 0);
   CHECK(c.first_difference.empty());  // masked tail keys weigh 0: a finite poison never shows
+}
+
+TEST_CASE("comparisons: digests alone find the differing row, and the record keeps each key's last production") {
+  RunRecord a, b;  // no spill: digests only, as the comparison re-runs keep them
+  const float x[2] = {1.0f, 2.0f}, y[2] = {1.0f, -2.0f};
+  record(a, {"r", 0, OutputKind::k_cache, 3}, x, 8);
+  record(b, {"r", 0, OutputKind::k_cache, 3}, y, 8);
+  record(b, {"r", 0, OutputKind::k_cache, 3}, x, 8);  // recomputed after a preemption: the last one counts
+  record(a, {"r", 0, OutputKind::k_cache, 4}, x, 8);
+  record(b, {"r", 0, OutputKind::k_cache, 4}, y, 8);
+  finalize(a);
+  finalize(b);
+  CHECK(b.outputs.size() == 2);
+  const Comparison c = compare_outputs(a, b);
+  CHECK(c.compared == 2);
+  REQUIRE(c.differing_key);
+  CHECK(c.differing_key->position == 4);
+  CHECK_FALSE(c.located);
+  CHECK(c.first_difference == "cached K of request r, layer 0, position 4 (content digests differ)");
+  const std::vector<uint8_t> xa(reinterpret_cast<const uint8_t*>(x), reinterpret_cast<const uint8_t*>(x) + 8),
+      ya(reinterpret_cast<const uint8_t*>(y), reinterpret_cast<const uint8_t*>(y) + 8);
+  CHECK(describe_difference(*c.differing_key, xa, ya) == "cached K of request r, layer 0, position 4, element 1: 2 vs -2");
+}
+
+TEST_CASE("BLAKE2b-128 matches Python's hashlib.blake2b(digest_size=16)") {
+  // Values from /usr/bin/python3 -c "hashlib.blake2b(m, digest_size=16)", as two little-endian words.
+  CHECK(blake2b_128("", 0).word[0] == 0x40bdefd94169e6caull);
+  CHECK(blake2b_128("", 0).word[1] == 0x7076a68e75884d4eull);
+  CHECK(blake2b_128("abc", 3).word[0] == 0x2b8d2bc691b74acfull);
+  CHECK(blake2b_128("abc", 3).word[1] == 0x1678287502c90921ull);
+  std::vector<uint8_t> m;
+  for (int rep = 0; rep < 2; ++rep)
+    for (int i = 0; i < 256; ++i) m.push_back(static_cast<uint8_t>(i));
+  m.push_back('x');  // 513 bytes: four full blocks and a one-byte tail
+  CHECK(blake2b_128(m.data(), m.size()).word[0] == 0xc5a06561281bc807ull);
+  CHECK(blake2b_128(m.data(), m.size()).word[1] == 0x12c4f571453ff6eeull);
 }

@@ -1,7 +1,8 @@
 // The comparison invariants of SPEC §6 (chunking, reuse, window, layout,
 // quantization, batch): replay() runs the scenario again with one setting
 // changed (ReplayOptions::comparison_invariants = false for that run) and
-// compares the two RunRecords here. Outputs are keyed by (request, layer,
+// compares the two RunRecords here (by content digests, bytes only where
+// kept: docs/invariants.md, "Memory"). Outputs are keyed by (request, layer,
 // kind, position), so runs cut into different chunks, batches or blocks
 // line up; keys only one run has (a prefix hit skips the prefill output of
 // the reused positions; a window drops tokens from the cache) are not
@@ -11,6 +12,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 
 #include "replay_run.hpp"
@@ -20,11 +22,21 @@ namespace kvsim::sim {
 struct Comparison {
   int64_t compared = 0;            // outputs present in both runs and compared
   std::string first_difference;    // "" = every compared output bit-equal
+  // The first differing row in key order; `located` when both records kept
+  // its bytes and first_difference names the element, else replay() runs
+  // both scenarios again capturing that row (describe_difference).
+  std::optional<OutputKey> differing_key;
+  bool located = false;
 };
 
-// Bit equality of every output both runs hold (and `include` accepts).
+// Equality of the content digests of every output both runs hold (and
+// `include` accepts).
 Comparison compare_outputs(const RunRecord& test, const RunRecord& reference,
                            const std::function<bool(const OutputKey&)>& include = {});
+// "attention output of request r, layer 0, position 5, element 1: a vs b"
+// (the first 4-byte element that differs).
+std::string describe_difference(const OutputKey& key, const std::vector<uint8_t>& test,
+                                const std::vector<uint8_t>& reference);
 
 // quantization: relative RMS error of the attention outputs of a quantized
 // cache against the bf16 run, sqrt(sum (o - r)^2 / sum r^2), must stay within

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -43,6 +44,20 @@ struct ReplayCounters {
   int64_t preemptions = 0;
   int64_t ops = 0;
   int64_t token_layers = 0;  // tokens written x layers (replay throughput unit)
+};
+
+enum class OutputKind : int32_t {
+  attention = 0,  // the attention output row of the query at `position`: [Hq, D] fp32
+  k_cache = 1,    // a finished request's K (or MLA latent) row at `position`, read back by gather_paged: [H, D] fp32
+  v_cache = 2,    // ... its V row
+};
+
+struct OutputKey {
+  std::string request;
+  int32_t layer = 0;
+  OutputKind kind = OutputKind::attention;
+  int64_t position = 0;
+  auto operator<=>(const OutputKey&) const = default;
 };
 
 struct ScenarioReport {
@@ -81,6 +96,15 @@ struct ReplayOptions {
   // reference per attention op). replay() turns it off for the comparison
   // re-runs, whose dense results nobody reads.
   bool dense_check = true;
+  // The comparison invariants' inner runs (replay.cpp): keep every attention
+  // output's bytes in a spill file (the quantization error needs values), and
+  // keep the bytes of one output row (a failed comparison's first differing
+  // row, to name the element).
+  bool spill_attention = false;
+  // Keep a digest of every output row for the comparisons (replay() turns it
+  // off for a main run that no comparison reads).
+  bool record_outputs = true;
+  std::optional<OutputKey> capture;
 };
 
 // Replays `scenario` on `backend`. Throws ValidationError (a bad scenario

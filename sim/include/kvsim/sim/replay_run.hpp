@@ -1,39 +1,64 @@
-// One replay of a scenario on a backend, recorded: the counters, every
-// attention output and every finished request's cache contents (by request,
-// layer and position, so two replays cut differently can be compared byte
-// for byte), the invariants checked during the run (conservation, dense,
-// no-NaN, offload round trip) and the content hash. replay() (replay.hpp)
-// runs this once, then again with one setting changed for each comparison
-// invariant (invariants.hpp).
+// One replay of a scenario on a backend, recorded: the counters, a content
+// digest of every attention output and of every finished request's cache
+// contents (by request, layer and position, so two replays cut differently
+// can be compared), the invariants checked during the run (conservation,
+// dense, no-NaN, offload round trip) and the content hash. replay()
+// (replay.hpp) runs this once, then again with one setting changed for each
+// comparison invariant (invariants.hpp). A record holds 16 bytes of digest
+// per output row, not the row: the bytes themselves are kept only where a
+// comparison needs values (the quantization error, spilled to a temporary
+// file) or for the one row a failed comparison names (ReplayOptions::capture).
 #pragma once
 
 #include <compare>
 #include <cstdint>
 #include <map>
+#include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "digest.hpp"
 #include "replay.hpp"
 
 namespace kvsim::sim {
 
-enum class OutputKind : int32_t {
-  attention = 0,  // the attention output row of the query at `position`: [Hq, D] fp32
-  k_cache = 1,    // a finished request's K (or MLA latent) row at `position`, read back by gather_paged: [H, D] fp32
-  v_cache = 2,    // ... its V row
+// An unlinked temporary file (in $TMPDIR, else /tmp) that output rows are
+// appended to and read back from: the quantization invariant's values, off
+// the heap.
+class SpillFile {
+ public:
+  SpillFile();
+  ~SpillFile();
+  SpillFile(const SpillFile&) = delete;
+  SpillFile& operator=(const SpillFile&) = delete;
+  int64_t append(const void* data, size_t bytes);  // returns the offset
+  std::vector<uint8_t> read(int64_t offset, size_t bytes) const;
+  int64_t size() const { return size_; }
+
+ private:
+  int fd_ = -1;
+  int64_t size_ = 0;
 };
 
-struct OutputKey {
-  std::string request;
-  int32_t layer = 0;
-  OutputKind kind = OutputKind::attention;
-  int64_t position = 0;
-  auto operator<=>(const OutputKey&) const = default;
+struct RecordedOutput {
+  OutputKey key;
+  Digest128 digest;          // BLAKE2b-128 of the row's bytes
+  uint32_t bytes = 0;
+  int64_t spill_offset = -1;  // where the row lies in RunRecord::spill; -1 = not kept
 };
 
 struct RunRecord {
   ReplayCounters counters;
-  std::map<OutputKey, std::vector<uint8_t>> outputs;
+  // One entry per key, sorted by key, the last production of the key when the
+  // run wrote it more than once (a preempted request's recompute): see
+  // record() and finalize().
+  std::vector<RecordedOutput> outputs;
+  std::shared_ptr<SpillFile> spill;  // rows kept for values (ReplayOptions::spill_attention)
+  // The bytes of ReplayOptions::capture's key, its last production.
+  std::optional<std::vector<uint8_t>> captured;
+  std::optional<OutputKey> capture_key;
+  bool spill_kinds[3] = {false, false, false};  // which OutputKinds record() writes to `spill`
   bool finished = true;  // every request finished within scheduler.max_steps
   // In-run invariants: "" = held (or not checked; see the *_checked counts).
   std::string conservation_violation;
@@ -51,6 +76,16 @@ struct RunRecord {
   uint64_t content_hash = 0;
   double seconds = 0.0;
 };
+
+// Adds an output row: its digest, its bytes to `spill` if its kind is
+// spilled, and to `captured` if it is the capture key.
+void record(RunRecord& r, const OutputKey& key, const void* data, size_t bytes);
+// Sorts the rows by key and keeps each key's last production.
+void finalize(RunRecord& r);
+// The row of `key` in a finalized record; nullptr when the run has none.
+const RecordedOutput* find_output(const RunRecord& r, const OutputKey& key);
+// Its bytes when the record kept them (spilled or captured), else nullopt.
+std::optional<std::vector<uint8_t>> output_bytes(const RunRecord& r, const RecordedOutput& o);
 
 RunRecord run_scenario(const Scenario& s, Backend& backend, const ReplayOptions& options);
 
