@@ -1,6 +1,12 @@
 #include "backends/backend.hpp"
 
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <algorithm>
 #include <chrono>
+#include <cstdint>
+#include <cstdio>
 #include <vector>
 
 namespace kvsim {
@@ -15,6 +21,33 @@ void Backend::timed(const Run& run) {
   const auto t0 = std::chrono::steady_clock::now();
   run();
   last_kernel_seconds_ = run_end(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+}
+
+int64_t host_free_memory() {
+  int64_t available = INT64_MAX;
+  if (std::FILE* f = std::fopen("/proc/meminfo", "r")) {
+    char line[256];
+    while (std::fgets(line, sizeof line, f))
+      if (long long kb = 0; std::sscanf(line, "MemAvailable: %lld kB", &kb) == 1) available = kb * 1024;
+    std::fclose(f);
+  }
+  rlimit lim{};
+  if (getrlimit(RLIMIT_AS, &lim) == 0 && lim.rlim_cur != RLIM_INFINITY) {
+    long long pages = 0;
+    if (std::FILE* f = std::fopen("/proc/self/statm", "r")) {
+      if (std::fscanf(f, "%lld", &pages) != 1) pages = 0;
+      std::fclose(f);
+    }
+    const int64_t used = static_cast<int64_t>(pages) * sysconf(_SC_PAGESIZE);
+    available = std::min<int64_t>(available, std::max<int64_t>(0, static_cast<int64_t>(lim.rlim_cur) - used));
+  }
+  return available;
+}
+
+Backend::MemoryInfo Backend::memory_info() const {
+  MemoryInfo m;
+  m.host_free = m.backend_free = host_free_memory();
+  return m;
 }
 
 KvPools Backend::allocate_pools(const PoolGeometry& g, uint8_t fill_byte) {

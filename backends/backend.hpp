@@ -33,6 +33,15 @@ class Backend {
   virtual void to_host(void* host_dst, const void* src, size_t bytes) = 0;
   virtual void fill(void* dst, uint8_t byte, size_t bytes) = 0;
   virtual void synchronize() {}
+  // Free memory now, in bytes: where allocate() draws from, and the host's
+  // (the smaller of MemAvailable and what `ulimit -v` leaves). A host
+  // backend's allocations are host memory: backend_is_host.
+  struct MemoryInfo {
+    int64_t backend_free = 0;
+    int64_t host_free = 0;
+    bool backend_is_host = true;
+  };
+  virtual MemoryInfo memory_info() const;
   // Memory for one pool of allocate_pools(), freed with release(). A backend
   // may place a pool kind elsewhere (cuda: the secondary pool in pinned host
   // memory, so offload/onboard are real host<->device copies).
@@ -147,6 +156,10 @@ class BackendBuffer {
   size_t bytes_ = 0;
   void* ptr_ = nullptr;
 };
+
+// Free host memory: /proc/meminfo's MemAvailable, capped by what RLIMIT_AS
+// (`ulimit -v`) leaves above this process's current address space.
+int64_t host_free_memory();
 
 // ---- registry: selecting a backend by name goes through here only.
 struct BackendOptions {

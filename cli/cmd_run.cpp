@@ -9,6 +9,8 @@
 #include <cstdio>
 #include <iostream>
 #include <memory>
+#include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -16,6 +18,7 @@
 
 #include "backends/backend.hpp"
 #include "commands.hpp"
+#include "kvsim/sim/estimate.hpp"
 #include "kvsim/sim/replay.hpp"
 #include "kvsim/sim/scenario_file.hpp"
 #include "numbers.hpp"
@@ -33,12 +36,39 @@ struct RunOptions {
   std::string dump_dir;
   TraceFileOptions trace;  // --trace FILE: a window of a request trace as one more scenario
   TraceScenarioOptions trace_scenario;
+  std::string invariants;  // --invariants LIST|none; "" = every invariant
 };
 
+// --invariants: comma-separated names, or "none"; nullopt = all of them.
+std::optional<std::set<sim::Invariant>> parse_invariant_list(const std::string& text) {
+  std::set<sim::Invariant> out;
+  if (text == "none") return out;
+  std::string names;
+  for (sim::Invariant inv : {sim::Invariant::conservation, sim::Invariant::chunking, sim::Invariant::reuse,
+                             sim::Invariant::window, sim::Invariant::layout, sim::Invariant::dense,
+                             sim::Invariant::quantization, sim::Invariant::no_nan, sim::Invariant::offload,
+                             sim::Invariant::batch})
+    names += (names.empty() ? "" : ", ") + std::string(sim::invariant_name(inv));
+  size_t at = 0;
+  while (at <= text.size()) {
+    const size_t comma = std::min(text.find(',', at), text.size());
+    const std::string name = text.substr(at, comma - at);
+    const auto inv = sim::parse_invariant(name);
+    if (!inv)
+      fail(ErrorCode::bad_argument, "--invariants = '" + text + "': " +
+                                        (name.empty() ? std::string("empty name") : "unknown invariant '" + name + "'") +
+                                        ": expected none or a comma-separated list of " + names);
+    out.insert(*inv);
+    at = comma + 1;
+  }
+  return out;
+}
+
 std::string invariants_cell(const sim::ScenarioReport& r) {
-  int passed = 0, applicable = 0, caught = 0, failed = 0;
+  int passed = 0, applicable = 0, caught = 0, failed = 0, skipped = 0;
   for (const sim::InvariantReport& i : r.invariants) {
-    if (i.status == sim::InvariantStatus::not_applicable) continue;
+    skipped += i.status == sim::InvariantStatus::skipped;
+    if (i.status == sim::InvariantStatus::not_applicable || i.status == sim::InvariantStatus::skipped) continue;
     ++applicable;
     passed += i.status == sim::InvariantStatus::pass;
     caught += i.status == sim::InvariantStatus::caught;
@@ -47,10 +77,13 @@ std::string invariants_cell(const sim::ScenarioReport& r) {
   std::string s = std::to_string(passed) + "/" + std::to_string(applicable) + " pass";
   if (caught) s += ", " + std::to_string(caught) + " caught";
   if (failed) s += ", " + std::to_string(failed) + " FAIL";
+  if (skipped) s += ", " + std::to_string(skipped) + " skipped";
   return s;
 }
 
 void run(const RunOptions& o) {
+  const std::optional<std::set<sim::Invariant>> selected =
+      o.invariants.empty() ? std::nullopt : parse_invariant_list(o.invariants);
   const bool traced = !o.trace.path.empty();
   std::vector<std::string> files = o.files.empty() && !traced ? sim::builtin_scenario_paths() : o.files;
   if (files.empty() && !traced)
@@ -66,11 +99,14 @@ void run(const RunOptions& o) {
   BackendOptions bo;
   bo.threads = o.threads;
   std::unique_ptr<Backend> backend = make_backend(o.backend, bo);
+  // Every scenario must fit the backend before the first one allocates (exit 2, insufficient_memory).
+  for (const sim::Scenario& s : scenarios) sim::check_fits(s, sim::estimate_replay(s, selected), *backend);
   const bool progress = isatty(STDERR_FILENO) != 0;
 
   std::vector<sim::ScenarioReport> reports;
   for (const sim::Scenario& s : scenarios) {
     sim::ReplayOptions ro;
+    ro.invariants = selected;
     if (!o.dump_dir.empty()) ro.dump_dir = scenarios.size() == 1 ? o.dump_dir : o.dump_dir + "/" + s.name;
     if (progress)
       ro.after_step = [&](int64_t step, const sim::ReplayCounters& c) {
@@ -165,7 +201,11 @@ void register_run(CLI::App& app) {
                   "(DIR/SCENARIO/ for several scenarios)");
   add_trace_file_options(*cmd, opts->trace, /*positional=*/false);
   add_trace_scenario_options(*cmd, opts->trace_scenario);
+  cmd->add_option("--invariants", opts->invariants,
+                  "Check only these invariants (comma-separated names, or none); default every invariant");
   cmd->callback([opts, cmd] {
+    if (cmd->count("--invariants") && opts->invariants.empty())
+      fail(ErrorCode::bad_argument, "--invariants = '': empty value: expected none or a comma-separated list of invariants");
     if (cmd->count("--dump") && opts->dump_dir.empty())
       fail(ErrorCode::bad_argument, "--dump = '': empty value: expected a folder to write the .npy files into");
     run(*opts);

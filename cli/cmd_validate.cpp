@@ -2,12 +2,14 @@
 // running them (default: every built-in scenario). One line per good file on
 // stdout; each bad file's error on stderr in main()'s format; exit 2 if any
 // file was bad, after all of them were checked.
+#include <cstdio>
 #include <iostream>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "commands.hpp"
+#include "kvsim/sim/estimate.hpp"
 #include "kvsim/sim/scenario_file.hpp"
 
 namespace kvsim::cli {
@@ -38,6 +40,19 @@ std::string summary(const sim::Scenario& s) {
   return out;
 }
 
+// The second line: what `kvsim run` will need for it with every invariant.
+std::string estimate_line(const sim::Scenario& s) {
+  const sim::ReplayEstimate e = sim::estimate_replay(s);
+  char work[160];
+  std::snprintf(work, sizeof work, "%lld %s, %.3g token-layers, %.3g attention FLOP", static_cast<long long>(e.runs),
+                e.runs == 1 ? "run" : "runs", e.token_layers, e.attention_flops);
+  std::string out = std::string("  estimate with every invariant: ") + work + "; peak backend memory " +
+                    sim::format_bytes(e.backend_peak()) + " (pools " + sim::format_bytes(e.pool_bytes) +
+                    "), host memory " + sim::format_bytes(e.host_peak());
+  if (e.spill_disk_bytes > 0) out += ", disk " + sim::format_bytes(e.spill_disk_bytes);
+  return out;
+}
+
 void run_validate(const ValidateOptions& opts) {
   std::vector<std::string> files = opts.files;
   if (files.empty()) {
@@ -49,7 +64,7 @@ void run_validate(const ValidateOptions& opts) {
   for (const std::string& file : files) {
     try {
       const sim::Scenario s = sim::load_scenario_file(file);
-      std::cout << file << ": ok (" << summary(s) << ")\n";
+      std::cout << file << ": ok (" << summary(s) << ")\n" << estimate_line(s) << '\n';
     } catch (const ValidationError& e) {
       std::cout.flush();  // keep the report in file order when both go to one terminal
       std::cerr << "kvsim: error: " << e.what() << '\n';

@@ -48,6 +48,16 @@ CudaBackend::~CudaBackend() {
   cudaStreamDestroy(stream_);
 }
 
+Backend::MemoryInfo CudaBackend::memory_info() const {
+  MemoryInfo m;
+  size_t free_bytes = 0, total_bytes = 0;
+  KVSIM_CUDA_CHECK("memory_info", cudaMemGetInfo(&free_bytes, &total_bytes));
+  m.backend_free = static_cast<int64_t>(free_bytes);
+  m.host_free = host_free_memory();
+  m.backend_is_host = false;
+  return m;
+}
+
 void* CudaBackend::allocate(size_t bytes) {
   if (bytes == 0) return nullptr;
   void* p = nullptr;

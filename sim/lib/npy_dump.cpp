@@ -26,9 +26,9 @@ std::string NpyDump::descr_for(CacheDtype t) {
   }
 }
 
-void NpyDump::write(const std::string& file, const void* data, size_t bytes, const std::string& descr,
-                    const std::vector<int64_t>& shape, int64_t step, const std::string& op, int32_t layer,
-                    CacheDtype kvsim_dtype) {
+std::unique_ptr<std::ofstream> NpyDump::begin(const std::string& file, const std::string& descr,
+                                              const std::vector<int64_t>& shape, int64_t step, const std::string& op,
+                                              int32_t layer, CacheDtype kvsim_dtype) {
   std::string shape_text = "(";
   for (size_t i = 0; i < shape.size(); ++i) shape_text += std::to_string(shape[i]) + (shape.size() == 1 || i + 1 < shape.size() ? "," : "");
   shape_text += ")";
@@ -37,18 +37,30 @@ void NpyDump::write(const std::string& file, const void* data, size_t bytes, con
   const size_t total = ((10 + header.size() + 1 + 63) / 64) * 64;
   header.append(total - 10 - header.size() - 1, ' ');
   header += '\n';
-  std::ofstream out(dir_ + "/" + file, std::ios::binary);
-  if (!out) fail(ErrorCode::bad_argument, "--dump: cannot write " + dir_ + "/" + file);
+  auto out = std::make_unique<std::ofstream>(dir_ + "/" + file, std::ios::binary);
+  if (!*out) fail(ErrorCode::bad_argument, "--dump: cannot write " + dir_ + "/" + file);
   const char magic[8] = {'\x93', 'N', 'U', 'M', 'P', 'Y', 1, 0};
-  out.write(magic, 8);
+  out->write(magic, 8);
   const uint16_t len = static_cast<uint16_t>(header.size());
   const char len_bytes[2] = {static_cast<char>(len & 0xFF), static_cast<char>(len >> 8)};
-  out.write(len_bytes, 2);
-  out.write(header.data(), static_cast<std::streamsize>(header.size()));
-  out.write(static_cast<const char*>(data), static_cast<std::streamsize>(bytes));
+  out->write(len_bytes, 2);
+  out->write(header.data(), static_cast<std::streamsize>(header.size()));
   nlohmann::json e = {{"file", file}, {"step", step},   {"op", op},
                       {"layer", layer}, {"dtype", std::string(dtype_name(kvsim_dtype))}, {"shape", shape}};
   entries_.push_back(e.dump());
+  return out;
+}
+
+void NpyDump::append(std::ofstream& out, const void* data, size_t bytes, const std::string& file) {
+  out.write(static_cast<const char*>(data), static_cast<std::streamsize>(bytes));
+  if (!out) fail(ErrorCode::bad_argument, "--dump: cannot write " + file);
+}
+
+void NpyDump::write(const std::string& file, const void* data, size_t bytes, const std::string& descr,
+                    const std::vector<int64_t>& shape, int64_t step, const std::string& op, int32_t layer,
+                    CacheDtype kvsim_dtype) {
+  auto out = begin(file, descr, shape, step, op, layer, kvsim_dtype);
+  append(*out, data, bytes, file);
 }
 
 void NpyDump::write_manifest() const {

@@ -20,6 +20,7 @@ std::string_view invariant_status_name(InvariantStatus s) {
     case InvariantStatus::fail: return "fail";
     case InvariantStatus::caught: return "caught";
     case InvariantStatus::not_applicable: return "n/a";
+    case InvariantStatus::skipped: return "skipped";
   }
   return "?";
 }
@@ -169,11 +170,17 @@ ScenarioReport replay(const Scenario& s, Backend& backend, const ReplayOptions& 
   for (Fault f : s.faults) targeted.insert(invariant_for(f));
   // With a fault on, only the invariants it targets are compared: the
   // others would see the fault too and say nothing new.
-  auto wanted = [&](Invariant inv) { return s.faults.empty() || targeted.count(inv) != 0; };
+  auto selected = [&](Invariant inv) { return !options.invariants || options.invariants->count(inv) != 0; };
+  auto wanted = [&](Invariant inv) { return selected(inv) && (s.faults.empty() || targeted.count(inv) != 0); };
+  bool any_comparison = false;
+  for (Invariant inv : {Invariant::chunking, Invariant::reuse, Invariant::window, Invariant::layout,
+                        Invariant::quantization, Invariant::batch})
+    any_comparison = any_comparison || wanted(inv);
   const bool compare_quantization = options.comparison_invariants && is_quantized(s.cache.dtype) && !s.mla.enabled &&
                                     wanted(Invariant::quantization);
   ReplayOptions main_options = options;
-  main_options.record_outputs = options.comparison_invariants;
+  main_options.record_outputs = options.comparison_invariants && any_comparison;
+  main_options.dense_check = options.dense_check && selected(Invariant::dense);
   main_options.spill_attention = compare_quantization;
   const RunRecord main = run_scenario(s, backend, main_options);
   rep.counters = main.counters;
@@ -182,6 +189,7 @@ ScenarioReport replay(const Scenario& s, Backend& backend, const ReplayOptions& 
 
   std::map<Invariant, InvariantReport> results;
   auto settle = [&](Invariant inv, const Outcome& o) {
+    if (!selected(inv)) return;  // reported as skipped below
     InvariantReport r;
     r.invariant = inv;
     r.detail = o.detail;
@@ -362,7 +370,26 @@ ScenarioReport replay(const Scenario& s, Backend& backend, const ReplayOptions& 
                         Invariant::layout, Invariant::dense, Invariant::quantization, Invariant::no_nan,
                         Invariant::offload, Invariant::batch}) {
     auto it = results.find(inv);
-    if (it != results.end()) {
+    // Skipped: not selected, and one the scenario would have checked.
+    const bool applies = inv == Invariant::conservation || inv == Invariant::chunking || inv == Invariant::layout ||
+                         (inv == Invariant::reuse && s.reuse.enabled) ||
+                         (inv == Invariant::window && s.window.mode != WindowMode::none) ||
+                         (inv == Invariant::dense && !s.mla.enabled) ||
+                         (inv == Invariant::quantization && is_quantized(s.cache.dtype) && !s.mla.enabled) ||
+                         (inv == Invariant::no_nan && main.poisoned) ||
+                         (inv == Invariant::offload && main.offload_round_trips > 0) ||
+                         (inv == Invariant::batch && s.requests.size() >= 2);
+    if (!selected(inv) && !applies) {
+      InvariantReport r;
+      r.invariant = inv;
+      rep.invariants.push_back(r);
+    } else if (!selected(inv)) {
+      InvariantReport r;
+      r.invariant = inv;
+      r.status = InvariantStatus::skipped;
+      r.detail = "not selected by --invariants";
+      rep.invariants.push_back(r);
+    } else if (it != results.end()) {
       rep.invariants.push_back(it->second);
     } else {
       InvariantReport r;
@@ -395,11 +422,13 @@ ScenarioReport replay(const Scenario& s, Backend& backend, const ReplayOptions& 
       if (r.invariant == inv) return r.status;
     return InvariantStatus::not_applicable;
   };
+  // Expectations about an invariant --invariants left out are left out too.
   for (Invariant inv : ex.must_pass)
-    if (status_of(inv) != InvariantStatus::pass)
+    if (selected(inv) && status_of(inv) != InvariantStatus::pass)
       rep.expectation_failures.push_back("expected invariant " + std::string(invariant_name(inv)) + " to pass, got " +
                                          std::string(invariant_status_name(status_of(inv))));
   for (Fault f : ex.must_catch) {
+    if (!selected(invariant_for(f))) continue;
     if (std::find(s.faults.begin(), s.faults.end(), f) == s.faults.end())
       rep.expectation_failures.push_back("expected fault " + std::string(fault_name(f)) +
                                          " to be caught, but it is not switched on");

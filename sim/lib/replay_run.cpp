@@ -20,6 +20,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <fstream>
 #include <optional>
 
 #include "kvsim/sim/block_manager.hpp"
@@ -1145,48 +1146,50 @@ void Runner::read_back(RequestState& r) {
 }
 
 void Runner::hash_final_state() {
+  // In chunks of 64 MiB: a pool as large as the machine is never copied whole.
+  constexpr size_t kChunk = size_t{64} << 20;
+  std::vector<uint8_t> host;
+  auto add = [&](const void* data, int64_t bytes, const std::string& file, const std::string& descr,
+                 const std::vector<int64_t>& shape, const std::string& what, int32_t layer, CacheDtype t) {
+    if (!data || bytes <= 0) return;
+    std::unique_ptr<std::ofstream> out;
+    if (dump_) out = dump_->begin(file, descr, shape, step_, what, layer, t);
+    for (int64_t at = 0; at < bytes; at += static_cast<int64_t>(kChunk)) {
+      const size_t n = static_cast<size_t>(std::min<int64_t>(bytes - at, static_cast<int64_t>(kChunk)));
+      host.resize(n);
+      be_.to_host(host.data(), static_cast<const uint8_t*>(data) + at, n);
+      hash_ = fnv1a(hash_, host.data(), n);
+      if (out) NpyDump::append(*out, host.data(), n, file);
+    }
+  };
   for (PoolKind kind : {PoolKind::primary, PoolKind::secondary}) {
     const int k = static_cast<int>(kind);
     const char* name = kind == PoolKind::primary ? "primary" : "secondary";
-    auto add = [&](void* data, int64_t bytes, CacheDtype t, const std::string& file, const std::string& what) {
-      if (!data || bytes <= 0) return;
-      std::vector<uint8_t> host(static_cast<size_t>(bytes));
-      be_.to_host(host.data(), data, host.size());
-      hash_ = fnv1a(hash_, host.data(), host.size());
-      if (dump_)
-        dump_->write(file, host.data(), host.size(), NpyDump::descr_for(t),
-                     {t == CacheDtype::nvfp4 ? bytes : bytes / element_bytes(t)}, step_, what, -1, t);
-    };
-    if (own_pools_)
-      for (size_t p = 0; p < pool_sets_.size(); ++p) {
-        const KvPools& ps = pool_sets_[p];
-        const PoolGeometry& pg = ps.geometry;
-        const std::string suffix = pool_sets_.size() > 1 ? std::to_string(p) : "";
-        add(ps.data[k], pg.pool_bytes(kind), pg.dtype, std::string("pool_") + name + suffix + ".npy", "pool");
-        if (pg.has_scale_pool())
-          add(ps.scales[k], scale_pool_bytes(pg, kind), CacheDtype::fp8_e4m3,
-              std::string("scales_") + name + suffix + ".npy", "scale_pool");
+    if (!own_pools_) continue;
+    for (size_t p = 0; p < pool_sets_.size(); ++p) {
+      const KvPools& ps = pool_sets_[p];
+      const PoolGeometry& pg = ps.geometry;
+      const std::string suffix = pool_sets_.size() > 1 ? std::to_string(p) : "";
+      const int64_t bytes = pg.pool_bytes(kind);
+      add(ps.data[k], bytes, std::string("pool_") + name + suffix + ".npy", NpyDump::descr_for(pg.dtype),
+          {pg.dtype == CacheDtype::nvfp4 ? bytes : bytes / element_bytes(pg.dtype)}, "pool", -1, pg.dtype);
+      if (pg.has_scale_pool()) {
+        const int64_t sbytes = scale_pool_bytes(pg, kind);
+        add(ps.scales[k], sbytes, std::string("scales_") + name + suffix + ".npy",
+            NpyDump::descr_for(CacheDtype::fp8_e4m3), {sbytes}, "scale_pool", -1, CacheDtype::fp8_e4m3);
       }
+    }
   }
   if (!own_pools_)
-    for (size_t i = 0; i < pool_memory_.size(); ++i)
-      if (pool_memory_[i].get()) {
-          std::vector<uint8_t> host(pool_memory_[i].bytes());
-          be_.to_host(host.data(), pool_memory_[i].get(), host.size());
-          hash_ = fnv1a(hash_, host.data(), host.size());
-          if (dump_)
-            dump_->write("allocation" + std::to_string(i) + ".npy", host.data(), host.size(), "|u1",
-                         {static_cast<int64_t>(host.size())}, step_, "shared_kv_allocation", -1, CacheDtype::fp8_e4m3);
-        }
-  for (size_t l = 0; l < indexer_.size(); ++l) {
-    std::vector<uint8_t> host(indexer_[l].bytes());
-    be_.to_host(host.data(), indexer_[l].get(), host.size());
-    hash_ = fnv1a(hash_, host.data(), host.size());
-    if (dump_)
-      dump_->write("indexer_layer" + std::to_string(l) + ".npy", host.data(), host.size(), "|u1",
-                   {g_.primary_blocks, g_.tokens_per_block, 1, indexer_row_}, step_, "indexer_k_cache",
-                   static_cast<int32_t>(l), CacheDtype::fp8_e4m3);
-  }
+    for (size_t i = 0; i < pool_memory_.size(); ++i) {
+      const auto bytes = static_cast<int64_t>(pool_memory_[i].bytes());
+      add(pool_memory_[i].get(), bytes, "allocation" + std::to_string(i) + ".npy", "|u1", {bytes},
+          "shared_kv_allocation", -1, CacheDtype::fp8_e4m3);
+    }
+  for (size_t l = 0; l < indexer_.size(); ++l)
+    add(indexer_[l].get(), static_cast<int64_t>(indexer_[l].bytes()), "indexer_layer" + std::to_string(l) + ".npy",
+        "|u1", {g_.primary_blocks, g_.tokens_per_block, 1, indexer_row_}, "indexer_k_cache", static_cast<int32_t>(l),
+        CacheDtype::fp8_e4m3);
 }
 
 }  // namespace

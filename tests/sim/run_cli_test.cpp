@@ -4,6 +4,7 @@
 #include <doctest/doctest.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -127,4 +128,75 @@ TEST_CASE("kvsim run --dump: files numpy can load and a manifest") {
     CHECK(bytes.size() - 10 - header_len == static_cast<size_t>(elements) * item);
   }
   std::filesystem::remove_all(dir);
+}
+
+namespace {
+Result run_with_stderr(const std::string& shell_prefix, const std::string& args) {
+  const std::string cmd = shell_prefix + std::string(KVSIM_BINARY) + " " + args + " 2>&1";
+  Result r;
+  FILE* p = popen(cmd.c_str(), "r");
+  REQUIRE(p != nullptr);
+  char buf[4096];
+  size_t n = 0;
+  while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, n);
+  const int status = pclose(p);
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+// Llama-3.1-8B's KV geometry, per-layer bf16 pools of `blocks` pages: the
+// last layers' bytes lie beyond 2^32 once blocks x 32 layers x 64 KiB > 4 GiB.
+std::string big_pool_scenario(const std::string& name, int blocks) {
+  return write_temp(name, "[model]\nlayers = 32\nq_heads = 32\nkv_heads = 8\nhead_dim = 128\n\n[cache]\n"
+                          "placement = \"per_layer\"\nlayout = \"hnd\"\nprimary_blocks = " +
+                              std::to_string(blocks) + "\n\n[[request]]\ngenerated = 40\ndecode_tokens = 2\n");
+}
+}  // namespace
+
+TEST_CASE("kvsim run --invariants: only the listed invariants run, the others are reported skipped") {
+  Result r = run("run --json --invariants dense,quantization " + scenario("quant_int8.toml"));
+  CHECK(r.code == 0);
+  nlohmann::json j = nlohmann::json::parse(r.out);
+  const nlohmann::json inv = j["scenarios"][0]["invariants"];
+  CHECK(inv["dense"] == "pass");
+  CHECK(inv["quantization"] == "pass");
+  CHECK(inv["chunking"] == "skipped");
+  CHECK(inv["layout"] == "skipped");
+  CHECK_FALSE(inv.contains("reuse"));  // the scenario would not check it anyway
+  // none: nothing compared, and the scenario's must_pass / must_catch about them are left out too.
+  r = run("run --invariants none " + scenario("fault_past_len_zero.toml"));
+  CHECK(r.code == 0);
+  CHECK(r.out.find("0/0 pass, 4 skipped") != std::string::npos);
+  r = run_with_stderr("", "run --invariants dense,chunkin " + scenario("quant_int8.toml"));
+  CHECK(r.code == 2);
+  CHECK(r.out.find("bad_argument: --invariants = 'dense,chunkin': unknown invariant 'chunkin'") != std::string::npos);
+}
+
+TEST_CASE("kvsim run: a scenario larger than the memory left is refused by name before anything is allocated") {
+  // 3 GiB of pools validate (no size cap), then do not fit under ulimit -v of 2 GB.
+  const std::string file = big_pool_scenario("kvsim_run_too_big.toml", 1536);
+  const Result v = run("validate " + file);
+  CHECK(v.code == 0);
+  const Result r = run_with_stderr("ulimit -v 2000000; ", "run " + file);
+  CHECK(r.code == 2);
+  CHECK(r.out.find("kvsim: error: insufficient_memory: kvsim_run_too_big: the replay needs about 3.") == 0);
+  CHECK(r.out.find("of host memory, ") != std::string::npos);
+  CHECK(r.out.find("shrink cache.primary_blocks") != std::string::npos);
+  CHECK(r.out.find("bad_alloc") == std::string::npos);
+}
+
+TEST_CASE("kvsim run: pools beyond 4 GiB replay (KVSIM_LARGE_POOL_TEST=1; scripts/gpu-check.sh sets it)") {
+  const char* on = std::getenv("KVSIM_LARGE_POOL_TEST");
+  if (!on || std::string(on) != "1") {
+    MESSAGE("skipped: set KVSIM_LARGE_POOL_TEST=1 to replay 4.5 GiB of pools (needs ~5 GiB free)");
+    return;
+  }
+  const char* backend = std::getenv("KVSIM_LARGE_POOL_BACKEND");
+  const std::string file = big_pool_scenario("kvsim_run_large_pool.toml", 2304);  // 4.5 GiB
+  const Result r = run("run --json --invariants conservation,dense,chunking --backend " +
+                       std::string(backend ? backend : "cpu") + " " + file);
+  CHECK(r.code == 0);
+  const nlohmann::json j = nlohmann::json::parse(r.out);
+  CHECK(j["scenarios"][0]["invariants"]["dense"] == "pass");
+  CHECK(j["scenarios"][0]["invariants"]["chunking"] == "pass");
 }

@@ -8,6 +8,8 @@
 #pragma once
 
 #include <cstdint>
+#include <fstream>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -23,6 +25,12 @@ class NpyDump {
   void write(const std::string& file, const void* data, size_t bytes, const std::string& descr,
              const std::vector<int64_t>& shape, int64_t step, const std::string& op, int32_t layer,
              CacheDtype kvsim_dtype);
+  // The same in pieces: begin() writes the header and the manifest entry,
+  // append() the bytes (a pool is written in chunks, never copied whole).
+  std::unique_ptr<std::ofstream> begin(const std::string& file, const std::string& descr,
+                                       const std::vector<int64_t>& shape, int64_t step, const std::string& op,
+                                       int32_t layer, CacheDtype kvsim_dtype);
+  static void append(std::ofstream& out, const void* data, size_t bytes, const std::string& file);
   void write_manifest() const;
   // The numpy dtype string that stores a kvsim dtype's elements.
   static std::string descr_for(CacheDtype t);

@@ -10,6 +10,7 @@
 #include <functional>
 #include <map>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -23,6 +24,7 @@ enum class InvariantStatus : uint8_t {
   fail,        // checked, violated (and no fault explains it)
   caught,      // violated by a switched-on fault, as expected
   not_applicable,
+  skipped,     // not selected (ReplayOptions::invariants, kvsim run --invariants): not checked
 };
 std::string_view invariant_status_name(InvariantStatus s);
 
@@ -104,6 +106,10 @@ struct ReplayOptions {
   // Keep a digest of every output row for the comparisons (replay() turns it
   // off for a main run that no comparison reads).
   bool record_outputs = true;
+  // The invariants to check (kvsim run --invariants LIST|none); nullopt =
+  // every one. The others are reported `skipped`; a comparison nobody
+  // selected does not re-run the scenario.
+  std::optional<std::set<Invariant>> invariants;
   std::optional<OutputKey> capture;
 };
 
