@@ -281,14 +281,18 @@ ScenarioReport replay(const Scenario& s, Backend& backend, const ReplayOptions& 
         int64_t blocks = 1;
         for (const RequestState& r : make_requests(s)) blocks += (r.final_len + s.cache.page_size - 1) / s.cache.page_size;
         c.cache.primary_blocks = std::max(c.cache.primary_blocks, blocks);
-        rerun(c, Invariant::window, [&](const RunRecord& r) {
-          return from_comparison(compare_outputs(main, r, [&](const OutputKey& k) {
-                                   const int32_t w = layer_window(s, k.layer);
-                                   return k.kind != OutputKind::attention || w == 0 || k.position < w;
-                                 }),
-                                 "full attention in every layer (each sliding layer's positions < its W, every full "
-                                 "layer's output, every cached token)");
-        });
+        rerun(
+            c, Invariant::window,
+            [&](const RunRecord& r) {
+              return compare(c, r,
+                             "full attention in every layer (each sliding layer's positions < its W, every full "
+                             "layer's output, every cached token)",
+                             [&](const OutputKey& k) {
+                               const int32_t w = layer_window(s, k.layer);
+                               return k.kind != OutputKind::attention || w == 0 || k.position < w;
+                             });
+            },
+            inner);
       }
       if (s.window.mode != WindowMode::none && wanted(Invariant::window)) {
         Scenario c = s;

@@ -132,16 +132,7 @@ TEST_CASE("kvsim run --dump: files numpy can load and a manifest") {
 
 namespace {
 Result run_with_stderr(const std::string& shell_prefix, const std::string& args) {
-  const std::string cmd = shell_prefix + std::string(KVSIM_BINARY) + " " + args + " 2>&1";
-  Result r;
-  FILE* p = popen(cmd.c_str(), "r");
-  REQUIRE(p != nullptr);
-  char buf[4096];
-  size_t n = 0;
-  while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, n);
-  const int status = pclose(p);
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
+  return kvsim::test::run_shell(shell_prefix + std::string(KVSIM_BINARY) + " " + args + " 2>&1");
 }
 
 // Llama-3.1-8B's KV geometry, per-layer bf16 pools of `blocks` pages: the
