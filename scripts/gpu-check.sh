@@ -8,6 +8,9 @@
 # `timeout`, cut to what is left of a total budget (KVSIM_GPU_CHECK_SECONDS,
 # default 450 s) so the whole script ends inside the device call's limit.
 #   usage: scripts/gpu-check.sh            (carry [".deps"])
+#          scripts/gpu-check.sh --real     instead of the suite: scenarios/real/ on cuda with
+#            every invariant (KVSIM_REAL_INVARIANTS to choose), kvsim diff on them, and the
+#            4.5 GiB-pool replay test (issue 13); KVSIM_GPU_CHECK_SECONDS still bounds it
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-/tmp/kvsim-out}"
@@ -45,6 +48,29 @@ else
   finish 1
 fi
 bin=build-gpu/bin
+
+if [ "${1:-}" = "--real" ]; then
+  "$bin/kvsim" validate scenarios/real/*.toml > "$OUT/real-validate.txt" 2>&1
+  note "kvsim validate scenarios/real: rc=$?"
+  sed 's/^/   /' "$OUT/real-validate.txt"
+  for f in scenarios/real/*.toml; do
+    t0=$(date +%s)
+    name=$(basename "$f" .toml)
+    /usr/bin/time -v timeout "$(allow 600 60)" stdbuf -oL "$bin/kvsim" run "$f" --backend cuda --details \
+      ${KVSIM_REAL_INVARIANTS:+--invariants "$KVSIM_REAL_INVARIANTS"} > "$OUT/real-run-$name.txt" 2>&1
+    rc=$?
+    note "kvsim run --backend cuda $name: rc=$rc ($(( $(date +%s) - t0 )) s): $(grep -E 'scenarios on cuda' "$OUT/real-run-$name.txt" | tail -1 | cut -c1-160); $(grep -E 'Maximum resident' "$OUT/real-run-$name.txt" | sed 's/^[[:space:]]*//')"
+    grep -E "^$name " "$OUT/real-run-$name.txt" | sed 's/^/   /'
+  done
+  t0=$(date +%s)
+  timeout "$(allow 600 30)" stdbuf -oL "$bin/kvsim" diff scenarios/real/*.toml > "$OUT/real-diff.txt" 2>&1
+  note "kvsim diff scenarios/real: rc=$? ($(( $(date +%s) - t0 )) s): $(grep -E 'run\(s\)|differ' "$OUT/real-diff.txt" | tail -1)"
+  t0=$(date +%s)
+  KVSIM_LARGE_POOL_TEST=1 KVSIM_LARGE_POOL_BACKEND=cuda timeout "$(allow 300 10)" "$bin/run_cli_test" \
+    -tc="*pools beyond 4 GiB*" > "$OUT/real-large-pool.txt" 2>&1
+  note "4.5 GiB pools on cuda (run_cli_test): rc=$? ($(( $(date +%s) - t0 )) s)"
+  finish 0
+fi
 
 # The differential tests first (the ones this machine exists for), then the
 # rest of the suite.

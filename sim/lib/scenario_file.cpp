@@ -4,6 +4,8 @@
 // Scenario::key_locations, so scenarios built in C++ get the same checks.
 #include "kvsim/sim/scenario_file.hpp"
 
+#include "kvsim/sim/model_presets.hpp"
+
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
@@ -310,7 +312,7 @@ const toml::array& table_array(const Scenario& s, const toml::node& n, std::stri
 void parse_model(Scenario& s, const toml::table& t) {
   Section sec(s, t, "model.",
               {"layers", "q_heads", "kv_heads", "head_dim", "seed", "value_scale", "outlier_rate", "outlier_scale",
-               "nan_rate", "inf_rate", "input_dtype", "rope", "rotary_dim", "rope_theta"});
+               "nan_rate", "inf_rate", "input_dtype", "rope", "rotary_dim", "rope_theta", "preset"});
   ModelSpec& m = s.model;
   sec.read("layers", m.layers);
   sec.read("q_heads", m.q_heads);
@@ -1001,6 +1003,16 @@ Scenario parse_scenario(std::string_view toml_text, const std::string& source_na
       reject_at(location_of(source_name, key.source()), std::string(key.str()),
                 unknown_key_message(key.str(), kTopLevelKeys));
 
+  // model.preset first: every key of the file, [mla]'s included, overrides it.
+  if (const toml::table* model = root.get("model") ? root.get("model")->as_table() : nullptr)
+    if (const toml::node* n = model->get("preset")) {
+      std::vector<std::string_view> names;
+      for (const ModelPreset& p : model_presets()) names.push_back(p.name);
+      const std::optional<ModelPreset> preset = n->is_string() ? find_model_preset(n->as_string()->get()) : std::nullopt;
+      if (!preset) reject_at(location_of(source_name, n->source()), "model.preset", "expected one of " + join(names) + ", got " + describe(*n));
+      s.key_locations["model.preset"] = location_of(source_name, n->source());
+      apply_model_preset(*preset, s);
+    }
   // [mla] before [model] so the MLA defaults can be overridden there.
   if (const toml::node* n = root.get("mla")) parse_mla(s, section_table(s, *n, "mla"));
   if (s.mla.enabled) {

@@ -562,3 +562,35 @@ TEST_CASE("[layers]: per-layer windows by list or pattern, both allocation model
   check_rejected("[cache]\npage_size = 4\nprimary_blocks = 5\n[layers]\nwindows = [8, 0]\n[[request]]\ngenerated = 12\n",
                  "6:1: request[0]", "6 blocks of 4 tokens (one of them the null block)");
 }
+
+TEST_CASE("scenario file: model.preset fills the model's shape, and the file's own keys override it") {
+  Scenario s = parse_scenario("[model]\npreset = \"llama-3.1-8b\"\n\n[[request]]\ngenerated = 3\n", "preset.toml");
+  CHECK(s.model.layers == 32);
+  CHECK(s.model.q_heads == 32);
+  CHECK(s.model.kv_heads == 8);
+  CHECK(s.model.head_dim == 128);
+  CHECK(s.model.rope_theta == 500000.0);
+  CHECK(s.model.rope == RopeStyle::neox);
+  s = parse_scenario("[model]\npreset = \"llama-3.1-70b\"\nlayers = 4\n\n[[request]]\ngenerated = 3\n", "p.toml");
+  CHECK(s.model.layers == 4);  // the file wins
+  CHECK(s.model.q_heads == 64);
+  s = parse_scenario("[model]\npreset = \"qwen3-32b\"\n\n[[request]]\ngenerated = 3\n", "p.toml");
+  CHECK(s.model.layers == 64);
+  CHECK(s.model.rope_theta == 1000000.0);
+  s = parse_scenario("[model]\npreset = \"mistral-7b\"\n\n[[request]]\ngenerated = 3\n", "p.toml");
+  CHECK(s.window.mode == WindowMode::release);
+  CHECK(s.window.window == 4096);
+  s = parse_scenario("[model]\npreset = \"deepseek-v3\"\n\n[[request]]\ngenerated = 3\n", "p.toml");
+  CHECK(s.mla.enabled);
+  CHECK(s.mla.d_ckv == 512);
+  CHECK(s.mla.d_kpe == 64);
+  CHECK(s.model.layers == 61);
+  CHECK(s.model.head_dim == 576);  // the latent row [ckv | kpe] of a bf16 cache
+  try {
+    parse_scenario("[model]\npreset = \"llama-9\"\n\n[[request]]\ngenerated = 3\n", "bad.toml");
+    FAIL("an unknown preset must be rejected");
+  } catch (const ValidationError& e) {
+    CHECK(std::string(e.what()).find("bad.toml:2:10: model.preset: expected one of llama-3.1-8b, llama-3.1-70b, "
+                                     "qwen3-32b, mistral-7b, deepseek-v3") != std::string::npos);
+  }
+}
