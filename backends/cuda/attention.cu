@@ -3,9 +3,10 @@
 //
 // Paths: bulk (attention_bulk.cuh; the default wherever its shape conditions
 // hold: 8/16/32-bit codes, contiguous 16-byte aligned rows of up to 1024
-// bytes, D = 64/128/256, group 1/4/8 with D/32 * group <= 32), staged (the
-// previous fast kernel, attention_staged.cuh; kept for comparison, rows up to
-// 256 bytes) and general (every other shape: nvfp4, split-x, D = 80, ...).
+// bytes, D = 64/128/256, group 1/4/8 with D/32 * group <= 32, pools up to
+// 64 GiB), staged (the previous fast kernel, attention_staged.cuh: rows up to
+// 256 bytes; what pools over 64 GiB take, its header says why) and general
+// (every other shape: nvfp4, split-x, D = 80, ...).
 //
 // Work: every query row's key list (make_key_list, core) is cut into
 // partitions of canon::kPartitionSize keys. Kernel 1 computes, per
@@ -25,6 +26,7 @@
 //  * P.V: one fma chain per (query head, dim) over the partition in order.
 #include "backends/cuda/attention_kernels.hpp"
 #include "backends/cuda/attention_plan.cuh"
+#include "backends/cuda/attention_warp.cuh"
 #include "backends/cuda/cuda_check.hpp"
 
 #include <algorithm>
@@ -35,30 +37,10 @@ namespace {
 
 using canon::kPartitionSize;
 using canon::kWarp;
-constexpr unsigned kFullMask = 0xFFFFFFFFu;
 constexpr int kGeneralWarps = 4;  // warps (work items) per CTA of the general kernel
 constexpr int kMergeThreads = 128;
 constexpr int kMergeDimsPerThread = canon::kMaxHeadDim / kMergeThreads;
 constexpr int kMergeChunk = 1024;  // merge weights staged in shared memory per pass
-
-// canon::butterfly_sum32 on a warp: level off adds v[l] + v[l ^ off].
-__device__ __forceinline__ float warp_butterfly_sum(float v) {
-  for (int off = kWarp / 2; off >= 1; off >>= 1) v = v + __shfl_xor_sync(kFullMask, v, off);
-  return v;
-}
-
-// Joins the lanes' run maxima left to right: the result is the oracle's
-// sequential partition_max (the first value equal to the maximum).
-__device__ __forceinline__ float warp_ordered_max(float m, int lane) {
-  for (int off = 1; off < kWarp; off <<= 1) {
-    const float other = __shfl_xor_sync(kFullMask, m, off);
-    const bool right_half = (lane & off) != 0;
-    const float left = right_half ? other : m;
-    const float right = right_half ? m : other;
-    m = right > left ? right : left;
-  }
-  return m;
-}
 
 // One key of a query row: its physical block and entry (whole-page read).
 struct KeyPlace {
@@ -317,7 +299,7 @@ AttentionPlan make_plan(const char* op, const KvPools& pools, int32_t layer, con
   plan.rows = static_cast<int32_t>(row_seq.size());
   plan.path = choose_path(pools, q);
   plan.staged_tile_keys = default_staged_tile_keys(pools.geometry.dtype);
-  plan.bulk_tile_keys = default_bulk_tile_keys(pools.geometry.dtype);
+  plan.bulk_tile_keys = default_bulk_tile_keys();
 
   // Host tables: [part_info | block_table | row_seq | row_position | row_part_base | part_row].
   const PageDivider page = pools.geometry.page_divider();

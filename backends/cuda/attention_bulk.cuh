@@ -44,55 +44,14 @@
 #include <cuda_runtime.h>
 
 #include "backends/cuda/attention_plan.cuh"
+#include "backends/cuda/attention_warp.cuh"
 #include "backends/cuda/cuda_check.hpp"
 
 namespace kvsim::cuda::bulk {
 
 using canon::kPartitionSize;
 using canon::kWarp;
-inline constexpr unsigned kFullMask = 0xFFFFFFFFu;
 inline constexpr int kWarpsPerCta = 2;
-
-// Exact fp32 values of a lane's C codes (per-tensor scales applied by the
-// caller). fp8/fp16 use core's arithmetic-only decoders (canon::*_arith): the
-// values only enter fma chains.
-template <CacheDtype kDtype> struct Code;
-template <> struct Code<CacheDtype::fp32> {
-  static constexpr int kBytes = 4;
-  __device__ static void decode(uint32_t w, float* v) { v[0] = bits_float(w); }
-};
-template <> struct Code<CacheDtype::fp16> {
-  static constexpr int kBytes = 2;
-  __device__ static void decode(uint32_t w, float* v) { canon::decode_f16x2_arith(w, v); }
-};
-template <> struct Code<CacheDtype::bf16> {
-  static constexpr int kBytes = 2;
-  __device__ static void decode(uint32_t w, float* v) {
-    v[0] = codec::bf16_to_f32(static_cast<uint16_t>(w & 0xFFFFu));
-    v[1] = codec::bf16_to_f32(static_cast<uint16_t>(w >> 16));
-  }
-};
-template <> struct Code<CacheDtype::fp8_e4m3> {
-  static constexpr int kBytes = 1;
-  __device__ static void decode(uint32_t w, float* v) { canon::decode_e4m3x4_arith(w, v); }
-  __device__ static void decode2(uint16_t w, float* v) { canon::decode_e4m3x2_arith(w, v); }
-};
-template <> struct Code<CacheDtype::fp8_e5m2> {
-  static constexpr int kBytes = 1;
-  __device__ static void decode(uint32_t w, float* v) { canon::decode_e5m2x4_arith(w, v); }
-  __device__ static void decode2(uint16_t w, float* v) { canon::decode_e5m2x2_arith(w, v); }
-};
-template <> struct Code<CacheDtype::int8> {
-  static constexpr int kBytes = 1;
-  __device__ static void decode(uint32_t w, float* v) {
-#pragma unroll
-    for (int i = 0; i < 4; ++i) v[i] = codec::int8_to_f32(static_cast<int8_t>(w >> (8 * i)));
-  }
-  __device__ static void decode2(uint16_t w, float* v) {
-#pragma unroll
-    for (int i = 0; i < 2; ++i) v[i] = codec::int8_to_f32(static_cast<int8_t>(w >> (8 * i)));
-  }
-};
 
 // Geometry of one instantiation.
 template <CacheDtype kDtype, int C, int G, int T, int S = 0>
@@ -262,7 +221,7 @@ __device__ __forceinline__ void load_codes(const uint8_t* src, float* v) {
   constexpr int kBytes = C * Code<kDtype>::kBytes;
   constexpr int kPerWord = 4 / Code<kDtype>::kBytes;
   if constexpr (kBytes == 2) {
-    Code<kDtype>::decode2(*reinterpret_cast<const uint16_t*>(src), v);
+    Code<kDtype>::decode2_arith(*reinterpret_cast<const uint16_t*>(src), v);
   } else {
     uint32_t words[kBytes / 4];
     if constexpr (kBytes % 16 == 0) {
@@ -274,7 +233,7 @@ __device__ __forceinline__ void load_codes(const uint8_t* src, float* v) {
       words[0] = *reinterpret_cast<const uint32_t*>(src);
     }
 #pragma unroll
-    for (int i = 0; i < kBytes / 4; ++i) Code<kDtype>::decode(words[i], v + i * kPerWord);
+    for (int i = 0; i < kBytes / 4; ++i) Code<kDtype>::decode_arith(words[i], v + i * kPerWord);
   }
 }
 
@@ -323,26 +282,6 @@ __device__ __forceinline__ float reduce_scatter_xor(float (&v)[kWarp]) {
       if (i < off) v[i] = v[i] + __shfl_xor_sync(kFullMask, v[i + off], off);
   }
   return v[0];
-}
-
-__device__ __forceinline__ float warp_butterfly_sum(float v) {
-#pragma unroll
-  for (int level = 0; level < 5; ++level) v = v + __shfl_xor_sync(kFullMask, v, 16 >> level);
-  return v;
-}
-
-// Left-to-right join of the lanes' run maxima (the oracle's first maximum).
-__device__ __forceinline__ float warp_ordered_max(float m, int lane) {
-#pragma unroll
-  for (int level = 0; level < 5; ++level) {
-    const int off = 1 << level;
-    const float other = __shfl_xor_sync(kFullMask, m, off);
-    const bool right_half = (lane & off) != 0;
-    const float left = right_half ? other : m;
-    const float right = right_half ? m : other;
-    m = right > left ? right : left;
-  }
-  return m;
 }
 
 template <CacheDtype kDtype, int C, int G, int T, int S>
@@ -558,9 +497,7 @@ template <CacheDtype kDtype, int C, int G, int T, int S>
 void launch(const AttentionPlan& plan, cudaStream_t stream) {
   KernelInfo info;
   kernel_info<kDtype, C, G, T, S>(plan, info);
-  int device = 0, sms = 0;
-  KVSIM_CUDA_CHECK(plan.op, cudaGetDevice(&device));
-  KVSIM_CUDA_CHECK(plan.op, cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  const int sms = device_sm_count(plan.op);
   const int32_t items = plan.parts * plan.args.pools.geometry.kv_heads;  // < 2^31: bulk_applies()
   const int64_t needed = (static_cast<int64_t>(items) + kWarpsPerCta - 1) / kWarpsPerCta;
   const int64_t resident = static_cast<int64_t>(sms) * (info.ctas_per_sm > 0 ? info.ctas_per_sm : 1);

@@ -9,53 +9,29 @@
 //    a reduce-scatter butterfly leaves the full dot of column `lane` in lane
 //    `lane`, adding exactly the pairs canon::butterfly_sum32 adds;
 //  * P.V: lane l keeps the fma chains of its C dims for the G heads.
+//
+// Why it is kept beside the bulk kernel (issue 14): choose_path() takes it only
+// where bulk cannot go, pools over 64 GiB (bulk keeps row offsets in 16-byte
+// units in 32 bits), and such pools are real on a 141 GB H200 (engines give
+// most of the memory to the KV cache). There it is the only fast path: measured
+// on the H200 (docs/benchmarks.md, "Decode attention (the staged kernel)",
+// bf16 64 x 8K) at 66% of copy bandwidth against the general kernel's 2.4%.
+// It can go once bulk takes 64-bit row offsets at an unchanged speed (to be
+// measured with attention_bench).
 #pragma once
 
 #include <cuda_runtime.h>
 
 #include "backends/cuda/attention_plan.cuh"
+#include "backends/cuda/attention_warp.cuh"
 #include "backends/cuda/cuda_check.hpp"
 
 namespace kvsim::cuda::staged {
 
 using canon::kPartitionSize;
 using canon::kWarp;
-inline constexpr unsigned kFullMask = 0xFFFFFFFFu;
 inline constexpr int kWarps = 2;     // warps per CTA (each with its own ring)
 inline constexpr int kMaxRowBytes = 256;
-
-// Exact fp32 values of stored codes (per-tensor scales applied by the
-// caller), decoded a 32-bit word at a time with core's decoders.
-template <CacheDtype kDtype> struct Code;
-template <> struct Code<CacheDtype::fp32> {
-  using T = float;
-  __device__ static void decode(uint32_t w, float* v) { v[0] = bits_float(w); }
-};
-template <> struct Code<CacheDtype::fp16> {
-  using T = uint16_t;
-  __device__ static void decode(uint32_t w, float* v) { canon::decode_f16x2(w, v); }
-};
-template <> struct Code<CacheDtype::bf16> {
-  using T = uint16_t;
-  __device__ static void decode(uint32_t w, float* v) {
-    v[0] = codec::bf16_to_f32(static_cast<uint16_t>(w & 0xFFFFu));
-    v[1] = codec::bf16_to_f32(static_cast<uint16_t>(w >> 16));
-  }
-};
-template <> struct Code<CacheDtype::fp8_e4m3> {
-  using T = uint8_t;
-  __device__ static void decode(uint32_t w, float* v) { canon::decode_e4m3x4(w, v); }
-};
-template <> struct Code<CacheDtype::fp8_e5m2> {
-  using T = uint8_t;
-  __device__ static void decode(uint32_t w, float* v) { canon::decode_e5m2x4(w, v); }
-};
-template <> struct Code<CacheDtype::int8> {
-  using T = uint8_t;
-  __device__ static void decode(uint32_t w, float* v) {
-    for (int i = 0; i < 4; ++i) v[i] = codec::int8_to_f32(static_cast<int8_t>(w >> (8 * i)));
-  }
-};
 
 __device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
   const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
@@ -220,23 +196,6 @@ __device__ __forceinline__ float reduce_scatter32(float (&v)[kWarp], int lane) {
   return v[0];
 }
 
-__device__ __forceinline__ float warp_butterfly_sum(float v) {
-  for (int off = kWarp / 2; off >= 1; off >>= 1) v = v + __shfl_xor_sync(kFullMask, v, off);
-  return v;
-}
-
-// Left-to-right join of the lanes' run maxima (the oracle's first maximum).
-__device__ __forceinline__ float warp_ordered_max(float m, int lane) {
-  for (int off = 1; off < kWarp; off <<= 1) {
-    const float other = __shfl_xor_sync(kFullMask, m, off);
-    const bool right_half = (lane & off) != 0;
-    const float left = right_half ? other : m;
-    const float right = right_half ? m : other;
-    m = right > left ? right : left;
-  }
-  return m;
-}
-
 template <CacheDtype kDtype, int C, int G, int kTile>
 __global__ void __launch_bounds__(kWarps * kWarp)
     attention_staged_kernel(AttentionArgs a, const PartInfo* parts, int64_t items, float* part_stats, float* part_acc) {
@@ -387,9 +346,8 @@ void launch(const AttentionPlan& plan, cudaStream_t stream) {
   const auto kernel = attention_staged_kernel<kDtype, C, G, kTile>;
   const int smem = kWarps * warp_smem_bytes<G>(R::kTileBytes, R::kSlots);
   KVSIM_CUDA_CHECK(plan.op, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-  int device = 0, sms = 0, per_sm = 0;
-  KVSIM_CUDA_CHECK(plan.op, cudaGetDevice(&device));
-  KVSIM_CUDA_CHECK(plan.op, cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  const int sms = device_sm_count(plan.op);
+  int per_sm = 0;
   KVSIM_CUDA_CHECK(plan.op, cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kWarps * kWarp, smem));
   const int64_t items = static_cast<int64_t>(plan.parts) * plan.args.pools.geometry.kv_heads;
   const int64_t needed = (items + kWarps - 1) / kWarps;

@@ -1,4 +1,4 @@
-// The CUDA backend: every op of SPEC §5 as kernels that call core's KVSIM_HD
+// The CUDA backend: every op of contract §5 as kernels that call core's KVSIM_HD
 // work-item functions (core/ops/*.hpp), one thread per work item, so each
 // output byte is computed by the same function, in the same order, as the
 // CPU oracle (backends/cpu). Memory:

@@ -27,6 +27,14 @@ inline void check_launch(const char* op, const char* kernel, cudaStream_t stream
   if (sync) check(cudaStreamSynchronize(stream), op, kernel);
 }
 
+// Streaming multiprocessors of the current device (grids sized to fill it).
+inline int device_sm_count(const char* op) {
+  int device = 0, sms = 0;
+  check(cudaGetDevice(&device), op, "cudaGetDevice");
+  check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), op, "cudaDeviceGetAttribute");
+  return sms > 0 ? sms : 1;
+}
+
 }  // namespace kvsim::cuda
 
 #define KVSIM_CUDA_CHECK(op, expr) ::kvsim::cuda::check((expr), (op), #expr)

@@ -19,12 +19,13 @@ __global__ void run_items_kernel(int64_t items, Item item) {
 }
 
 inline constexpr int kItemThreads = 128;
-inline constexpr int64_t kMaxItemBlocks = 132 * 32;  // enough to fill every SM; the loop covers the rest
+inline constexpr int64_t kItemBlocksPerSm = 32;  // enough to fill every SM; the loop covers the rest
 
 template <class Item>
 void launch_items(const char* op, const char* kernel, cudaStream_t stream, int64_t items, const Item& item) {
   if (items <= 0) return;
-  const int64_t blocks = std::min<int64_t>((items + kItemThreads - 1) / kItemThreads, kMaxItemBlocks);
+  const int64_t max_blocks = device_sm_count(op) * kItemBlocksPerSm;
+  const int64_t blocks = std::min<int64_t>((items + kItemThreads - 1) / kItemThreads, max_blocks);
   run_items_kernel<<<static_cast<unsigned>(blocks), kItemThreads, 0, stream>>>(items, item);
   check_launch(op, kernel, stream);
 }

@@ -1,4 +1,4 @@
-// CUDA qkv_preprocess_write (SPEC §5.3): core's qkv_preprocess_token_head
+// CUDA qkv_preprocess_write (contract §5.3): core's qkv_preprocess_token_head
 // (bias, RoPE from the shared table, quantize, GQA, window mapping, V-tail
 // zeroing): one thread per chunk of a fused head (qkv_preprocess_chunk: 4 dims,
 // 16 for nvfp4),

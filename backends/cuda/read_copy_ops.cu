@@ -1,4 +1,4 @@
-// CUDA gather and block copies (SPEC §5.6, §5.9): core's
+// CUDA gather and block copies (contract §5.6, §5.9): core's
 // gather_paged_token_head and copy_block_row, one thread per work item.
 // offload / onboard between the device pool and the pinned secondary pool are
 // asynchronous DMA copies (cudaMemcpy(2D)Async) when both pools have the

@@ -1,4 +1,4 @@
-// CUDA write ops (SPEC §5.1, §5.2, §5.4, §5.5): core's work items
+// CUDA write ops (contract §5.1, §5.2, §5.4, §5.5): core's work items
 // (core/ops/write_ops.hpp), one thread each, after the op's host index arrays
 // are uploaded and swapped into the *Args struct make_*_args() built.
 // append_paged and reshape_and_cache run the 16-byte chunk items (the CPU

@@ -101,7 +101,7 @@ int check_against_oracle(Backend& cpu, const AttentionCase& c) {
   ++runs;
   if (c.group != 1) {
     // The bulk path's other ring shape (16- or 32-key tiles).
-    const int other_tile = cuda::default_bulk_tile_keys(c.dtype) == 16 ? 32 : 16;
+    const int other_tile = cuda::default_bulk_tile_keys() == 16 ? 32 : 16;
     const std::vector<uint8_t> other = run_plan(cuda::AttentionPath::bulk, other_tile);
     INFO("bulk path with " << other_tile << "-key tiles, first difference: " << first_difference(p, want, other));
     CHECK(want == other);

@@ -212,7 +212,7 @@ Result run_config(const Row& r, double copy_gbs) {
   res.kernel_ms = time_ms([&](int i) { cuda::launch_plan(plans[i % copies], nullptr); }, g_warmup, g_reps);
   for (auto& p : plans) p.merge = true;
   res.plan_ms = time_ms([&](int i) { cuda::launch_plan(plans[i % copies], nullptr); }, g_warmup, g_reps);
-  if (r.path == cuda::choose_path(pools, op.q) && r.tile_keys == cuda::default_bulk_tile_keys(r.dtype) && r.slots == 0)
+  if (r.path == cuda::choose_path(pools, op.q) && r.tile_keys == cuda::default_bulk_tile_keys() && r.slots == 0)
     res.op_ms = time_ms([&](int) { cuda::decode_attention(pools, op, nullptr); }, 3, 31);
   const double kv_bytes = double(kv_bytes_one);
   res.gbs = kv_bytes / (res.plan_ms * 1e-3) / 1e9;

@@ -1,0 +1,99 @@
+// The exactness-critical warp steps every CUDA attention kernel shares
+// (attention.cu's general kernel, attention_staged.cuh, attention_bulk.cuh):
+// the warp form of core's canonical reductions, and the decoders of stored
+// codes a 32-bit word at a time. Written once so that every path adds the same
+// pairs in the same order (docs/canonical-arithmetic.md).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include <kvsim/core/attention_math.hpp>
+#include <kvsim/core/codecs.hpp>
+
+namespace kvsim::cuda {
+
+inline constexpr unsigned kFullMask = 0xFFFFFFFFu;
+
+// canon::butterfly_sum32 on a warp: level `off` (16, 8, 4, 2, 1) adds
+// v[l] + v[l ^ off], so every lane ends with the same float.
+__device__ __forceinline__ float warp_butterfly_sum(float v) {
+#pragma unroll
+  for (int level = 0; level < 5; ++level) v = v + __shfl_xor_sync(kFullMask, v, 16 >> level);
+  return v;
+}
+
+// Joins the lanes' run maxima left to right (ties keep the left value): the
+// oracle's sequential partition max, the first value equal to the maximum
+// (this matters for +0 / -0).
+__device__ __forceinline__ float warp_ordered_max(float m, int lane) {
+#pragma unroll
+  for (int level = 0; level < 5; ++level) {
+    const int off = 1 << level;
+    const float other = __shfl_xor_sync(kFullMask, m, off);
+    const bool right_half = (lane & off) != 0;
+    const float left = right_half ? other : m;
+    const float right = right_half ? m : other;
+    m = right > left ? right : left;
+  }
+  return m;
+}
+
+// Exact fp32 values of stored codes (per-tensor scales applied by the caller),
+// a 32-bit word (4 / kBytes codes) at a time with core's decoders:
+//  * decode: every value bit-exact, NaN payloads included;
+//  * decode_arith (and decode2_arith, a 16-bit pair of 8-bit codes): core's
+//    arithmetic-only decoders (canon::*_arith), for values that only enter
+//    fma chains (fewer instructions; the bulk kernel uses these).
+template <CacheDtype kDtype> struct Code;
+template <> struct Code<CacheDtype::fp32> {
+  using T = float;
+  static constexpr int kBytes = 4;
+  __device__ static void decode(uint32_t w, float* v) { v[0] = bits_float(w); }
+  __device__ static void decode_arith(uint32_t w, float* v) { v[0] = bits_float(w); }
+};
+template <> struct Code<CacheDtype::fp16> {
+  using T = uint16_t;
+  static constexpr int kBytes = 2;
+  __device__ static void decode(uint32_t w, float* v) { canon::decode_f16x2(w, v); }
+  __device__ static void decode_arith(uint32_t w, float* v) { canon::decode_f16x2_arith(w, v); }
+};
+template <> struct Code<CacheDtype::bf16> {
+  using T = uint16_t;
+  static constexpr int kBytes = 2;
+  __device__ static void decode(uint32_t w, float* v) {
+    v[0] = codec::bf16_to_f32(static_cast<uint16_t>(w & 0xFFFFu));
+    v[1] = codec::bf16_to_f32(static_cast<uint16_t>(w >> 16));
+  }
+  __device__ static void decode_arith(uint32_t w, float* v) { decode(w, v); }
+};
+template <> struct Code<CacheDtype::fp8_e4m3> {
+  using T = uint8_t;
+  static constexpr int kBytes = 1;
+  __device__ static void decode(uint32_t w, float* v) { canon::decode_e4m3x4(w, v); }
+  __device__ static void decode_arith(uint32_t w, float* v) { canon::decode_e4m3x4_arith(w, v); }
+  __device__ static void decode2_arith(uint16_t w, float* v) { canon::decode_e4m3x2_arith(w, v); }
+};
+template <> struct Code<CacheDtype::fp8_e5m2> {
+  using T = uint8_t;
+  static constexpr int kBytes = 1;
+  __device__ static void decode(uint32_t w, float* v) { canon::decode_e5m2x4(w, v); }
+  __device__ static void decode_arith(uint32_t w, float* v) { canon::decode_e5m2x4_arith(w, v); }
+  __device__ static void decode2_arith(uint16_t w, float* v) { canon::decode_e5m2x2_arith(w, v); }
+};
+template <> struct Code<CacheDtype::int8> {
+  using T = uint8_t;
+  static constexpr int kBytes = 1;
+  __device__ static void decode(uint32_t w, float* v) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) v[i] = codec::int8_to_f32(static_cast<int8_t>(w >> (8 * i)));
+  }
+  __device__ static void decode_arith(uint32_t w, float* v) { decode(w, v); }
+  __device__ static void decode2_arith(uint16_t w, float* v) {
+#pragma unroll
+    for (int i = 0; i < 2; ++i) v[i] = codec::int8_to_f32(static_cast<int8_t>(w >> (8 * i)));
+  }
+};
+
+}  // namespace kvsim::cuda
