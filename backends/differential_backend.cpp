@@ -361,7 +361,7 @@ void DifferentialBackend::compare_pools(const char* op, const KvPools& pools, Po
     r.pool_at = invert_offset(g, s, kind, r.element);
     if (r.pool_at) {
       r.head = r.pool_at->head;
-      r.dim = scale ? r.pool_at->dim * 16 : r.pool_at->dim;
+      r.dim = scale ? r.pool_at->dim * codec::kNvfp4BlockElems : r.pool_at->dim;
       r.explain = explain_offset(s, *r.pool_at, g.dtype, scale ? "scale pool (dim / 16)" : "pool");
       if (kind == PoolKind::primary) locate_token(map, pools.geometry, *r.pool_at, r);
       if (r.sequence >= 0 && static_cast<size_t>(r.sequence) < sequence_ids_.size())

@@ -51,7 +51,7 @@ PoolGeometry make_geometry(CacheDtype dtype, BlockLayout layout, int32_t page, i
 // Cache bytes of `tokens` K+V rows (with nvfp4 scale bytes).
 double kv_cache_bytes(const PoolGeometry& g, double tokens) {
   double row = static_cast<double>(g.bytes_for(static_cast<int64_t>(g.kv_heads) * g.head_dim));
-  if (g.has_scale_pool()) row += static_cast<double>(g.kv_heads) * g.head_dim / 16;
+  if (g.has_scale_pool()) row += static_cast<double>(g.kv_heads) * g.head_dim / codec::kNvfp4BlockElems;
   return 2.0 * tokens * row;
 }
 

@@ -1,17 +1,14 @@
 #include "support.hpp"
 
+#include <kvsim/core/splitmix64.hpp>
+
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
 
 namespace kvsim::bench {
 
-uint64_t mix(uint64_t x) {
-  x += 0x9E3779B97F4A7C15ull;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-  return x ^ (x >> 31);
-}
+uint64_t mix(uint64_t x) { return splitmix64_mix(x + kSplitmix64Gamma); }
 
 namespace {
 float unit(uint64_t r) { return static_cast<float>(r >> 40) * 0x1p-23f - 1.0f; }  // [-1, 1)

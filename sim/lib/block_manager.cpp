@@ -1,6 +1,8 @@
 // The block manager: see block_manager.hpp for the engines it models.
 #include "kvsim/sim/block_manager.hpp"
 
+#include <kvsim/core/splitmix64.hpp>
+
 #include <algorithm>
 #include <limits>
 
@@ -10,10 +12,7 @@ namespace {
 constexpr uint64_t kRootKey = 0xcbf29ce484222325ull;
 
 uint64_t mix(uint64_t h, uint64_t v) {  // splitmix64 of the running key and one value
-  uint64_t z = h ^ (v + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2));
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
+  return splitmix64_mix(h ^ (v + kSplitmix64Gamma + (h << 6) + (h >> 2)));
 }
 }  // namespace
 

@@ -4,6 +4,8 @@
 // Scenario::key_locations, so scenarios built in C++ get the same checks.
 #include "kvsim/sim/scenario_file.hpp"
 
+#include <kvsim/core/splitmix64.hpp>
+
 #include "kvsim/sim/model_presets.hpp"
 
 #include <algorithm>
@@ -264,10 +266,7 @@ std::vector<int32_t> generated_tokens(uint64_t seed, int64_t count) {
   tokens.reserve(static_cast<size_t>(count));
   uint64_t state = seed;
   for (int64_t i = 0; i < count; ++i) {
-    uint64_t z = (state += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    z ^= z >> 31;
+    const uint64_t z = splitmix64_next(state);
     tokens.push_back(static_cast<int32_t>(z % kGeneratedVocabulary));
   }
   return tokens;

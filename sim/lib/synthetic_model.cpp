@@ -3,6 +3,8 @@
 
 #include <limits>
 
+#include <kvsim/core/splitmix64.hpp>
+
 #include <kvsim/core/errors.hpp>
 
 #include "kvsim/sim/scenario_file.hpp"
@@ -10,11 +12,7 @@
 namespace kvsim::sim {
 
 uint64_t hash_mix(uint64_t h, uint64_t v) {  // splitmix64 finaliser over (h, v)
-  uint64_t z = h ^ (v * 0x9e3779b97f4a7c15ull);
-  z += 0x9e3779b97f4a7c15ull;
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
+  return splitmix64_mix((h ^ (v * kSplitmix64Gamma)) + kSplitmix64Gamma);
 }
 
 namespace {

@@ -1,9 +1,9 @@
-// qkv_preprocess_write (SPEC §5.3, TensorRT-LLM applyBiasRopeUpdateKVCache)
+// qkv_preprocess_write (contract §5.3, TensorRT-LLM applyBiasRopeUpdateKVCache)
 // held byte-for-byte to an independent reference written here: scalar loops
 // over logical coordinates, element offsets written out from the layout
-// definitions (SPEC §2), its own RoPE loop from the formula in core/rope.hpp's
+// definitions (contract §2), its own RoPE loop from the formula in core/rope.hpp's
 // comment over the same cos/sin table values, its own window mapping from
-// SPEC §5.10, its own V-tail rule; only core's codecs are shared. Pools and
+// contract §5.10, its own V-tail rule; only core's codecs are shared. Pools and
 // q_out are poisoned first; the whole pool, scale pool and q_out buffer are
 // compared, so every byte the op must not touch is checked too. Every case
 // runs on 1, 2, 3 and all oneTBB threads. Then: chunked prefill equals one
@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "backends/backend.hpp"
+#include "tests/support/rng.hpp"
 
 using namespace kvsim;
 
@@ -67,7 +68,7 @@ int64_t ref_scale_offset(const PoolGeometry& g, int64_t block, int64_t layer, in
   return ref_offset(g, g.layout, g.head_dim / 16, 1, block, layer, kv, head, token, dim / 16);
 }
 
-// ---------------------------------------------------------------- independent window mapping (SPEC §5.10)
+// ---------------------------------------------------------------- independent window mapping (contract §5.10)
 struct RefWindow {
   int64_t W = 0, S = 0, P = 1;
   bool one_more = false;
@@ -83,18 +84,7 @@ struct RefWindow {
 };
 
 // ---------------------------------------------------------------- values
-struct Rng {
-  uint64_t s;
-  uint64_t next() {
-    s += 0x9E3779B97F4A7C15ull;
-    uint64_t z = s;
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-  }
-  int64_t uniform(int64_t lo, int64_t hi) { return lo + static_cast<int64_t>(next() % static_cast<uint64_t>(hi - lo + 1)); }
-  float real(float lo, float hi) { return lo + (hi - lo) * static_cast<float>(next() >> 40) / static_cast<float>(1 << 24); }
-};
+using testing::Rng;
 
 float read_float(const std::vector<uint8_t>& bytes, CacheDtype t, int64_t elem) {
   if (t == CacheDtype::fp32) {

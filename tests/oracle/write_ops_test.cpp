@@ -1,4 +1,4 @@
-// Oracle tests of the write ops (SPEC §5.1 append_paged, §5.2
+// Oracle tests of the write ops (contract §5.1 append_paged, §5.2
 // reshape_and_cache, §5.4 append_mla, §5.5 indexer_k_scatter) on the CPU
 // backend. Each op is checked against a reference written here: scalar loops
 // over logical coordinates, with pool offsets computed from the layout
@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "backends/backend.hpp"
+#include "tests/support/rng.hpp"
 
 using namespace kvsim;
 
@@ -31,23 +32,8 @@ constexpr int32_t kPageSizes[] = {1, 3, 7, 17, 16};
 constexpr int32_t kHeadDims[] = {64, 80, 96, 128, 256};
 constexpr int32_t kBatches[] = {1, 3, 5};
 
-// ---------------------------------------------------------------- deterministic random (splitmix64)
-struct Rng {
-  uint64_t state;
-  explicit Rng(uint64_t seed) : state(seed) {}
-  uint64_t next() {
-    uint64_t z = (state += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-  }
-  int64_t below(int64_t n) { return static_cast<int64_t>(next() % static_cast<uint64_t>(n)); }
-  float unit() { return static_cast<float>(next() >> 40) * (1.0f / 16777216.0f); }  // [0, 1)
-  template <class T>
-  void shuffle(std::vector<T>& v) {
-    for (size_t i = v.size(); i > 1; --i) std::swap(v[i - 1], v[static_cast<size_t>(below(static_cast<int64_t>(i)))]);
-  }
-};
+// ---------------------------------------------------------------- deterministic random
+using testing::Rng;
 
 // ---------------------------------------------------------------- dtypes, written out
 int reference_bits(CacheDtype t) {
@@ -66,7 +52,7 @@ int element_size(CacheDtype t) { return reference_bits(t) / 8; }
 int64_t reference_split_x(CacheDtype t) { return 128 / reference_bits(t); }  // elements per 16 bytes
 
 // ---------------------------------------------------------------- pool layout, written out
-// Block-inner order per SPEC §2; `pad` extra elements after every block (a
+// Block-inner order per contract §2; `pad` extra elements after every block (a
 // caller-strided pool). Offsets in elements (nibbles for nvfp4).
 struct RefLayout {
   PoolGeometry g;
@@ -539,7 +525,7 @@ TEST_CASE("append_paged IsEquivalentToRef: layouts x placements x dtypes x page 
   CHECK(cases == 240);
 }
 
-TEST_CASE("append_paged nvfp4 writes the SPEC §4 codes for a hand-computed group") {
+TEST_CASE("append_paged nvfp4 writes the contract §4 codes for a hand-computed group") {
   // 16 elements of 1.0 with g = 1: amax 1, sf = 1/6 -> e4m3 0x23 (0.171875);
   // 1.0 / 0.171875 = 5.818 -> e2m1 6.0 (code 7): every byte 0x77.
   RefLayout ref;

@@ -10,4 +10,5 @@
 #include "core/geometry.hpp"
 #include "core/page_table.hpp"
 #include "core/rope.hpp"
+#include "core/splitmix64.hpp"
 #include "core/window.hpp"

@@ -25,7 +25,7 @@ KVSIM_HD constexpr bool dims_contiguous(const InnerStrides& in, int32_t dim0, in
 // 16 bytes of the pool (one nvfp4 block of 16 elements for nvfp4). A row is
 // ceil(D / chunk) chunks; the last may be short.
 KVSIM_HD constexpr int32_t row_chunk_elements(CacheDtype pool_dtype) {
-  return pool_dtype == CacheDtype::nvfp4 ? 16 : 16 * 8 / bits_per_element(pool_dtype);
+  return pool_dtype == CacheDtype::nvfp4 ? codec::kNvfp4BlockElems : 16 * 8 / bits_per_element(pool_dtype);
 }
 KVSIM_HD constexpr int32_t row_chunks(int32_t head_dim, CacheDtype pool_dtype) {
   const int32_t c = row_chunk_elements(pool_dtype);

@@ -1,4 +1,4 @@
-// Bit-exact number codecs (SPEC §4). Every function is integer arithmetic on
+// Bit-exact number codecs (contract §4). Every function is integer arithmetic on
 // the fp32 bit pattern (or exact fp32 operations), so host and device produce
 // the same code for every input; the exhaustive tests in
 // tests/core/codecs_exhaustive_test.cpp check all 2^32 fp32 inputs against an
@@ -14,7 +14,7 @@
 //      non-saturating:  overflow -> e4m3: S.1111.111 (NaN, sign kept),
 //                       e5m2: +-Inf (0x7C | sign); +-Inf -> same.
 //      NaN -> 0x7F in every mode (sign dropped; CUDA's intrinsic keeps the sign
-//      bit, SPEC §4 fixes 0x7F). -0 and negative underflow keep the sign (0x80).
+//      bit, contract §4 fixes 0x7F). -0 and negative underflow keep the sign (0x80).
 //  * e2m1 (nvfp4 element): +-{0, .5, 1, 1.5, 2, 3, 4, 6}, sign in bit 3, round to
 //    nearest even, saturating at 6; +-Inf -> +-6; NaN -> 0x7 (+6), the PTX
 //    cvt.rn.satfinite rule of mapping NaN to the positive maximum. -0 and
@@ -28,6 +28,7 @@
 #pragma once
 
 #include "bits.hpp"
+#include "dtype.hpp"
 
 namespace kvsim::codec {
 
@@ -186,12 +187,12 @@ KVSIM_HD constexpr int8_t f32_to_int8(float f) {
 KVSIM_HD constexpr float int8_to_f32(int8_t v) { return static_cast<float>(v); }
 
 // ---------------------------------------------------------------- nvfp4 block
-// One 16-element NVFP4 block (SPEC §4): amax = max|x| (NaN elements ignored);
+// One 16-element NVFP4 block (contract §4): amax = max|x| (NaN elements ignored);
 // sf = amax / (6*g); sf8 = e4m3_satfinite(sf); out = 1 / (float(sf8) * g), or 0
 // when amax, sf8 or g is 0; code_i = e2m1(x_i * out). Element 2i goes to the
 // low nibble of byte i. Decode: (e2m1(code) * float(sf8)) * g. g must be
-// finite and > 0 (checked by validation before any op runs).
-inline constexpr int kNvfp4BlockElems = 16;
+// finite and > 0 (checked by validation before any op runs). The group size
+// is codec::kNvfp4BlockElems (dtype.hpp: the geometry's scale pool needs it too).
 
 KVSIM_HD constexpr uint8_t nvfp4_block_scale(const float* x, float global_scale) {
   float amax = 0.0f;

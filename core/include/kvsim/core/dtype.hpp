@@ -1,4 +1,4 @@
-// Cache element types (SPEC §2) and their storage sizes.
+// Cache element types (contract §2) and their storage sizes.
 #pragma once
 
 #include <optional>
@@ -26,6 +26,12 @@ KVSIM_HD constexpr int bits_per_element(CacheDtype t) {
   }
   return 0;
 }
+
+namespace codec {
+// Elements per nvfp4 block: one e4m3 scale byte covers this many e2m1 codes
+// (contract §4), so the scale pool has head_dim / kNvfp4BlockElems entries per row.
+inline constexpr int kNvfp4BlockElems = 16;
+}  // namespace codec
 
 KVSIM_HD constexpr bool is_quantized(CacheDtype t) {
   return t == CacheDtype::fp8_e4m3 || t == CacheDtype::fp8_e5m2 || t == CacheDtype::int8 || t == CacheDtype::nvfp4;

@@ -1,5 +1,5 @@
 // Pool geometry, block layouts, layer placement, strides and THE offset
-// function (SPEC §2). Every element offset in kvsim -- both backends, the
+// function (contract §2). Every element offset in kvsim -- both backends, the
 // `explain` subcommand and the docs -- comes from element_offset() below.
 //
 // A pool is one tensor per pool kind (primary, secondary):
@@ -113,7 +113,7 @@ struct PoolGeometry {
   KVSIM_HD constexpr bool has_scale_pool() const { return dtype == CacheDtype::nvfp4; }
   KVSIM_HD constexpr PoolGeometry scale_geometry() const {
     PoolGeometry g = *this;
-    g.head_dim = head_dim / 16;
+    g.head_dim = head_dim / codec::kNvfp4BlockElems;
     g.dtype = CacheDtype::fp8_e4m3;  // one byte per entry
     g.layout = layout == BlockLayout::split_x ? BlockLayout::nhd : layout;
     return g;
@@ -228,7 +228,7 @@ KVSIM_HD constexpr int64_t element_byte_offset(int64_t element_offset, CacheDtyp
 // Offset of the nvfp4 scale byte covering dim (dim / 16) in the scale pool.
 KVSIM_HD constexpr int64_t scale_offset(const PoolStrides& scale_strides, int64_t block, int32_t layer, int32_t kv,
                                         int32_t head, int32_t token, int32_t dim) {
-  return element_offset(scale_strides, block, layer, kv, head, token, dim / 16);
+  return element_offset(scale_strides, block, layer, kv, head, token, dim / codec::kNvfp4BlockElems);
 }
 
 // ---------------------------------------------------------------- validation
@@ -255,7 +255,7 @@ inline void validate_geometry(const PoolGeometry& g) {
     bad(ErrorCode::bad_geometry, "primary_blocks = " + std::to_string(g.primary_blocks) + " must be >= 1");
   if (g.secondary_blocks < 0)
     bad(ErrorCode::bad_geometry, "secondary_blocks = " + std::to_string(g.secondary_blocks) + " must be >= 0");
-  if (g.dtype == CacheDtype::nvfp4 && g.head_dim % 16 != 0)
+  if (g.dtype == CacheDtype::nvfp4 && g.head_dim % codec::kNvfp4BlockElems != 0)
     bad(ErrorCode::unsupported_head_dim,
         "head_dim = " + std::to_string(g.head_dim) + " must be a multiple of 16 for nvfp4 (one scale per 16 elements)");
   if (g.layout == BlockLayout::split_x) {

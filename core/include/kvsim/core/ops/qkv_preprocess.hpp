@@ -1,4 +1,4 @@
-// qkv_preprocess_write — TensorRT-LLM applyBiasRopeUpdateKVCache (SPEC §5.3).
+// qkv_preprocess_write — TensorRT-LLM applyBiasRopeUpdateKVCache (contract §5.3).
 //
 // What one step does, per sequence b (tokens packed at cumsum(seq_lens)[b],
 // TensorRT-LLM's remove_padding):
@@ -28,7 +28,7 @@
 // scale_orig_quant[0] and nvfp4_global_scale[0] (Q) are unused: Q leaves in a
 // float dtype.
 //
-// Sliding window (SPEC §5.10): like TensorRT-LLM, only the tokens that are
+// Sliding window (contract §5.10): like TensorRT-LLM, only the tokens that are
 // still in the ring after this step reach the cache: sinks (position < S)
 // and position >= cache_len - cyclic_len. Those map to distinct slots, so
 // every cache byte has exactly one writer even when a chunk wraps the ring.
@@ -306,7 +306,7 @@ KVSIM_HD inline void qkv_zero_cache_row(const KvPools& pools, int32_t layer, int
 // Dims of one chunk of a head, the unit a wide backend gives one thread: 4
 // (a warp then reads and writes 128 consecutive dims), 16 for an nvfp4 cache
 // (one scale block); the last chunk of a head may be short.
-KVSIM_HD constexpr int32_t qkv_chunk_elements(CacheDtype cache) { return cache == CacheDtype::nvfp4 ? 16 : 4; }
+KVSIM_HD constexpr int32_t qkv_chunk_elements(CacheDtype cache) { return cache == CacheDtype::nvfp4 ? codec::kNvfp4BlockElems : 4; }
 KVSIM_HD constexpr int32_t qkv_chunks_per_head(int32_t head_dim, CacheDtype cache) {
   return (head_dim + qkv_chunk_elements(cache) - 1) / qkv_chunk_elements(cache);
 }

@@ -37,14 +37,14 @@
 
 namespace kvsim {
 
-// SPEC §5.1 — FlashInfer append_paged_kv_cache. Token i of sequence
+// contract §5.1 — FlashInfer append_paged_kv_cache. Token i of sequence
 // b = batch_indices[i] at position positions[i] goes to
 //   (page_slot, entry) = divmod(indptr[b] * P + positions[i], P),  block = indices[page_slot].
 // Inputs [nnz, H, D] with arbitrary strides (K/V sliced from a fused QKV);
 // input dtype == cache dtype (bytes copied, NaN payloads kept; this includes
 // fp8/int8 caches, whose inputs must already be codes), except nvfp4 caches,
 // which take fp32/fp16/bf16 and quantize per 16 elements with the layer's K/V
-// global decode scales (SPEC §4); the scale byte of elements [16j, 16j+16)
+// global decode scales (contract §4); the scale byte of elements [16j, 16j+16)
 // goes to the scale pool at scale_offset(..., dim = 16j).
 // Any layout the geometry allows (NHD, HND, split-x); kv_factor must be 2.
 // Rejected before any byte moves: a position outside [0, length(b)) of the
@@ -64,7 +64,7 @@ struct AppendPagedOp {
   float v_global_scale = 1.0f;
 };
 
-// SPEC §5.2 — vLLM reshape_and_cache(_flash). Token t goes to
+// contract §5.2 — vLLM reshape_and_cache(_flash). Token t goes to
 // slot_mapping[t] = block * P + offset (negative: skipped), any layout
 // including split-x; kv_factor must be 2. Accepted dtype pairs:
 //   cache dtype == input dtype (fp32, fp16, bf16, fp8_e4m3, fp8_e5m2, int8):
@@ -84,7 +84,7 @@ struct ReshapeAndCacheOp {
   float v_scale = 1.0f;
 };
 
-// SPEC §5.4 — FlashInfer append_paged_mla_kv_cache into a latent pool
+// contract §5.4 — FlashInfer append_paged_mla_kv_cache into a latent pool
 // (kv_factor 1, kv_heads 1): row = [ckv (d_ckv) | kpe (d_kpe)]. Page table,
 // coordinates and rejections as append_paged.
 //
@@ -95,7 +95,7 @@ struct ReshapeAndCacheOp {
 //  * nvfp4 pool (the supported mix: nvfp4 ckv with fp8 e4m3 kpe):
 //      head_dim is counted in 4-bit units and head_dim == d_ckv + 2 * d_kpe.
 //      Nibbles [0, d_ckv): ckv, fp32/fp16/bf16 input quantized per 16
-//        elements (SPEC §4) with ckv_global_scale; the scale byte of group j
+//        elements (contract §4) with ckv_global_scale; the scale byte of group j
 //        goes to the scale pool at scale_offset(..., dim = 16 j), i.e. scale
 //        entries [0, d_ckv / 16) of the row.
 //      Nibbles [d_ckv, head_dim): kpe as fp8 e4m3 bytes, byte j stored as the
@@ -118,7 +118,7 @@ struct AppendMlaOp {
   float kpe_scale = 1.0f;         // fp8 kpe in the nvfp4 mix, when kpe is fp32/fp16/bf16
 };
 
-// SPEC §5.5 — DeepSeek indexer K cache scatter (TensorRT-LLM
+// contract §5.5 — DeepSeek indexer K cache scatter (TensorRT-LLM
 // indexerKCacheScatter): fp8 bytes [T, D] and 4-byte scales [T] go into a
 // 4-D strided byte cache [blocks, block_size, 1, bytes_per_token] addressed
 // by flat element indices; a negative slot in either mapping skips the
@@ -146,7 +146,7 @@ inline constexpr int32_t kIndexerScaleBytes = 4;
 // How one run of input elements becomes pool bytes (decided on the host).
 enum class RowEncoding : uint8_t {
   copy_bytes,        // input dtype == pool dtype (>= 8 bits): raw bytes, NaN payloads kept
-  nvfp4,             // fp32/fp16/bf16 -> e2m1 nibbles + e4m3 block scales (SPEC §4); scale = global decode scale
+  nvfp4,             // fp32/fp16/bf16 -> e2m1 nibbles + e4m3 block scales (contract §4); scale = global decode scale
   fp8_divide,        // fp32/fp16/bf16 -> pool fp8 code of (x / scale), satfinite
   fp8_pairs_copy,    // nvfp4 pool: fp8 input bytes stored as nibble pairs (MLA kpe)
   fp8_pairs_divide,  // nvfp4 pool: e4m3_satfinite(x / scale) stored as nibble pairs (MLA kpe)
@@ -724,7 +724,7 @@ inline void validate_append_mla(const KvPools& pools, const AppendMlaOp& op) {
   d::check_tensor(op.ckv, "ckv", {nnz, d_ckv}, "[nnz, d_ckv]");
   d::check_tensor(op.kpe, "kpe", {nnz, d_kpe}, "[nnz, d_kpe]");
   if (g.dtype == CacheDtype::nvfp4) {
-    if (d_ckv % 16 != 0)
+    if (d_ckv % codec::kNvfp4BlockElems != 0)
       fail(ErrorCode::unsupported_head_dim, "d_ckv = " + std::to_string(d_ckv) +
                                                 ": rule: nvfp4 ckv is quantized in groups of 16, d_ckv % 16 == 0");
     if (d_ckv + 2 * d_kpe != g.head_dim)
