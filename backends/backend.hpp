@@ -1,5 +1,5 @@
 // The one backend interface that sim/ drives. A backend owns memory (pools,
-// tensors) and runs the ops of SPEC §5 on descriptors core defines. Every op
+// tensors) and runs the ops of contract §5 on descriptors core defines. Every op
 // entry point here validates on the host first (core's validate_* functions)
 // and only then calls the backend's implementation, so a rejected op leaves
 // every pool unchanged on every backend. Backends know nothing of scenarios.

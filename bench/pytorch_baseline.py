@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""PyTorch baseline for kvsim's benchmarks (issue 8, SPEC §8).
+"""PyTorch baseline for kvsim's benchmarks (issue 8, contract §8).
 
 Measures the configurations `kvsim bench` lists, done the way a framework's
 reference backend does them, with no custom kernel:

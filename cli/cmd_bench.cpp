@@ -1,4 +1,4 @@
-// kvsim bench: the throughput of every op (SPEC §8, issue 8) on a backend,
+// kvsim bench: the throughput of every op (contract §8, issue 8) on a backend,
 // quoted against the copy bandwidth measured in the same run (and, for rows
 // that count FLOPs, against the same run's fma_throughput row), every row's
 // output checked against the CPU oracle. The configurations, fixtures, timing

@@ -1,4 +1,4 @@
-// `kvsim codec`: core's bit-exact number codecs (SPEC §4) one value at a time.
+// `kvsim codec`: core's bit-exact number codecs (contract §4) one value at a time.
 //   encode --format F VALUE...   one hex code per value
 //   decode --format F CODE...    one value per code (%.9g round-trips fp32;
 //                                 nan, inf, -inf, -0 spelled out)

@@ -1,5 +1,5 @@
 // `kvsim diff [SCENARIO...] [--generated N [--seed S]] [--json]`: the CPU
-// oracle against the CUDA backend, op by op, byte for byte (SPEC §7). Each
+// oracle against the CUDA backend, op by op, byte for byte (contract §7). Each
 // scenario (default: every built-in one) is replayed through sim::replay() on
 // a DifferentialBackend(cpu, cuda), which compares every pool, scale pool and
 // output an op may write after every op; --generated N adds N random op

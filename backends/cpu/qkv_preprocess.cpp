@@ -1,4 +1,4 @@
-// CPU oracle of qkv_preprocess_write (SPEC §5.3, TensorRT-LLM
+// CPU oracle of qkv_preprocess_write (contract §5.3, TensorRT-LLM
 // applyBiasRopeUpdateKVCache). The arithmetic and the write rules live in
 // core (kvsim/core/ops/qkv_preprocess.hpp); this file only enumerates the
 // work items (fused-qkv row, kv head) and runs them in the backend's arena.

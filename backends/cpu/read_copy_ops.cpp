@@ -1,4 +1,4 @@
-// CPU oracle of the read and block-copy ops (SPEC §5.6, §5.9): loops only.
+// CPU oracle of the read and block-copy ops (contract §5.6, §5.9): loops only.
 // Every value and offset comes from core's work-item functions in
 // core/ops/read_copy_ops.hpp; each work item owns its output bytes, so the
 // result is the same for any thread count.

@@ -1,4 +1,4 @@
-// CPU oracle of the write ops (SPEC §5.1, §5.2, §5.4, §5.5): loops only.
+// CPU oracle of the write ops (contract §5.1, §5.2, §5.4, §5.5): loops only.
 // Every byte written comes from core's work-item functions in
 // core/ops/write_ops.hpp; validation (Backend's entry points) has already
 // proved that no two work items share a byte, so any thread count gives the

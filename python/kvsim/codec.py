@@ -1,4 +1,4 @@
-"""kvsim's bit-exact codecs on arrays (core/codecs.hpp, SPEC §4).
+"""kvsim's bit-exact codecs on arrays (core/codecs.hpp, contract §4).
 
 ``encode(fmt, x)``: fp32 values -> codes (uint8; uint16 for bf16/fp16).
 Formats: e4m3 and e5m2 (saturating, as ``__nv_cvt_float_to_fp8(.., __NV_SATFINITE, ..)``),

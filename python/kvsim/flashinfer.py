@@ -52,7 +52,7 @@ def append_paged_kv_cache(append_key, append_value, batch_indices, positions, pa
     ("fp8_e4m3", "fp8_e5m2", "nvfp4"); for nvfp4 the cache is packed bytes
     (last axis D / 2), ``scale_cache`` the one-byte block scales (same form,
     last axis D / 16), and the fp32/fp16/bf16 input is quantized with
-    ``k_global_scale``/``v_global_scale`` (SPEC §4).
+    ``k_global_scale``/``v_global_scale`` (contract §4).
 
     Where kvsim differs: an nvfp4 element that is NaN encodes as 0x7 (kvsim's
     e2m1 rule saturates NaN to +6); FlashInfer's nvfp4 append writes 0x0.

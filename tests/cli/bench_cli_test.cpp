@@ -1,4 +1,4 @@
-// kvsim bench: runs every op of SPEC §5 and reports consistent numbers. Speed
+// kvsim bench: runs every op of contract §5 and reports consistent numbers. Speed
 // itself is never asserted; the shape and arithmetic of the report are.
 #include <doctest/doctest.h>
 

@@ -2,7 +2,7 @@
 // stdout and stderr captured and the exit status checked. Every number the
 // CLI prints is compared with core functions called here (contiguous_strides,
 // element_offset, scale_offset, WindowMapping, PageDivider, CsrPageTable,
-// codecs), plus a few values worked out by hand from the SPEC formulas.
+// codecs), plus a few values worked out by hand from the contract formulas.
 #include <doctest/doctest.h>
 
 #include <sys/wait.h>

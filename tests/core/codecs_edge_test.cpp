@@ -1,4 +1,4 @@
-// Hand-worked edge cases of core's codecs (SPEC §4), each derived in its
+// Hand-worked edge cases of core's codecs (contract §4), each derived in its
 // comment from the format's definition rather than from the implementation.
 // The exhaustive sweep (codecs_exhaustive_test.cpp) proves agreement with a
 // reference on every input; these cases pin the reference's intent in
@@ -89,7 +89,7 @@ TEST_CASE("e4m3: Inf, NaN and signed zero") {
   CHECK(e4m3(-kInf, Saturation::none) == 0xFF);
   for (const Saturation s : {Saturation::finite, Saturation::none}) {
     CHECK(e4m3(kNaN, s) == 0x7F);                     // NaN -> 0x7F in every mode
-    CHECK(e4m3(kNegNaN, s) == 0x7F);                  // ... sign dropped (SPEC §4)
+    CHECK(e4m3(kNegNaN, s) == 0x7F);                  // ... sign dropped (contract §4)
     CHECK(e4m3(bits_float(0x7F800001u), s) == 0x7F);  // signalling NaN too
   }
   CHECK(e4m3(0.0f) == 0x00);

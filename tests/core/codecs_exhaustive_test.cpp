@@ -1,4 +1,4 @@
-// Exhaustive checks of core's codecs (SPEC §4): every fp32 bit pattern through
+// Exhaustive checks of core's codecs (contract §4): every fp32 bit pattern through
 // every fp32 -> narrow conversion, every 16-bit pattern through the bf16/fp16
 // round trips, and every code of every narrow format through its decoder.
 //

@@ -1,4 +1,4 @@
-// Property tests of core's geometry (SPEC §2, §9): THE element_offset function
+// Property tests of core's geometry (contract §2, §9): THE element_offset function
 // is checked against offsets written out independently here, over every
 // coordinate of every pool of a sweep of layouts, placements, dtypes, odd page
 // sizes and head counts; the offsets must form a bijection onto the pool and
@@ -61,7 +61,7 @@ int64_t reference_offset(const PoolGeometry& g, PoolKind kind, int64_t block, in
   return ((layer * g.blocks(kind) + block) * g.kv_factor + kv) * sub + inner;  // [layer][block][kv][inner]
 }
 
-// Which geometries the contract supports (SPEC §2), and which codes a rejection may carry.
+// Which geometries the contract supports (contract §2), and which codes a rejection may carry.
 bool expected_supported(const PoolGeometry& g) {
   const bool nvfp4 = g.dtype == CacheDtype::nvfp4;
   if (nvfp4 && g.head_dim % 16 != 0) return false;
@@ -153,7 +153,7 @@ std::string check_pool_offsets(const PoolGeometry& g, PoolKind kind) {
 
 // ---------------------------------------------------------------- element storage
 // A pool is raw bytes; an element is `bits` wide, nvfp4 two per byte with
-// element 2i in the low nibble (SPEC §4), multi-byte elements little-endian.
+// element 2i in the low nibble (contract §4), multi-byte elements little-endian.
 void store_element(std::vector<uint8_t>& pool, CacheDtype t, int64_t offset, uint32_t code) {
   const int64_t byte = element_byte_offset(offset, t);
   const int bits = bits_per_element(t);
@@ -303,7 +303,7 @@ TEST_CASE("an empty secondary pool (secondary_blocks = 0) has valid contiguous s
 
 // ---------------------------------------------------------------- write through one, read through another
 
-TEST_CASE("a logical tensor written through NHD reads back identically through HND and split-x (SPEC §9)") {
+TEST_CASE("a logical tensor written through NHD reads back identically through HND and split-x (contract §9)") {
   const int32_t page_sizes[] = {3, 16, 17};
   const int32_t head_dims[] = {16, 48};
   const LayerPlacement placements[] = {LayerPlacement::in_block, LayerPlacement::per_layer};

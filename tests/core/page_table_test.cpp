@@ -1,4 +1,4 @@
-// The page-table contract (SPEC §3): one TEST_CASE per named validation error
+// The page-table contract (contract §3): one TEST_CASE per named validation error
 // that core can raise, each asserting the code, its name and that the message
 // says which sequence, entry, value and rule; a failed validation leaves the
 // pool unchanged (checked byte for byte through a validate-then-write scatter

@@ -1,4 +1,4 @@
-// The window mapping (SPEC §5.10, TensorRT-LLM getKVTokenIdx) against examples
+// The window mapping (contract §5.10, TensorRT-LLM getKVTokenIdx) against examples
 // worked by hand, then as a property over odd and power-of-two page sizes,
 // every sink count up to two blocks and a range of windows.
 //   bubble     = (S mod P == 0) ? 0 : P - S mod P

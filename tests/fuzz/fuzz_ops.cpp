@@ -1,5 +1,5 @@
 // libFuzzer target: a fuzzed geometry, pool strides/allocation and page
-// tables, then one of every op of SPEC §5 on small pools on the CPU backend
+// tables, then one of every op of contract §5 on small pools on the CPU backend
 // (one thread). Built under ASan + UBSan, it holds kvsim to its contract:
 //   * validation accepts  => every byte the op touches is inside memory the
 //     descriptors describe (pools are exactly their allocation's size, every

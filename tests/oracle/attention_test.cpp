@@ -39,7 +39,7 @@ float logical_value(uint32_t seed, int layer, int kv, int head, int64_t pos, int
   return static_cast<float>(h >> 40) / 8388608.0f - 1.0f;
 }
 
-// The pool offset of a logical element, written out from SPEC §2 here.
+// The pool offset of a logical element, written out from contract §2 here.
 int64_t test_offset(const PoolGeometry& g, int64_t block, int layer, int kv, int head, int token, int dim) {
   const int64_t H = g.kv_heads, P = g.tokens_per_block, D = g.head_dim, F = g.kv_factor, L = g.layers;
   int64_t inner = 0;

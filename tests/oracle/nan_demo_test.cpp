@@ -1,4 +1,4 @@
-// The NaN demonstration of SPEC §5.3/§5.7, end to end through two ops: a
+// The NaN demonstration of contract §5.3/§5.7, end to end through two ops: a
 // context step of qkv_preprocess_write writes K/V into a pool poisoned with
 // NaN, then decode_attention reads whole pages. With TensorRT-LLM's V-tail
 // zeroing on, no output holds NaN; with it off, NaN reaches exactly the

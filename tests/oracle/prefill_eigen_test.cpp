@@ -2,7 +2,7 @@
 // in double: causal single chunks, chunked prefill (past tokens already in
 // the cache), sliding windows with sinks (the ring as written), GQA, fp32 and
 // bf16 caches, odd page sizes. The pool is written here through this test's
-// own NHD offset formula (SPEC §2), not through core's element_offset.
+// own NHD offset formula (contract §2), not through core's element_offset.
 //
 // Bound, per output element (u = 2^-24, n keys, c = ceil(D/32), parts =
 // ceil(n/256), max|v| over the attended keys, S = max over keys of

@@ -1,7 +1,7 @@
-// Oracle tests of the read and block-copy ops (SPEC §5.6, §5.9, §6 offload):
+// Oracle tests of the read and block-copy ops (contract §5.6, §5.9, §6 offload):
 // gather_paged, gather_view, partial_copy, copy_blocks, offload / onboard.
 // Each op IsEquivalentToRef: an independent reference written here (scalar
-// loops over logical coordinates, offsets from the layout definitions of SPEC
+// loops over logical coordinates, offsets from the layout definitions of contract
 // §2 written out below, not core's element_offset; only core's codecs are
 // shared) predicts every output byte and every pool byte, over NHD / HND /
 // split-x x in_block / per_layer x every dtype (nvfp4 not with split-x), page
@@ -48,7 +48,7 @@ int64_t reference_split_x(CacheDtype t) {
   }
 }
 
-// Offset inside one (block, layer, kv) sub-block of H * P * D elements (SPEC §2).
+// Offset inside one (block, layer, kv) sub-block of H * P * D elements (contract §2).
 int64_t reference_inner_offset(BlockLayout layout, CacheDtype t, int64_t H, int64_t P, int64_t D, int kv, int64_t head,
                                int64_t token, int64_t dim) {
   switch (layout) {
@@ -640,7 +640,7 @@ TEST_CASE("copy_blocks IsEquivalentToRef: independent whole-block pairs, a sourc
 
 // ================================================================ offload / onboard
 
-TEST_CASE("offload / onboard IsEquivalentToRef, and offload then onboard returns the same bytes (SPEC §6)") {
+TEST_CASE("offload / onboard IsEquivalentToRef, and offload then onboard returns the same bytes (contract §6)") {
   std::mt19937_64 rng(4242);
   for (const Config& c : sweep()) {
     CAPTURE(c.name());

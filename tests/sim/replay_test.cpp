@@ -1,5 +1,5 @@
 // Replays of small scenarios built in C++ (sim/include/kvsim/sim/replay.hpp):
-// counters, every invariant of SPEC §6 holding over page sizes 1, 3, 7, 17,
+// counters, every invariant of contract §6 holding over page sizes 1, 3, 7, 17,
 // odd batch sizes, every write path and both window modes; each fault caught
 // by its invariant (and the same invariant passing with the fault off);
 // determinism across runs and thread counts; the --dump files.

@@ -60,7 +60,7 @@ TEST_CASE("every built-in scenario parses, passes the checks and says what it te
       CHECK(std::find(s.expect.must_catch.begin(), s.expect.must_catch.end(), f) != s.expect.must_catch.end());
     for (Fault f : s.expect.must_catch) caught.insert(f);
   }
-  // One fault scenario for each silent failure of SPEC §6.
+  // One fault scenario for each silent failure of contract §6.
   for (Fault f : {Fault::past_len_zero, Fault::window_mismatch, Fault::k_scale_for_v, Fault::reused_block_mismatch,
                   Fault::v_tail_not_zeroed, Fault::stale_bad_page}) {
     INFO(fault_name(f));

@@ -1,4 +1,4 @@
-// kvsim's benchmark library (issue 8, SPEC §8): the configurations `kvsim
+// kvsim's benchmark library (issue 8, contract §8): the configurations `kvsim
 // bench` measures, how each is prepared on a backend, timed, and checked
 // against the CPU oracle. The CLI (cli/cmd_bench.cpp) only parses options
 // and prints.
@@ -42,7 +42,7 @@ class Fixture {
 };
 
 struct Case {
-  std::string op;      // SPEC §5 name: "decode_attention"
+  std::string op;      // contract §5 name: "decode_attention"
   std::string config;  // "bf16 hnd P16 GQA32:8 D128 B64 ctx8192"
   nlohmann::json params;  // the configuration as fields (read by bench/pytorch_baseline.py)
   double bytes = 0;    // minimal bytes the op must move (header of cases.cpp)

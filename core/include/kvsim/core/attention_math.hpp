@@ -1,7 +1,7 @@
-// The canonical arithmetic of attention (SPEC §1), written once for host and
+// The canonical arithmetic of attention (contract §1), written once for host and
 // device. The order depends only on absolute token positions -- never on
 // chunking, layout, page size, thread count or reuse -- so the invariants of
-// SPEC §6 can demand bit equality. docs/canonical-arithmetic.md draws it.
+// contract §6 can demand bit equality. docs/canonical-arithmetic.md draws it.
 //
 //  keys of a query  : sinks, then the window (or 0..p), in position order,
 //                     then the masked tail of the query's page (whole-page

@@ -22,7 +22,7 @@
 #define KVSIM_FORCEINLINE inline
 #endif
 
-// Exactness guard (SPEC §1): fast-math would let the compiler reassociate and
+// Exactness guard (contract §1): fast-math would let the compiler reassociate and
 // contract the canonical order, so refuse to build under it.
 #if defined(__FAST_MATH__)
 #error "kvsim must not be compiled with -ffast-math: outputs must be bit-exact"

@@ -1,4 +1,4 @@
-// Named validation errors (SPEC §3). Every rejection in kvsim carries one of
+// Named validation errors (contract §3). Every rejection in kvsim carries one of
 // these codes plus a message naming the sequence, the entry, the value and the
 // rule; validation always happens before any byte moves, so a thrown
 // ValidationError means every pool is unchanged.

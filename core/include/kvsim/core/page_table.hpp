@@ -1,4 +1,4 @@
-// The page-table contract (SPEC §3): CSR tables (FlashInfer), dense block
+// The page-table contract (contract §3): CSR tables (FlashInfer), dense block
 // tables (TensorRT-LLM / vLLM), slot mappings (vLLM), append coordinates and
 // primary/secondary block references (TensorRT-LLM KVCacheIndex). The views
 // are plain pointers + sizes so the same struct serves the host reference and

@@ -1,4 +1,4 @@
-// RoPE (SPEC §1, §5.3): the cos/sin table of real engines (vLLM's
+// RoPE (contract §1, §5.3): the cos/sin table of real engines (vLLM's
 // cos_sin_cache), computed once on the host in double and rounded to fp32,
 // shared by both backends so no libm transcendental reaches an output. The
 // rotation itself is a core function with an explicit order.

@@ -119,7 +119,7 @@ struct KvPools {
 };
 static_assert(std::is_trivially_copyable_v<KvPools>, "kernels take KvPools by value");
 
-// An nvfp4 global decode scale g must be finite and > 0 (SPEC §4); every op
+// An nvfp4 global decode scale g must be finite and > 0 (contract §4); every op
 // that takes one checks it here. `name` says which (e.g. "decode_attention:
 // k_global_scale").
 inline void validate_global_scale(float g, const std::string& name) {

@@ -1,4 +1,4 @@
-// The window mapping (TensorRT-LLM KVBlockArray::getKVTokenIdx), SPEC §5.10.
+// The window mapping (TensorRT-LLM KVBlockArray::getKVTokenIdx), contract §5.10.
 // Sink tokens S stay where they are; every later token cycles through a ring
 // of cyclic_len slots that starts after a bubble which pads the sinks to a
 // block boundary, so window edges fall on block edges:

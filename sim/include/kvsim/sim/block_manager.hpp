@@ -1,4 +1,4 @@
-// The block manager (SPEC §6): which physical blocks each sequence owns, and
+// The block manager (contract §6): which physical blocks each sequence owns, and
 // the prefix-reuse cache over full blocks. It models:
 //  * TensorRT-LLM's KVCacheManager / vLLM v1's BlockPool: a primary pool with a
 //    free list and reference counts, full blocks cached in a prefix tree keyed

@@ -1,4 +1,4 @@
-// The comparison invariants of SPEC §6 (chunking, reuse, window, layout,
+// The comparison invariants of contract §6 (chunking, reuse, window, layout,
 // quantization, batch): replay() runs the scenario again with one setting
 // changed (ReplayOptions::comparison_invariants = false for that run) and
 // compares the two RunRecords here (by content digests, bytes only where

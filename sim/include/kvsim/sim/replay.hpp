@@ -1,4 +1,4 @@
-// Replaying a scenario on a backend (SPEC §6-§7): the block manager builds
+// Replaying a scenario on a backend (contract §6-§7): the block manager builds
 // every page table, the scheduler forms steps, the synthetic model makes the
 // inputs, and every step becomes backend ops for every layer. Invariants are
 // checked during and after the replay. The runner drives backends only

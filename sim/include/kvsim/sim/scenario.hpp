@@ -1,4 +1,4 @@
-// The scenario data model (SPEC §6): everything a scripted replay needs, as
+// The scenario data model (contract §6): everything a scripted replay needs, as
 // plain values. scenario_file.hpp turns a TOML file into one of these (and
 // rejects a malformed one with file:line:column); replay.hpp runs it on a
 // Backend. Nothing here knows TOML, the CLI or a particular backend.
@@ -26,7 +26,7 @@ struct SourceLocation {
   int column = 0;
 };
 
-// Synthetic model (SPEC §6): Q/K/V of the token at position p are a
+// Synthetic model (contract §6): Q/K/V of the token at position p are a
 // deterministic function of (seed, layer, head, dim, p, hash of tokens 0..p).
 struct ModelSpec {
   int32_t layers = 2;
@@ -57,7 +57,7 @@ struct MlaSpec {
   bool attention = false;
 };
 
-// How K/V reach the pool each step; one of SPEC §5's write ops.
+// How K/V reach the pool each step; one of contract §5's write ops.
 enum class WritePath : uint8_t {
   qkv_preprocess,     // TensorRT-LLM applyBiasRopeUpdateKVCache (default)
   append_paged,       // FlashInfer append_paged_kv_cache
@@ -183,7 +183,7 @@ struct RequestSpec {
   SourceLocation where;
 };
 
-// Fault injection (SPEC §6): each reproduces one silent failure of the seed
+// Fault injection (contract §6): each reproduces one silent failure of the seed
 // article's table; the named invariant must catch it.
 enum class Fault : uint8_t {
   past_len_zero,           // chunked prefill writes/reads as if past_seq_len were 0  -> chunking
@@ -198,7 +198,7 @@ enum class Fault : uint8_t {
   offload_drops_scales,    // offload copies nvfp4 data but not its packed scales (vLLM #48412) -> offload
 };
 
-// Named invariants (SPEC §6).
+// Named invariants (contract §6).
 enum class Invariant : uint8_t {
   conservation, chunking, reuse, window, layout, dense, quantization, no_nan, offload, batch,
 };

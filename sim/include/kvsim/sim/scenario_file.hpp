@@ -1,4 +1,4 @@
-// Scenario files (SPEC §6): TOML through toml++, strictly checked before
+// Scenario files (contract §6): TOML through toml++, strictly checked before
 // anything runs. docs/scenarios.md is the format reference.
 //
 // Every rejection is kvsim::ValidationError(ErrorCode::bad_scenario,

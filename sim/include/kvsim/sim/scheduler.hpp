@@ -1,4 +1,4 @@
-// The scheduler (SPEC §6), modelled on vLLM v1's scheduler: each step has a
+// The scheduler (contract §6), modelled on vLLM v1's scheduler: each step has a
 // token budget; running requests are served first (a decode token each, or
 // their next prefill chunk), then waiting requests are admitted in arrival
 // order while budget, batch slots and blocks last (first come, first served:

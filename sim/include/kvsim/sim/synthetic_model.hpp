@@ -1,4 +1,4 @@
-// The synthetic model (SPEC §6): every input a step feeds the cache is a
+// The synthetic model (contract §6): every input a step feeds the cache is a
 // deterministic function of (seed, layer, head, dim, position p, hash of
 // tokens 0..p). A block reused from the prefix cache therefore holds exactly
 // what the request would have computed itself, and two replays that differ
@@ -33,7 +33,7 @@ class SyntheticModel {
   // The hash of tokens[0..p] from the hash of tokens[0..p-1] (kEmptyHash for p = 0).
   static uint64_t extend_hash(uint64_t previous, int32_t token);
   static constexpr uint64_t kEmptyHash = 0x243f6a8885a308d3ull;
-  // The token a request samples after `position` (SPEC: a function of the request and position).
+  // The token a request samples after `position` (contract §6: a function of the request and position).
   static int32_t next_token(uint64_t request_seed, int64_t position);
   // A request's seed: its own, or one derived from its id.
   static uint64_t request_seed(const RequestSpec& r);

@@ -1,4 +1,4 @@
-// decode_attention and prefill_attention (SPEC §5.7, §5.8) descriptors. The
+// decode_attention and prefill_attention (contract §5.7, §5.8) descriptors. The
 // arithmetic is core's canonical order (../attention_math.hpp,
 // docs/canonical-arithmetic.md); both ops call attend_query() for every
 // (query token, KV head) so a one-token prefill chunk is bit-equal to decode.
@@ -116,7 +116,7 @@ struct AttentionArgs {
 
 // Loads one head row (D values) of K (kv = 0) or V (kv = 1) at a cache slot,
 // as exact fp32: stored codes for fp32/fp16/bf16/fp8/int8 (per-tensor scales
-// are applied by the caller), full SPEC §4 decode for nvfp4.
+// are applied by the caller), full contract §4 decode for nvfp4.
 // Block and entry of cache slot `slot` of sequence seq in a dense table.
 struct TableSlot {
   int64_t block;

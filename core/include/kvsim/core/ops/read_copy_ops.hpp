@@ -32,13 +32,13 @@ namespace kvsim {
 
 // ================================================================ descriptors
 
-// SPEC §5.6 — TensorRT-LLM vanilla _gather_paged_kv: the first num_tokens
+// contract §5.6 — TensorRT-LLM vanilla _gather_paged_kv: the first num_tokens
 // logical tokens of K (kv = 0) or V (kv = 1) of one sequence whose block
 // table is block_ids, as an [n, H, D] fp32 tensor. Token t lives in
 // block_ids[t / P] at entry t % P. Value of each element:
 //   fp32 / fp16 / bf16: the stored value, exactly (scale is not applied);
 //   fp8_e4m3 / fp8_e5m2 / int8: decoded code * scale (one fp32 multiply);
-//   nvfp4: codec::nvfp4_decode(nibble, scale byte, global_scale) (SPEC §4;
+//   nvfp4: codec::nvfp4_decode(nibble, scale byte, global_scale) (contract §4;
 //          scale is not applied).
 // A BAD_PAGE (-1) entry reads as +0.0 for its whole page range (vanilla.py's
 // new_zeros): the read side degrades where the write side asserts.
@@ -58,11 +58,11 @@ struct GatherPagedOp {
   float global_scale = 1.0f;  // nvfp4 only; must be finite and > 0
 };
 
-// SPEC §5.9 — cuKVCacheBlockPartialCopy: copy the first num_tokens entries of
+// contract §5.9 — cuKVCacheBlockPartialCopy: copy the first num_tokens entries of
 // every (layer, kv, head) of src_block to the same entries of dst_block; the
 // other entries of dst_block are untouched. num_tokens <= 0 copies the whole
 // block (the kernel's sentinel); num_tokens > P is rejected. nvfp4 always
-// copies whole blocks, data and block scales, whatever num_tokens says (SPEC
+// copies whole blocks, data and block scales, whatever num_tokens says (contract
 // §5.9): the packed nibbles and their scale bytes move as one unit, and no
 // copy ever has to split a byte that packs two elements. src and dst are
 // primary BlockRefs (raw values), distinct and live; entries of dst beyond the
