@@ -3,9 +3,8 @@
 
 #include <limits>
 
-#include <kvsim/core/splitmix64.hpp>
-
 #include <kvsim/core/errors.hpp>
+#include <kvsim/core/splitmix64.hpp>
 
 #include "kvsim/sim/scenario_file.hpp"
 
