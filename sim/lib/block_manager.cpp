@@ -9,12 +9,26 @@
 namespace kvsim::sim {
 
 namespace {
-constexpr uint64_t kRootKey = 0xcbf29ce484222325ull;
+constexpr uint64_t kRootKey = BlockManager::kTreeRoot;
 
 uint64_t mix(uint64_t h, uint64_t v) {  // splitmix64 of the running key and one value
   return splitmix64_mix(h ^ (v + kSplitmix64Gamma + (h << 6) + (h >> 2)));
 }
 }  // namespace
+
+std::string_view block_event_name(BlockEvent::Kind k) {
+  switch (k) {
+    case BlockEvent::Kind::hit: return "hit";
+    case BlockEvent::Kind::partial_copy: return "partial_copy";
+    case BlockEvent::Kind::evict: return "evict";
+    case BlockEvent::Kind::offload: return "offload";
+    case BlockEvent::Kind::onboard: return "onboard";
+    case BlockEvent::Kind::drop_secondary: return "drop_secondary";
+    case BlockEvent::Kind::release: return "release";
+    case BlockEvent::Kind::cancel: return "cancel";
+  }
+  return "?";
+}
 
 BlockManagerConfig BlockManagerConfig::from(const Scenario& s) {
   BlockManagerConfig c;
@@ -151,17 +165,20 @@ void BlockManager::evict(int32_t pool, int32_t block) {
   const uint64_t key = *b.node;
   b.node.reset();
   ++counters_.evicted_blocks;
+  tell({BlockEvent::Kind::evict, -1, block, -1, -1, 0, pool});
   Node& node = nodes_.at(key);
   if (config_.offload && config_.secondary_blocks > 0) {
     if (free_secondary_.empty()) {  // the secondary pool is full: drop its least recently offloaded block
       const uint64_t oldest = secondary_lru_.front();
       secondary_lru_.pop_front();
       free_secondary_.push_back(nodes_.at(oldest).block);
+      tell({BlockEvent::Kind::drop_secondary, -1, -1, nodes_.at(oldest).block});
       forget_node(oldest);
     }
     const int32_t sec = free_secondary_.back();
     free_secondary_.pop_back();
     if (mover_) mover_->offload(block, sec);
+    tell({BlockEvent::Kind::offload, -1, block, sec, -1, 0, pool});
     node.pool = PoolKind::secondary;
     node.block = sec;
     secondary_lru_.push_back(key);
@@ -216,7 +233,7 @@ MatchResult BlockManager::add_sequence(SeqId seq, std::span<const int32_t> promp
   MatchResult m;
   if (!config_.reuse || prompt.empty()) return m;
   if (!single_legacy_group()) {
-    m = match_groups(s, prompt);
+    m = match_groups(seq, s, prompt);
     counters_.reuse_hit_tokens += m.tokens();
     return m;
   }
@@ -233,6 +250,7 @@ MatchResult BlockManager::add_sequence(SeqId seq, std::span<const int32_t> promp
       const auto dst = take_block(0);
       if (!dst) break;
       if (mover_) mover_->onboard(node.block, *dst);
+      tell({BlockEvent::Kind::onboard, seq, *dst, node.block});
       secondary_lru_.erase(std::find(secondary_lru_.begin(), secondary_lru_.end(), node.key));
       free_secondary_.push_back(node.block);
       node.pool = PoolKind::primary;
@@ -262,6 +280,7 @@ MatchResult BlockManager::add_sequence(SeqId seq, std::span<const int32_t> promp
         }
     }
   }
+  for (int32_t b : tb.blocks) tell({BlockEvent::Kind::hit, seq, b, -1, -1, static_cast<int32_t>(P)});
   if (config_.partial_reuse && m.full_tokens < limit) {
     // The cached child of the matched prefix that shares the longest head with the prompt's next tokens.
     const int64_t room = std::min<int64_t>(limit - m.full_tokens, P);
@@ -283,6 +302,7 @@ MatchResult BlockManager::add_sequence(SeqId seq, std::span<const int32_t> promp
       const auto dst = take_block(0);
       if (dst) {
         if (mover_) mover_->partial_copy(src, *dst, static_cast<int32_t>(best));
+        tell({BlockEvent::Kind::partial_copy, seq, *dst, -1, src, static_cast<int32_t>(best)});
         pools_[0].blocks[*dst].refs = 1;
         tb.blocks.push_back(*dst);
         m.partial_tokens = best;
@@ -303,7 +323,7 @@ MatchResult BlockManager::add_sequence(SeqId seq, std::span<const int32_t> promp
 // the largest e every group serves: starting from every full block of the
 // prompt but its last token, each group in turn lowers it to the largest e it
 // serves up to there, until no group lowers it.
-MatchResult BlockManager::match_groups(Sequence& s, std::span<const int32_t> prompt) {
+MatchResult BlockManager::match_groups(SeqId seq, Sequence& s, std::span<const int32_t> prompt) {
   const int64_t P = config_.page_size;
   const int64_t limit = static_cast<int64_t>(prompt.size()) - 1;
   const int64_t max_blocks = limit / P;
@@ -352,6 +372,8 @@ MatchResult BlockManager::match_groups(Sequence& s, std::span<const int32_t> pro
       if (needed(g, hit, i)) {
         ref(pool, found[g][i]->block);
         tb.blocks.push_back(found[g][i]->block);
+        tell({BlockEvent::Kind::hit, seq, found[g][i]->block, -1, -1, static_cast<int32_t>(P), pool,
+              static_cast<int32_t>(g)});
       } else {
         tb.blocks.push_back(kNullBlock);
       }
@@ -467,6 +489,7 @@ void BlockManager::release_out_of_window(SeqId seq, int64_t next_position) {
            ++pg) {
         if (blocks[pg] == kNullBlock) continue;
         unref(pool, blocks[pg]);
+        tell({BlockEvent::Kind::release, seq, blocks[pg], -1, -1, 0, pool, g});
         blocks[pg] = kNullBlock;
         ++counters_.released_window_blocks;
       }
@@ -486,6 +509,7 @@ void BlockManager::release_out_of_window(SeqId seq, int64_t next_position) {
       }
       if (attended) continue;
       unref(pool, blocks[pg]);
+      tell({BlockEvent::Kind::release, seq, blocks[pg], -1, -1, 0, pool, g});
       blocks[pg] = kNullBlock;
       ++counters_.released_window_blocks;
     }
@@ -506,6 +530,7 @@ void BlockManager::free_sequence(SeqId seq) {
 
 void BlockManager::cancel_sequence(SeqId seq, const MatchResult& match) {
   free_sequence(seq);
+  tell({BlockEvent::Kind::cancel, seq});
   counters_.reuse_hit_tokens -= match.tokens();
   counters_.partial_reuse_tokens -= match.partial_tokens;
 }
@@ -529,6 +554,21 @@ PoolCounts BlockManager::counts(PoolKind kind) const {
     c.cached = static_cast<int64_t>(secondary_lru_.size());
   }
   return c;
+}
+
+BlockUse BlockManager::block_use(int32_t pool, int32_t block) const {
+  const PrimaryBlock& b = pools_.at(static_cast<size_t>(pool)).blocks.at(static_cast<size_t>(block));
+  if (b.reserved) return BlockUse::reserved;
+  if (b.refs > 0) return BlockUse::referenced;
+  return b.node ? BlockUse::cached : BlockUse::free;
+}
+
+std::vector<CachedBlock> BlockManager::prefix_tree() const {
+  std::vector<CachedBlock> out;
+  out.reserve(nodes_.size());
+  for (const auto& [key, n] : nodes_)
+    out.push_back({key, n.parent, n.pool, n.block, n.group, groups_[n.group].config.pool});
+  return out;
 }
 
 std::vector<int32_t> BlockManager::lru_order(int32_t pool) const { return {pools_[pool].lru.begin(), pools_[pool].lru.end()}; }

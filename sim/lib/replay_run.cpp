@@ -26,6 +26,7 @@
 #include "kvsim/sim/block_manager.hpp"
 #include "kvsim/sim/npy_dump.hpp"
 #include "kvsim/sim/scheduler.hpp"
+#include "kvsim/sim/step_observer.hpp"
 #include "kvsim/sim/synthetic_model.hpp"
 
 namespace kvsim::sim {
@@ -207,6 +208,10 @@ class Runner final : public BlockMover {
     write_map_ = write_maps_[0];
     read_map_ = read_maps_[0];
     sched_ = std::make_unique<Scheduler>(s, *bm_, reqs_);
+    if (opt.observer) {
+      bm_->set_event_listener([o = opt.observer](const BlockEvent& e) { o->block_event(e); });
+      opt.observer->start(s, *bm_, reqs_);
+    }
     allocate_pools();
     sm_scale_ = 1.0f / std::sqrt(static_cast<float>(g_.head_dim));
     if (is_quantized(g_.dtype) && g_.dtype != CacheDtype::nvfp4) {
@@ -529,6 +534,7 @@ RunRecord Runner::run() {
       ++rec_.conservation_checks;
       if (!err.empty() && rec_.conservation_violation.empty())
         rec_.conservation_violation = "step " + std::to_string(step_) + ": " + err;
+      if (opt_.observer) opt_.observer->step_done({step_, &plan, bm_.get(), &reqs_, &sched_->preempted_in_step, err});
       rec_.counters.preemptions = sched_->preemptions;
       rec_.counters.prefill_tokens = sched_->prefill_tokens;
       rec_.counters.decode_tokens = sched_->decode_tokens;

@@ -78,9 +78,11 @@ void Scheduler::preempt(int32_t index) {
   r.phase = RequestState::Phase::waiting;
   waiting_.push_front(index);
   ++preemptions;
+  preempted_in_step.push_back(index);
 }
 
 StepPlan Scheduler::schedule(int64_t step) {
+  preempted_in_step.clear();
   StepPlan plan;
   plan.step = step;
   for (RequestState& r : reqs_)

@@ -50,6 +50,7 @@
 #include <cstdint>
 #include <list>
 #include <map>
+#include <functional>
 #include <optional>
 #include <span>
 #include <string>
@@ -122,6 +123,45 @@ struct BlockManagerCounters {
   int64_t duplicate_blocks = 0;      // full blocks computed again while an equal one was cached
 };
 
+// What the block manager did to one block, told as it happens (replay
+// observers, step_observer.hpp). `block` is a primary block id, `secondary`
+// a secondary one, -1 where the event has none.
+struct BlockEvent {
+  enum class Kind : uint8_t {
+    hit,            // seq reuses cached `block` (a full block; after an onboard when it was offloaded)
+    partial_copy,   // the first `tokens` tokens of cached `source` copied into seq's fresh `block`
+    evict,          // cached, unreferenced `block` taken from the tree for a new owner
+    offload,        // the evicted `block` moved to `secondary`
+    onboard,        // offloaded `secondary` moved back into `block` for seq's hit
+    drop_secondary, // the secondary pool was full: its oldest offloaded `secondary` forgotten
+    release,        // release mode: seq's `block` left the window and went back to the free list
+    cancel,         // seq was not admitted after all: its hits of this step are taken back
+  };
+  Kind kind = Kind::hit;
+  int32_t seq = -1;
+  int32_t block = -1;
+  int32_t secondary = -1;
+  int32_t source = -1;
+  int32_t tokens = 0;  // hit: the block's tokens (each group that hits tells its own block)
+  int32_t pool = 0;    // the primary pool of `block` and `source` (per-layer groups may have several)
+  int32_t group = 0;   // the KV cache group whose table the event concerns
+};
+std::string_view block_event_name(BlockEvent::Kind k);
+
+// One primary block's state (the conservation invariant's four).
+enum class BlockUse : uint8_t { free, referenced, cached, reserved };
+
+// A block of the prefix tree: chained key, parent key (its group's root for
+// a prompt's first block), and where its bytes live.
+struct CachedBlock {
+  uint64_t key = 0;
+  uint64_t parent = 0;
+  PoolKind pool = PoolKind::primary;
+  int32_t block = -1;
+  int32_t group = 0;
+  int32_t primary_pool = 0;  // the group's pool (its block, while pool is primary)
+};
+
 struct MatchResult {
   int64_t full_tokens = 0;     // matched by whole cached blocks
   int64_t partial_tokens = 0;  // copied from a cached block by partial_copy
@@ -189,6 +229,13 @@ class BlockManager {
   // "" when free + referenced + cached = size for both pools and every
   // block is in exactly one of those states; otherwise what is wrong.
   std::string check_conservation() const;
+  // Told every BlockEvent as it happens (empty = nobody listens).
+  void set_event_listener(std::function<void(const BlockEvent&)> listener) { listener_ = std::move(listener); }
+  BlockUse block_use(int32_t pool, int32_t primary_block) const;
+  int32_t pool_count() const { return static_cast<int32_t>(pools_.size()); }
+  // Every block of the prefix tree (any order); group 0's root key is kTreeRoot.
+  std::vector<CachedBlock> prefix_tree() const;
+  static constexpr uint64_t kTreeRoot = 0xcbf29ce484222325ull;
   // Reference count of a primary block (tests).
   int32_t ref_count(int32_t block, int32_t pool = 0) const { return pools_[pool].blocks[block].refs; }
   // Cached primary blocks, least recently used first (tests).
@@ -235,7 +282,7 @@ class BlockManager {
   // (release mode) released pages the tokens [s.length, length) are written to.
   std::vector<int64_t> pages_to_fill(const Sequence& s, int32_t g, int64_t length) const;
   // The vLLM hit rule over every group (any group sliding, or several groups).
-  MatchResult match_groups(Sequence& s, std::span<const int32_t> prompt);
+  MatchResult match_groups(SeqId seq, Sequence& s, std::span<const int32_t> prompt);
   bool single_legacy_group() const;
 
   uint64_t block_key(uint64_t parent, std::span<const int32_t> tokens) const;
@@ -258,6 +305,10 @@ class BlockManager {
   std::unordered_multimap<uint64_t, uint64_t> children_;  // parent key -> child keys
   std::map<SeqId, Sequence> seqs_;
   BlockManagerCounters counters_;
+  std::function<void(const BlockEvent&)> listener_;
+  void tell(const BlockEvent& e) const {
+    if (listener_) listener_(e);
+  }
 };
 
 }  // namespace kvsim::sim

@@ -19,6 +19,8 @@
 
 namespace kvsim::sim {
 
+class StepObserver;  // step_observer.hpp
+
 enum class InvariantStatus : uint8_t {
   pass,        // checked, held
   fail,        // checked, violated (and no fault explains it)
@@ -88,6 +90,9 @@ struct ReplayOptions {
   std::function<void(const OpContext&)> before_op;
   // Called after every step (progress display).
   std::function<void(int64_t step, const ReplayCounters&)> after_step;
+  // Told the start, every block event and the state after every step of the
+  // scenario's own run (not the comparison re-runs); nullptr = none.
+  StepObserver* observer = nullptr;
   // --dump DIR: write pools, scale pools, queries and attention outputs as
   // .npy plus manifest.json. Empty = no dump.
   std::string dump_dir;

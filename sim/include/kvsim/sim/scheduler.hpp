@@ -81,6 +81,7 @@ class Scheduler {
   void free_finished(const std::vector<int32_t>& finished);
 
   int64_t preemptions = 0;
+  std::vector<int32_t> preempted_in_step;  // requests the last schedule() preempted, in order (replay observers)
   int64_t prefill_tokens = 0;
   int64_t decode_tokens = 0;
 
