@@ -1,4 +1,4 @@
-// `kvsim run [SCENARIO...] [--backend B] [--threads N] [--json] [--details] [--dump DIR]`:
+// `kvsim run [SCENARIO...] [--backend B] [--threads N] [--json] [--details] [--dump DIR] [--report DIR]`:
 // replays scenario files (default: every built-in scenario) on a backend
 // through sim::replay() and reports each one's counters and invariants.
 // Exit 0 when every invariant held (or caught its fault) and every
@@ -19,6 +19,7 @@
 #include "backends/backend.hpp"
 #include "commands.hpp"
 #include "kvsim/sim/estimate.hpp"
+#include "kvsim/report/report.hpp"
 #include "kvsim/sim/replay.hpp"
 #include "kvsim/sim/scenario_file.hpp"
 #include "numbers.hpp"
@@ -37,6 +38,7 @@ struct RunOptions {
   TraceFileOptions trace;  // --trace FILE: a window of a request trace as one more scenario
   TraceScenarioOptions trace_scenario;
   std::string invariants;  // --invariants LIST|none; "" = every invariant
+  std::optional<std::string> report_dir;
 };
 
 // --invariants: comma-separated names, or "none"; nullopt = all of them.
@@ -102,11 +104,15 @@ void run(const RunOptions& o) {
   // Every scenario must fit the backend before the first one allocates (exit 2, insufficient_memory).
   for (const sim::Scenario& s : scenarios) sim::check_fits(s, sim::estimate_replay(s, selected), *backend);
   const bool progress = isatty(STDERR_FILENO) != 0;
+  std::optional<report::ReportFolder> folder;
+  if (o.report_dir) folder.emplace(*o.report_dir);
 
   std::vector<sim::ScenarioReport> reports;
   for (const sim::Scenario& s : scenarios) {
     sim::ReplayOptions ro;
     ro.invariants = selected;
+    report::ReplayRecorder recorder;
+    if (folder) ro.observer = &recorder;
     if (!o.dump_dir.empty()) ro.dump_dir = scenarios.size() == 1 ? o.dump_dir : o.dump_dir + "/" + s.name;
     if (progress)
       ro.after_step = [&](int64_t step, const sim::ReplayCounters& c) {
@@ -114,11 +120,13 @@ void run(const RunOptions& o) {
                      static_cast<long long>(c.prefill_tokens + c.decode_tokens));
       };
     reports.push_back(sim::replay(s, *backend, ro));
+    if (folder) folder->add(s, reports.back(), recorder, invariants_cell(reports.back()));
     if (progress) std::fprintf(stderr, "\r%-40s checking invariants done%20s\r%80s\r", s.name.c_str(), "", "");
   }
 
   bool all_ok = true;
   for (const auto& r : reports) all_ok = all_ok && r.ok;
+  if (folder) folder->write_index("kvsim run on " + std::string(backend->name()));
   if (o.json) {
     nlohmann::json list = nlohmann::json::array();
     for (const sim::ScenarioReport& r : reports) {
@@ -203,6 +211,9 @@ void register_run(CLI::App& app) {
   add_trace_scenario_options(*cmd, opts->trace_scenario);
   cmd->add_option("--invariants", opts->invariants,
                   "Check only these invariants (comma-separated names, or none); default every invariant");
+  cmd->add_option("--report", opts->report_dir,
+                  "Write an HTML report per scenario (pools, page tables, window, prefix tree, timeline, invariants; "
+                  "docs/report.md) plus index.html into DIR");
   cmd->callback([opts, cmd] {
     if (cmd->count("--invariants") && opts->invariants.empty())
       fail(ErrorCode::bad_argument, "--invariants = '': empty value: expected none or a comma-separated list of invariants");

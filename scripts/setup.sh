@@ -10,10 +10,11 @@ cd "$(dirname "$0")/.."
 # clang and libclang-rt-14-dev (libFuzzer, the sanitizer runtimes) are for
 # scripts/sanitize.sh, which CI runs after the test suite. python3-dev,
 # pybind11-dev and libdlpack-dev build the Python module (python/); numpy,
-# pytest and torch run its tests (docs/python.md).
+# pytest and torch run its tests (docs/python.md). chromium is for the report's
+# browser test (tests/report; it skips, saying so, without it).
 packages=(g++ cmake ninja-build jq libeigen3-dev libtbb-dev doctest-dev libcli11-dev
           libtomlplusplus-dev nlohmann-json3-dev libmsgpack-cxx-dev clang libclang-rt-14-dev
-          python3-dev pybind11-dev libdlpack-dev python3-numpy python3-pytest python3-torch)
+          python3-dev pybind11-dev libdlpack-dev python3-numpy python3-pytest python3-torch chromium)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

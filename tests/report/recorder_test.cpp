@@ -1,0 +1,241 @@
+// The report's recording and drawing (report/): the recorded changes add up
+// to what the block manager and the replay counted, the recording of a
+// 2,048-block, 500-step replay stays bounded, invariant findings are located,
+// paths carry core's numbers, pages fetch nothing, and `kvsim run --report`
+// writes a page per scenario and rejects an unwritable folder before running.
+#include <doctest/doctest.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <sys/wait.h>
+
+#include "backends/backend.hpp"
+#include "kvsim/report/report.hpp"
+#include "kvsim/sim/scenario_file.hpp"
+
+using namespace kvsim;
+using nlohmann::json;
+
+namespace {
+
+struct Recorded {
+  sim::Scenario scenario;
+  sim::ScenarioReport report;
+  report::ReplayRecorder rec;
+};
+
+void record(const std::string& path, Recorded& out) {
+  out.scenario = sim::load_scenario_file(path);
+  auto backend = make_backend("cpu");
+  sim::ReplayOptions o;
+  o.observer = &out.rec;
+  out.report = sim::replay(out.scenario, *backend, o);
+}
+
+std::string builtin(const std::string& name) { return std::string(KVSIM_SOURCE_DIR) + "/scenarios/" + name + ".toml"; }
+
+int64_t count_events(const json& doc, const std::string& kind) {
+  int64_t n = 0;
+  for (const json& f : doc["frames"])
+    for (const json& e : f["ev"]) n += e[0] == kind;
+  return n;
+}
+
+// Replays the per-step block changes and checks each frame against the pool
+// counts the block manager itself reported for that step.
+void check_owner_changes_match_counts(const json& doc, int64_t blocks) {
+  const size_t pools = doc["pools"].get<size_t>();
+  std::vector<std::vector<int32_t>> owner(pools, std::vector<int32_t>(static_cast<size_t>(blocks), report::kFree));
+  std::vector<std::vector<int32_t>> holders(pools, std::vector<int32_t>(static_cast<size_t>(blocks), 0));
+  for (const json& x : doc["initial"]) owner[x[0].get<size_t>()][x[1].get<size_t>()] = x[2];
+  std::map<std::pair<int32_t, int32_t>, std::vector<int32_t>> tables;  // (request, group)
+  for (const json& f : doc["frames"]) {
+    for (const json& x : f["p"]) {
+      owner[x[0].get<size_t>()][x[1].get<size_t>()] = x[2];
+      holders[x[0].get<size_t>()][x[1].get<size_t>()] = x[3];
+    }
+    for (const json& t : f["t"]) {
+      const std::pair<int32_t, int32_t> key{t[0].get<int32_t>(), t[1].get<int32_t>()};
+      if (t[2].get<int64_t>() < 0) {
+        tables.erase(key);
+        continue;
+      }
+      auto& row = tables[key];
+      row.resize(t[2].get<size_t>(), -1);
+      for (const json& c : t[3]) row[c[0].get<size_t>()] = c[1];
+    }
+    int64_t free = 0, referenced = 0, cached = 0;
+    for (const auto& pool : owner)
+      for (int32_t o : pool) {
+        free += o == report::kFree;
+        cached += o == report::kCached;
+        referenced += o >= 0 || o == report::kReserved;
+      }
+    CHECK(f["counts"][0] == free);
+    CHECK(f["counts"][1] == referenced);
+    CHECK(f["counts"][2] == cached);
+    // Every table entry holds a block the page says its request (or a sharer) owns.
+    std::vector<std::vector<int32_t>> held(pools, std::vector<int32_t>(static_cast<size_t>(blocks), 0));
+    for (const auto& [key, row] : tables) {
+      const size_t pool = doc["groups"][static_cast<size_t>(key.second)]["pool"].get<size_t>();
+      for (int32_t b : row)
+        if (owner[pool][b] != report::kReserved) {
+          ++held[pool][b];
+          CHECK(owner[pool][b] >= 0);
+          CHECK(owner[pool][b] <= key.first);  // the lowest holder's index
+        }
+    }
+    CHECK(held == holders);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("the recorded events add up to the replay's counters") {
+  for (const char* name : {"prefix_reuse_offload_onboard", "prefix_reuse_partial_copy", "preemption_pool_pressure",
+                           "window_release", "prefix_reuse_eviction", "model_gemma3_hybrid_reuse",
+                           "model_gpt_oss_vswa_reuse", "model_mistral_sliding_hybrid"}) {
+    const std::string scenario_name = name;
+    CAPTURE(scenario_name);
+    Recorded r;
+    record(builtin(name), r);
+    const json& doc = r.rec.data();
+    const sim::ReplayCounters& c = r.report.counters;
+    CHECK(r.rec.frames() == c.steps);
+    CHECK(count_events(doc, "offload") == c.offloaded_blocks);
+    CHECK(count_events(doc, "onboard") == c.onboarded_blocks);
+    CHECK(count_events(doc, "evict") == c.evicted_blocks);
+    CHECK(count_events(doc, "preempt") == c.preemptions);
+    int64_t hit_tokens = 0, copied = 0;
+    for (const json& f : doc["frames"])
+      for (const json& e : f["ev"]) {
+        if ((e[0] == "hit" && e[7] == 0) || e[0] == "partial_copy") hit_tokens += e[5].get<int64_t>();
+        if (e[0] == "partial_copy") copied += e[5].get<int64_t>();
+      }
+    // Each group tells its own hit blocks; a sliding group holds only those of its window.
+    if (doc["groups"].size() == 1 && doc["groups"][0]["mode"] != "sliding") CHECK(hit_tokens == c.reuse_hit_tokens);
+    CHECK(copied == c.partial_reuse_tokens);
+    int64_t prefill = 0, decode = 0;
+    for (const json& f : doc["frames"]) {
+      for (const json& p : f["prefill"]) prefill += p[2].get<int64_t>();
+      decode += static_cast<int64_t>(f["decode"].size());
+    }
+    CHECK(prefill == c.prefill_tokens);
+    CHECK(decode == c.decode_tokens);
+    check_owner_changes_match_counts(doc, r.scenario.cache.primary_blocks);
+  }
+}
+
+TEST_CASE("a window scenario records each request's newest token and its ring slot") {
+  Recorded r;
+  record(builtin("window_cyclic_sinks_bubble"), r);
+  const WindowMapping w = WindowMapping::make(r.scenario.window.window, r.scenario.window.sinks,
+                                              r.scenario.cache.page_size, r.scenario.window.one_more_block);
+  int64_t rings = 0;
+  for (const json& f : r.rec.data()["frames"])
+    for (const json& x : f["ring"]) {
+      CHECK(x[3].get<int64_t>() == w.cache_token(x[2].get<int64_t>()));
+      ++rings;
+    }
+  CHECK(rings > 0);
+  CHECK(r.rec.data()["groups"][0]["bubble"] == w.bubble);
+}
+
+TEST_CASE("a 2,048-block pool over 500 steps records a bounded amount") {
+  Recorded r;
+  record(std::string(KVSIM_SOURCE_DIR) + "/tests/report/large_pool.toml", r);
+  CHECK(r.scenario.cache.primary_blocks == 2048);
+  CHECK(r.rec.frames() >= 500);
+  CHECK(r.report.counters.evicted_blocks > 0);  // the pool filled
+  const size_t bytes = r.rec.data().dump().size();
+  // A copy of every block's owner per step alone would be 2,048 x 530 numbers (~5 MB as JSON);
+  // the changes are a fraction of that.
+  CHECK(bytes < 1500000);
+  check_owner_changes_match_counts(r.rec.data(), 2048);
+}
+
+TEST_CASE("invariant findings are located") {
+  auto l = report::parse_locus(
+      "differs from one-chunk prefill: attention output of request a, layer 0, position 16, element 3: -1.7578125 vs "
+      "-0.203656077");
+  REQUIRE(l);
+  CHECK(l->request == "a");
+  CHECK(l->position == 16);
+  CHECK(l->element == 3);
+  CHECK(l->step == -1);
+  REQUIRE(l->values.size() == 2);
+  CHECK(l->values[1] == std::pair<std::string, std::string>{"one-chunk prefill", "-0.203656077"});
+  l = report::parse_locus(
+      "step 4, layer 1, request b, position 9, head 2, dim 5: out -0.78125, Eigen double 0, |diff| 0.781 > bound 1e-30");
+  REQUIRE(l);
+  CHECK(l->step == 4);
+  CHECK(l->layer == 1);
+  CHECK(l->head == 2);
+  CHECK(l->dim == 5);
+  CHECK(l->values[0].second == "-0.78125");
+  CHECK_FALSE(report::parse_locus("relative RMS error against bf16 0.999 > bound 0.125 over 92 outputs"));
+}
+
+TEST_CASE("a caught fault is drawn as its path with core's numbers") {
+  Recorded r;
+  record(builtin("fault_past_len_zero"), r);
+  const json doc = report::scenario_document(r.scenario, r.report, r.rec);
+  REQUIRE(doc["paths"].size() == 1);
+  const json& p = doc["paths"][0];
+  CHECK(p["invariant"] == "chunking");
+  const std::string svg = p["svg"];
+  // The K element of request a, position 16 (element 0: head 0, dim 0) through its table.
+  const auto locus = report::parse_locus(r.report.invariants[1].detail);
+  REQUIRE(locus);
+  int64_t frame = -1;
+  const auto e = report::explain_locus(r.scenario, r.rec, *locus, frame);
+  REQUIRE(e);
+  CHECK(frame == p["frame"].get<int64_t>());
+  const PoolStrides s = contiguous_strides(sim::pool_geometry(r.scenario));
+  const int64_t element = element_offset(s, e->ref.block(), 0, 0, 0, e->entry, 0);
+  CHECK(svg.find("data-stage=\"element\" data-value=\"" + std::to_string(element) + "\"") != std::string::npos);
+  CHECK(svg.find("data-stage=\"token\" data-value=\"16\"") != std::string::npos);
+  for (const char* stage : {"token", "slot", "page", "entry", "block", "element", "byte"})
+    CHECK(svg.find(std::string("data-stage=\"") + stage + "\"") != std::string::npos);
+  CHECK(svg.find("-1.7578125") != std::string::npos);
+}
+
+TEST_CASE("a page is self-contained: nothing is fetched") {
+  Recorded r;
+  record(builtin("prefix_reuse_same_step"), r);
+  const std::string page = report::scenario_page(report::scenario_document(r.scenario, r.report, r.rec));
+  for (const char* outside : {"src=\"http", "href=\"http", "@import", "<link", "fetch(", "XMLHttpRequest", "src=\"//"})
+    CHECK(page.find(outside) == std::string::npos);
+  CHECK(page.find("id=\"replay\"") != std::string::npos);
+  // The data cannot close its own <script> element.
+  const size_t data = page.find("id=\"replay\">");
+  CHECK(page.find("</script>", data) + 9 == page.find("\n<script>", data));
+}
+
+namespace {
+int run_kvsim(const std::string& args) {
+  const int status = std::system((std::string(KVSIM_BINARY) + " " + args + " >/dev/null 2>&1").c_str());
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+}  // namespace
+
+TEST_CASE("kvsim run --report writes a page per scenario and an index") {
+  const auto dir = std::filesystem::temp_directory_path() / "kvsim_report_cli_test";
+  std::filesystem::remove_all(dir);
+  CHECK(run_kvsim("run " + builtin("prefix_reuse_partial_copy") + " " + builtin("fault_window_mismatch") +
+                  " --report " + dir.string()) == 0);
+  CHECK(std::filesystem::exists(dir / "index.html"));
+  CHECK(std::filesystem::exists(dir / "prefix_reuse_partial_copy.html"));
+  CHECK(std::filesystem::exists(dir / "fault_window_mismatch.html"));
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("kvsim run --report into a folder that cannot be made is bad input, before anything runs") {
+  const auto file = std::filesystem::temp_directory_path() / "kvsim_report_not_a_folder";
+  std::ofstream(file) << "x";
+  CHECK(run_kvsim("run " + builtin("prefix_reuse_partial_copy") + " --report " + (file / "sub").string()) == 2);
+  CHECK(run_kvsim("run " + builtin("prefix_reuse_partial_copy") + " --report ''") == 2);
+  std::filesystem::remove(file);
+}
