@@ -433,8 +433,19 @@
   slider.max = Math.max(0, frames.length - 1);
   let current = -1;
   function setFrame(k) {
+    if (!frames.length) {  // the run stopped before its first step finished (an op rejected a fault's input)
+      const st = initialState();
+      document.getElementById('frame-label').textContent = 'no step finished: the pools as the run started';
+      drawLegend(st);
+      drawPools(st, { ev: [] });
+      drawTables(st);
+      drawWindow(st);
+      drawTree(st, { ev: [] });
+      current = 0;
+      document.body.setAttribute('data-frame', 0);
+      return;
+    }
     k = Math.max(0, Math.min(frames.length - 1, k | 0));
-    if (!frames.length) return;
     const st = stateAt(k), f = frames[k];
     slider.value = k;
     document.getElementById('frame-label').textContent = 'step ' + f.step + ' (' + (k + 1) + ' of ' + frames.length + ')';
