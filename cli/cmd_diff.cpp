@@ -8,6 +8,9 @@
 // offset, both values (hex and decoded) and the element_offset() arithmetic.
 // Exit 0 with a summary of ops and bytes compared, 1 on any difference (or a
 // CUDA failure), 2 when there is no CUDA backend or the input is bad.
+// --report DIR writes the scenarios' replay pages (docs/report.md) with the
+// first difference drawn as its path (token -> slot -> page -> entry ->
+// block -> element -> byte, both values).
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
@@ -21,6 +24,7 @@
 #include "backends/differential_backend.hpp"
 #include "backends/op_generator.hpp"
 #include "commands.hpp"
+#include "kvsim/report/report.hpp"
 #include "kvsim/sim/replay.hpp"
 #include "kvsim/sim/scenario_file.hpp"
 #include "numbers.hpp"
@@ -36,6 +40,7 @@ struct DiffOptions {
   int threads = 0;
   bool finite = false;
   bool json = false;
+  std::optional<std::string> report_dir;
 };
 
 struct DiffRun {
@@ -109,18 +114,35 @@ void run(const DiffOptions& o) {
   std::vector<sim::Scenario> scenarios;
   for (const std::string& f : files) scenarios.push_back(sim::load_scenario_file(f));
 
+  std::optional<report::ReportFolder> folder;
+  if (o.report_dir) folder.emplace(*o.report_dir);
   std::vector<DiffRun> runs;
   for (const sim::Scenario& s : scenarios) {
+    report::ReplayRecorder recorder;
+    sim::ScenarioReport replayed;
+    report::FirstDifferenceOp first_op;
     runs.push_back(diff_one(s.name, o.threads, [&](DifferentialBackend& diff) {
       sim::ReplayOptions ro;
       ro.comparison_invariants = false;  // diff compares backends, not settings
+      if (folder) ro.observer = &recorder;
       ro.before_op = [&](const sim::OpContext& c) {
+        first_op.before_op(c, diff);
         diff.set_context("scenario " + s.name + ", step " + std::to_string(c.step) + ", layer " +
                              std::to_string(c.layer) + ", " + c.op,
                          c.sequence_ids);
       };
-      sim::replay(s, diff, ro);
+      replayed = sim::replay(s, diff, ro);
     }));
+    if (folder) {
+      std::vector<report::DrawnPath> paths;
+      const DiffRun& r = runs.back();
+      if (r.difference)
+        paths.push_back(report::difference_path(s, recorder, *r.difference, first_op.op().step, first_op.op().layer));
+      replayed.name = s.name;
+      replayed.ok = !r.difference && r.failure.empty();
+      folder->add(s, replayed, recorder,
+                  r.difference ? "DIFFERENT" : (r.failure.empty() ? "identical" : "FAILED: " + r.failure), paths);
+    }
     if (!o.json)
       std::printf("%-44s %8lld ops %14lld bytes  %s\n", s.name.c_str(),
                   static_cast<long long>(runs.back().counters.ops),
@@ -143,6 +165,7 @@ void run(const DiffOptions& o) {
                   runs.back().difference ? "DIFFERENT" : (runs.back().failure.empty() ? "identical" : "FAILED"));
   }
 
+  if (folder) folder->write_index("kvsim diff");
   int64_t ops = 0, bytes = 0;
   const DiffRun* first_bad = nullptr;
   for (const DiffRun& r : runs) {
@@ -191,6 +214,9 @@ void register_diff(CLI::App& app) {
                  "oneTBB threads for the cpu side, 1.." + std::to_string(machine_threads()) + " (default all cores)", 1,
                  machine_threads());
   cmd->add_flag("--json", opts->json, "Print one JSON object: runs, ops, bytes_compared, first_difference, ok");
+  cmd->add_option("--report", opts->report_dir,
+                  "Write the scenarios' replay pages into DIR with the first difference drawn as its path "
+                  "(docs/report.md)");
   cmd->callback([opts] { run(*opts); });
 }
 

@@ -8,6 +8,9 @@
 // --seq, FlashInfer). A token on a BAD_PAGE (-1) entry, beyond the table or
 // the sequence length, or on a secondary-pool block (it must be onboarded
 // first; explain does not show secondary-pool offsets) is an error: exit 2.
+// --svg FILE also draws the path (token -> window slot -> logical page ->
+// table entry -> physical block -> element offset -> byte) as an SVG file
+// (report/, docs/report.md), written before anything is printed.
 #include <cstdint>
 #include <iostream>
 #include <memory>
@@ -16,6 +19,7 @@
 #include <stdexcept>
 
 #include "commands.hpp"
+#include "kvsim/report/report.hpp"
 #include "geometry_options.hpp"
 #include "numbers.hpp"
 #include "kvsim/sim/explain.hpp"
@@ -48,6 +52,7 @@ struct ExplainOptions {
   int32_t sinks = 0;
   bool one_more_block = false;
   bool json = false;
+  std::optional<std::string> svg_file;
 };
 
 // ---------------------------------------------------------------- parsing
@@ -254,10 +259,18 @@ void register_explain(CLI::App& app) {
       ->group(window_group);
 
   cmd->add_flag("--json", opts->json, "Print one JSON object (schema in docs/index-arithmetic.md)");
+  cmd->add_option("--svg", opts->svg_file,
+                  "Also draw the path token -> slot -> page -> entry -> block -> element -> byte into FILE (SVG)");
   cmd->callback([opts]() {
     if (!opts->block_table && !opts->indptr)
       throw CLI::ValidationError("page table", "give --block-table or --indptr/--indices/--last-page-len");
     const Explanation e = explain(explain_request(*opts));
+    if (opts->svg_file) {
+      const std::string title = "token " + std::to_string(e.token) + ", layer " + std::to_string(e.layer) +
+                                ", KV head " + std::to_string(e.head) + ", dim " + std::to_string(e.dim) + " (" +
+                                geometry_summary(e.g) + ")";
+      report::write_text_file(*opts->svg_file, report::standalone_svg(report::path_svg(e, 0, title, {})), "--svg");
+    }
     std::ostringstream out;  // printed whole, so a failure prints nothing on stdout
     if (opts->json)
       out << explanation_json(e).dump(2) << '\n';

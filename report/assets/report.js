@@ -252,8 +252,8 @@
   }
   function drawRing(box, w, r, g, pos, slot) {
     const len = pos + 1;
-    const R = 70, cx = 240, cy = 85;
-    const svg = el('svg', { width: 340, height: 175, class: 'ring', 'data-request': r, 'data-group': g, 'data-newest-slot': slot }, box);
+    const R = 70, cx = 240, cy = 98;
+    const svg = el('svg', { width: 340, height: 186, class: 'ring', 'data-request': r, 'data-group': g, 'data-newest-slot': slot }, box);
     el('text', { x: 2, y: 12, class: 'small' }, svg, reqs[r].id + ': newest token ' + pos + ' -> slot ' + slot);
     // sinks and the bubble: a strip of slots before the ring
     const pre = w.sinks + w.bubble, sw = Math.max(3, Math.min(12, 140 / Math.max(pre, 1)));

@@ -121,6 +121,7 @@ std::optional<sim::Explanation> explain_locus(const sim::Scenario& s, const Repl
   if (frame < 0) return std::nullopt;
   const int32_t D = s.model.head_dim;
   int32_t q_head = l.head, dim = l.dim;
+  if (l.head_is_kv) q_head = l.head * (s.model.kv_heads > 0 ? std::max(s.model.q_heads / s.model.kv_heads, 1) : 1);
   if (l.element >= 0) {
     q_head = static_cast<int32_t>(l.element / D);
     dim = static_cast<int32_t>(l.element % D);
@@ -157,6 +158,55 @@ std::optional<sim::Explanation> explain_locus(const sim::Scenario& s, const Repl
   } catch (const ValidationError&) {
     return std::nullopt;  // e.g. the page went back to the free list (release mode) before the report could look
   }
+}
+
+DrawnPath difference_path(const sim::Scenario& s, const ReplayRecorder& rec, const DiffReport& d, int64_t step,
+                          int32_t layer) {
+  DrawnPath p;
+  p.title = "first difference: " + d.op + " (" + d.context + "), " + d.buffer + " byte " + std::to_string(d.byte_offset);
+  const std::vector<std::pair<std::string, std::string>> values = {
+      {"reference", d.reference_value + " (" + d.reference_hex + ")"},
+      {"candidate", d.candidate_value + " (" + d.candidate_hex + ")"}};
+  const json& frames = rec.data().at("frames");
+  for (size_t k = 0; k < frames.size(); ++k)
+    if (frames[k].at("step") == step) p.frame = static_cast<int64_t>(k);
+  Locus l;
+  l.request = d.sequence_id;
+  l.layer = layer;
+  l.position = d.token;
+  l.step = step;
+  int32_t kv = 0;
+  if (d.pool_at) {
+    l.head = d.pool_at->head;
+    l.head_is_kv = true;
+    l.dim = d.pool_at->dim;
+    kv = d.pool_at->kv;
+  } else if (d.tensor_index.size() == 3) {  // [token row, query head, dim] of an output
+    l.head = static_cast<int32_t>(d.tensor_index[1]);
+    l.dim = static_cast<int32_t>(d.tensor_index[2]);
+  }
+  int64_t frame = -1;
+  std::optional<sim::Explanation> e;
+  if (!l.request.empty() && l.position >= 0 && l.dim >= 0 && (d.token_meaning == "token position" || d.token_meaning == "query position"))
+    e = explain_locus(s, rec, l, frame);
+  if (e) {
+    p.svg = path_svg(*e, kv, p.title, values);
+    return p;
+  }
+  // No path to follow: the report's own lines.
+  std::string text = d.text();
+  std::vector<std::string> lines;
+  for (size_t at = 0; at <= text.size();) {
+    const size_t nl = std::min(text.find('\n', at), text.size());
+    lines.push_back(text.substr(at, nl - at));
+    at = nl + 1;
+  }
+  p.svg = "<svg xmlns=\"http://www.w3.org/2000/svg\" class=\"difference\" width=\"980\" height=\"" +
+          std::to_string(30 + 16 * lines.size()) + "\" font-family=\"monospace\" font-size=\"12\">";
+  for (size_t i = 0; i < lines.size(); ++i)
+    p.svg += "<text x=\"8\" y=\"" + std::to_string(20 + 16 * i) + "\">" + xml_escape(lines[i]) + "</text>";
+  p.svg += "</svg>";
+  return p;
 }
 
 json scenario_document(const sim::Scenario& s, const sim::ScenarioReport& r, const ReplayRecorder& rec,
@@ -224,15 +274,19 @@ json scenario_document(const sim::Scenario& s, const sim::ScenarioReport& r, con
   return doc;
 }
 
-void write_report_file(const std::string& dir, const std::string& name, const std::string& content) {
-  std::error_code ec;
-  std::filesystem::create_directories(dir, ec);
-  if (ec) fail(ErrorCode::bad_argument, "--report " + dir + ": cannot create the folder: " + ec.message());
-  const std::string path = (std::filesystem::path(dir) / name).string();
+void write_text_file(const std::string& path, const std::string& content, const std::string& flag) {
   std::ofstream out(path, std::ios::binary);
   out << content;
   out.close();
-  if (!out) fail(ErrorCode::bad_argument, "--report: cannot write " + path);
+  if (!out) fail(ErrorCode::bad_argument, flag + " " + path + ": cannot write the file");
+}
+
+void write_report_file(const std::string& dir, const std::string& name, const std::string& content,
+                       const std::string& flag) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) fail(ErrorCode::bad_argument, flag + " " + dir + ": cannot create the folder: " + ec.message());
+  write_text_file((std::filesystem::path(dir) / name).string(), content, flag);
 }
 
 }  // namespace kvsim::report

@@ -8,12 +8,14 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <sys/wait.h>
 
 #include "backends/backend.hpp"
 #include "kvsim/report/report.hpp"
 #include "kvsim/sim/scenario_file.hpp"
+#include "tests/support/corrupting_backend.hpp"
 
 using namespace kvsim;
 using nlohmann::json;
@@ -214,9 +216,45 @@ TEST_CASE("a page is self-contained: nothing is fetched") {
   CHECK(page.find("</script>", data) + 9 == page.find("\n<script>", data));
 }
 
+TEST_CASE("a difference between backends is drawn as its path, both values under it") {
+  const sim::Scenario s = sim::load_scenario_file(builtin("prefix_reuse_partial_copy"));
+  auto candidate = std::make_unique<testing::CorruptingBackend>();
+  candidate->corrupt_op = "qkv_preprocess_write";
+  candidate->pool_byte = 2 * 1024 * 3 + 70;  // somewhere in block 3: written by the first prefill
+  candidate->corruptions = 1;
+  DifferentialBackend diff(make_backend("cpu"), std::move(candidate));
+  report::ReplayRecorder rec;
+  report::FirstDifferenceOp first_op;
+  sim::ReplayOptions o;
+  o.comparison_invariants = false;
+  o.observer = &rec;
+  o.before_op = [&](const sim::OpContext& c) {
+    first_op.before_op(c, diff);
+    diff.set_context("step " + std::to_string(c.step), c.sequence_ids);
+  };
+  sim::replay(s, diff, o);
+  REQUIRE(diff.first_difference());
+  const DiffReport& d = *diff.first_difference();
+  REQUIRE(d.pool_at);
+  CHECK(first_op.op().op == "qkv_preprocess_write");
+  const report::DrawnPath p = report::difference_path(s, rec, d, first_op.op().step, first_op.op().layer);
+  CHECK(p.frame == 0);
+  // The path ends at the differing element: its block and, through core's element_offset, its byte.
+  CHECK(p.svg.find("data-stage=\"block\" data-value=\"" + std::to_string(d.pool_at->block) + "\"") != std::string::npos);
+  const PoolStrides strides = contiguous_strides(sim::pool_geometry(s));
+  const int64_t element = element_offset(strides, d.pool_at->block, d.pool_at->layer, d.pool_at->kv, d.pool_at->head,
+                                         d.pool_at->entry, d.pool_at->dim);
+  CHECK(element_byte_offset(element, s.cache.dtype) / 2 == d.byte_offset / 2);  // bf16: the element's two bytes
+  CHECK(p.svg.find("data-stage=\"element\" data-value=\"" + std::to_string(element) + "\"") != std::string::npos);
+  CHECK(p.svg.find(d.reference_hex) != std::string::npos);
+  CHECK(p.svg.find(d.candidate_hex) != std::string::npos);
+}
+
 namespace {
-int run_kvsim(const std::string& args) {
-  const int status = std::system((std::string(KVSIM_BINARY) + " " + args + " >/dev/null 2>&1").c_str());
+// `diff_candidate`: KVSIM_DIFF_CANDIDATE for kvsim diff (cpu: cpu against cpu, no GPU needed).
+int run_kvsim(const std::string& args, const std::string& diff_candidate = "") {
+  const std::string env = diff_candidate.empty() ? "" : "KVSIM_DIFF_CANDIDATE=" + diff_candidate + " ";
+  const int status = std::system((env + std::string(KVSIM_BINARY) + " " + args + " >/dev/null 2>&1").c_str());
   return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 }
 }  // namespace
@@ -238,4 +276,26 @@ TEST_CASE("kvsim run --report into a folder that cannot be made is bad input, be
   CHECK(run_kvsim("run " + builtin("prefix_reuse_partial_copy") + " --report " + (file / "sub").string()) == 2);
   CHECK(run_kvsim("run " + builtin("prefix_reuse_partial_copy") + " --report ''") == 2);
   std::filesystem::remove(file);
+}
+
+TEST_CASE("kvsim explain --svg draws the explained token's path; an unwritable file is bad input") {
+  const auto svg = std::filesystem::temp_directory_path() / "kvsim_report_explain.svg";
+  std::filesystem::remove(svg);
+  CHECK(run_kvsim("explain --page-size 16 --window 64 --sinks 4 --block-table 0,1,2,3,4,5 --token 90 --svg " +
+                  svg.string()) == 0);
+  std::ifstream in(svg);
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  CHECK(text.find("data-stage=\"slot\" data-value=\"42\"") != std::string::npos);  // 4 + 12 + (90 - 4) mod 60
+  CHECK(text.find("data-stage=\"block\" data-value=\"2\"") != std::string::npos);
+  std::filesystem::remove(svg);
+  CHECK(run_kvsim("explain --page-size 16 --block-table 0 --token 3 --svg /nonexistent-folder/x.svg") == 2);
+}
+
+TEST_CASE("kvsim diff --report writes the pages of the scenarios it compared") {
+  const auto dir = std::filesystem::temp_directory_path() / "kvsim_report_diff_test";
+  std::filesystem::remove_all(dir);
+  CHECK(run_kvsim("diff " + builtin("prefix_reuse_partial_copy") + " --report " + dir.string(), "cpu") == 0);
+  CHECK(std::filesystem::exists(dir / "index.html"));
+  CHECK(std::filesystem::exists(dir / "prefix_reuse_partial_copy.html"));
+  std::filesystem::remove_all(dir);
 }

@@ -17,6 +17,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "backends/differential_backend.hpp"
 #include "kvsim/report/recorder.hpp"
 #include "kvsim/sim/explain.hpp"
 #include "kvsim/sim/replay.hpp"
@@ -32,7 +33,8 @@ struct Locus {
   int64_t position = -1;
   int64_t step = -1;     // when the detail names one
   int64_t element = -1;  // of an attention output row [Hq, D]
-  int32_t head = -1;     // query head (with dim), when named
+  int32_t head = -1;     // query head (with dim), when named; a KV head when head_is_kv
+  bool head_is_kv = false;
   int32_t dim = -1;
   std::vector<std::pair<std::string, std::string>> values;  // ("this run", "-1.75"), ("reference", "-0.20")
 };
@@ -61,6 +63,33 @@ struct DrawnPath {
 nlohmann::json scenario_document(const sim::Scenario& s, const sim::ScenarioReport& r, const ReplayRecorder& rec,
                                  const std::vector<DrawnPath>& extra_paths = {});
 
+// kvsim diff's first difference drawn as the path of the element it names
+// (a pool element, or the K element an attention output's query head read),
+// through the request's table recorded at the step the op ran; `layer` is
+// the op's model layer. Without a request and position to follow (a
+// generated op, a cache-slot coordinate), the drawing is the report's text.
+// Which op made a differential run's first difference: the backend compares
+// after every op, so it is the op that ran before the first before_op call
+// that sees a difference (or the last op). Feed it from ReplayOptions::before_op.
+class FirstDifferenceOp {
+ public:
+  void before_op(const sim::OpContext& c, const DifferentialBackend& diff) {
+    if (!located_ && diff.first_difference()) {
+      at_ = last_;
+      located_ = true;
+    }
+    last_ = c;
+  }
+  const sim::OpContext& op() const { return located_ ? at_ : last_; }
+
+ private:
+  sim::OpContext last_, at_;
+  bool located_ = false;
+};
+
+DrawnPath difference_path(const sim::Scenario& s, const ReplayRecorder& rec, const DiffReport& d, int64_t step,
+                          int32_t layer);
+
 // The whole page of one scenario, and the index of several ({name, ok, steps, file}).
 std::string scenario_page(const nlohmann::json& document);
 std::string index_page(const std::string& title, const nlohmann::json& entries);
@@ -85,7 +114,10 @@ class ReportFolder {
 };
 
 // Creates `dir` (and parents) and writes `name` into it, or throws
-// ValidationError(bad_argument) naming the path.
-void write_report_file(const std::string& dir, const std::string& name, const std::string& content);
+// ValidationError(bad_argument) naming the path (and `flag`).
+void write_report_file(const std::string& dir, const std::string& name, const std::string& content,
+                       const std::string& flag = "--report");
+// Writes one file (its folder must exist), or throws ValidationError(bad_argument) naming it.
+void write_text_file(const std::string& path, const std::string& content, const std::string& flag);
 
 }  // namespace kvsim::report
