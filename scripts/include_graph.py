@@ -8,7 +8,7 @@ prints which floor includes which (the graph drawn in docs/architecture.md). Wit
 the floors' rules and exits 1 naming every include that breaks one:
 
   core -> nothing above core      backends -> core only
-  sim -> core, backends            workload, bench -> core, backends, sim
+  sim -> core, backends            workload, bench, report -> core, backends, sim
   cli, python -> any library floor, never each other
   backend implementations (backends/reference, cpu, cuda) never include each
   other; only the registry (backends/*.cpp) names them all
@@ -23,8 +23,8 @@ import re
 import sys
 
 SOURCE_EXT = (".hpp", ".cpp", ".cu", ".cuh", ".h")
-INCLUDE_ROOTS = ("core/include", "sim/include", "workload/include", "bench/include", ".")
-FLOORS = ("core", "backends", "sim", "workload", "bench", "cli", "python")
+INCLUDE_ROOTS = ("core/include", "sim/include", "workload/include", "bench/include", "report/include", ".")
+FLOORS = ("core", "backends", "sim", "workload", "bench", "report", "cli", "python")
 # The floors each floor may include (itself always allowed).
 ALLOWED = {
     "core": set(),
@@ -32,9 +32,10 @@ ALLOWED = {
     "sim": {"core", "backends"},
     "workload": {"core", "backends", "sim"},
     "bench": {"core", "backends", "sim"},
-    "cli": {"core", "backends", "sim", "workload", "bench"},
-    "python": {"core", "backends", "sim", "workload", "bench"},
-    "tests": {"core", "backends", "sim", "workload", "bench", "cli", "python"},
+    "report": {"core", "backends", "sim"},
+    "cli": {"core", "backends", "sim", "workload", "bench", "report"},
+    "python": {"core", "backends", "sim", "workload", "bench", "report"},
+    "tests": {"core", "backends", "sim", "workload", "bench", "report", "cli", "python"},
 }
 BACKEND_IMPLS = ("reference", "cpu", "cuda")
 # Quoted includes resolve from the including file's folder first; <kvsim/...>
@@ -135,7 +136,7 @@ def self_test():
     return 0
 
 
-NODE_ORDER = ("cli", "python", "workload", "bench", "sim", "backends", "backends/reference", "backends/cpu",
+NODE_ORDER = ("cli", "python", "workload", "bench", "report", "sim", "backends", "backends/reference", "backends/cpu",
               "backends/cuda", "core", "tests")
 DOC_BEGIN = "<!-- include_graph.py: begin -->"
 DOC_END = "<!-- include_graph.py: end -->"
