@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "kvsim/core/errors.hpp"
+#include "kvsim/sim/model_presets.hpp"
 #include "numbers.hpp"
 
 namespace kvsim::cli {
@@ -24,6 +25,18 @@ double parse_scale(const std::string& text) {
 workload::TraceImportOptions resolved(const TraceScenarioOptions& o) {
   workload::TraceImportOptions io = o.import;
   io.scale = parse_scale(o.scale_text);
+  if (!o.model_preset.empty() && !o.model_toml_path.empty())
+    fail(ErrorCode::bad_argument, "--model and --model-toml: expected one of them, got both");
+  if (!o.model_preset.empty()) {
+    if (!sim::find_model_preset(o.model_preset)) {
+      std::string names;
+      for (const sim::ModelPreset& p : sim::model_presets()) names += (names.empty() ? "" : ", ") + std::string(p.name);
+      fail(ErrorCode::bad_argument, "--model = '" + printable(o.model_preset) + "': expected one of " + names);
+    }
+    // The preset goes into the scenario by name, so the file says which model it replays.
+    io.model_toml = "[model]\npreset = \"" + o.model_preset + "\"\n";
+    io.model_source = "--model " + o.model_preset;
+  }
   if (!o.model_toml_path.empty()) {
     std::ifstream in(o.model_toml_path, std::ios::binary);
     if (!in) fail(ErrorCode::bad_argument, "--model-toml = '" + printable(o.model_toml_path) + "': not a readable file");
@@ -58,6 +71,9 @@ void add_trace_scenario_options(CLI::App& cmd, TraceScenarioOptions& o) {
   add_int_option(cmd, "--primary-blocks", o.import.primary_blocks,
                  "Primary pool blocks; 0 = every block of the window at once", 0, int64_t{1} << 31);
   add_int_option(cmd, "--token-budget", o.import.token_budget, "Scheduler tokens per step", 1, 1 << 24);
+  cmd.add_option("--model", o.model_preset,
+                 "Model preset for the scenario ([model] preset = NAME: llama-3.1-8b, llama-3.1-70b, qwen3-32b, mistral-7b, "
+                 "deepseek-v3)");
   cmd.add_option("--model-toml", o.model_toml_path, "A TOML file holding one [model] table for the scenario");
 }
 

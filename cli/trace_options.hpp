@@ -23,6 +23,7 @@ struct TraceScenarioOptions {
   workload::TraceImportOptions import;
   std::string scale_text = "1";  // "0.03125" or "1/32"
   std::string model_toml_path;
+  std::string model_preset;  // --model NAME: [model] preset = "NAME" (sim/model_presets.hpp)
 };
 
 // FILE as a positional argument (positional = false: as --trace FILE, for run).

@@ -7,6 +7,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <string>
 
 #include <nlohmann/json.hpp>
@@ -73,6 +74,26 @@ TEST_CASE("trace import writes a scenario kvsim validate accepts; run --trace re
   CHECK(j["scenarios"][0]["ok"] == true);
   CHECK(j["scenarios"][0]["invariants"]["reuse"] == "pass");
   CHECK(j["scenarios"][0]["invariants"]["conservation"] == "pass");
+}
+
+TEST_CASE("trace import --model PRESET: the scenario names the model preset; a bad name or both model flags exit 2") {
+  const std::string f = temp_file("kvsim_trace_cli_small.jsonl", kSmall);
+  const std::string out = (std::filesystem::temp_directory_path() / "kvsim_trace_cli_preset.toml").string();
+  std::filesystem::remove(out);
+  REQUIRE(run("trace import " + f + " --scale 1/32 --page-size 8 --model llama-3.1-8b -o " + out + " 2>&1").code == 0);
+  std::ifstream in(out);
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  CHECK(text.find("# [model] from --model llama-3.1-8b\n[model]\npreset = \"llama-3.1-8b\"\n") != std::string::npos);
+  const Result v = run("validate " + out + " 2>&1");
+  CHECK(v.code == 0);
+  CHECK(v.out.find(": ok (3 requests, 92 prompt + 4 decode tokens") != std::string::npos);
+  Result r = run("trace import " + f + " --scale 1/32 --model llama-9 2>&1");
+  CHECK(r.code == 2);
+  CHECK(r.out.rfind("kvsim: error: bad_argument: --model = 'llama-9': expected one of llama-3.1-8b, ", 0) == 0);
+  const std::string m = temp_file("kvsim_trace_cli_model.toml", "[model]\nlayers = 2\n");
+  r = run("trace import " + f + " --scale 1/32 --model llama-3.1-8b --model-toml " + m + " 2>&1");
+  CHECK(r.code == 2);
+  CHECK(r.out == "kvsim: error: bad_argument: --model and --model-toml: expected one of them, got both\n");
 }
 
 TEST_CASE("a window of the Mooncake trace replays with every invariant under pool pressure") {
