@@ -73,7 +73,8 @@ void add_trace_scenario_options(CLI::App& cmd, TraceScenarioOptions& o) {
   add_int_option(cmd, "--token-budget", o.import.token_budget, "Scheduler tokens per step", 1, 1 << 24);
   cmd.add_option("--model", o.model_preset,
                  "Model preset for the scenario ([model] preset = NAME: llama-3.1-8b, llama-3.1-70b, qwen3-32b, mistral-7b, "
-                 "deepseek-v3)");
+                 "deepseek-v3)")
+      ->check([](const std::string& v) { return v.empty() ? std::string("empty value: expected a preset name") : std::string(); });
   cmd.add_option("--model-toml", o.model_toml_path, "A TOML file holding one [model] table for the scenario");
 }
 
