@@ -39,6 +39,7 @@ struct RunOptions {
   TraceScenarioOptions trace_scenario;
   std::string invariants;  // --invariants LIST|none; "" = every invariant
   std::optional<std::string> report_dir;
+  bool list_invariants = false;
 };
 
 // --invariants: comma-separated names, or "none"; nullopt = all of them.
@@ -46,11 +47,7 @@ std::optional<std::set<sim::Invariant>> parse_invariant_list(const std::string& 
   std::set<sim::Invariant> out;
   if (text == "none") return out;
   std::string names;
-  for (sim::Invariant inv : {sim::Invariant::conservation, sim::Invariant::chunking, sim::Invariant::reuse,
-                             sim::Invariant::window, sim::Invariant::layout, sim::Invariant::dense,
-                             sim::Invariant::quantization, sim::Invariant::no_nan, sim::Invariant::offload,
-                             sim::Invariant::batch})
-    names += (names.empty() ? "" : ", ") + std::string(sim::invariant_name(inv));
+  for (std::string_view name : sim::invariant_names()) names += (names.empty() ? "" : ", ") + std::string(name);
   size_t at = 0;
   while (at <= text.size()) {
     const size_t comma = std::min(text.find(',', at), text.size());
@@ -84,6 +81,10 @@ std::string invariants_cell(const sim::ScenarioReport& r) {
 }
 
 void run(const RunOptions& o) {
+  if (o.list_invariants) {
+    std::fputs(sim::describe_invariant_table().c_str(), stdout);
+    return;
+  }
   const std::optional<std::set<sim::Invariant>> selected =
       o.invariants.empty() ? std::nullopt : parse_invariant_list(o.invariants);
   const bool traced = !o.trace.path.empty();
@@ -211,6 +212,8 @@ void register_run(CLI::App& app) {
   add_trace_scenario_options(*cmd, opts->trace_scenario);
   cmd->add_option("--invariants", opts->invariants,
                   "Check only these invariants (comma-separated names, or none); default every invariant");
+  cmd->add_flag("--list-invariants", opts->list_invariants,
+                "Print every invariant (what it checks, where, the test that shows it, the faults it catches) and exit");
   cmd->add_option("--report", opts->report_dir,
                   "Write an HTML report per scenario (pools, page tables, window, prefix tree, timeline, invariants; "
                   "docs/report.md) plus index.html into DIR");

@@ -404,7 +404,7 @@
     const body = document.querySelector('#invariants tbody');
     for (const inv of doc.invariants) {
       const tr = el('tr', { class: 'invariant ' + inv.status, 'data-invariant': inv.name, 'data-frame': inv.frame }, body);
-      el('td', {}, tr, inv.name);
+      el('td', { title: inv.checks }, tr, inv.name);  // what it checks, from sim's invariant table
       el('td', { class: 'status' }, tr, inv.status);
       const td = el('td', {}, tr);
       if (inv.frame >= 0 && inv.frame < frames.length) {

@@ -251,6 +251,7 @@ json scenario_document(const sim::Scenario& s, const sim::ScenarioReport& r, con
     }
     // The in-run checks fail at a step; the comparisons are judged after the last one.
     invariants.push_back({{"name", std::string(sim::invariant_name(i.invariant))},
+                          {"checks", std::string(sim::invariant_info(i.invariant).checks)},
                           {"status", std::string(sim::invariant_status_name(i.status))},
                           {"detail", i.detail},
                           {"frame", frame >= 0 ? frame : last}});

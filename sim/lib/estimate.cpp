@@ -81,12 +81,8 @@ ReplayEstimate estimate_replay(const Scenario& s, const std::optional<std::set<I
   std::vector<RunWork> runs{work_of(s, reqs, 0, reqs.size())};
   const RunWork whole = runs.front();
   if (comparisons) {
-    std::vector<Invariant> targeted;
-    for (Fault f : s.faults) targeted.push_back(invariant_for(f));
-    auto wanted = [&](Invariant inv) {
-      return (!invariants || invariants->count(inv) != 0) &&
-             (s.faults.empty() || std::find(targeted.begin(), targeted.end(), inv) != targeted.end());
-    };
+    const InvariantSelection selection(s, invariants);
+    auto wanted = [&](Invariant inv) { return selection.wanted(inv); };
     if (wanted(Invariant::chunking)) runs.push_back(whole);
     if (s.reuse.enabled && wanted(Invariant::reuse)) runs.push_back(whole);
     if (s.window.mode != WindowMode::none && wanted(Invariant::window)) {

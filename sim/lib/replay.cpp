@@ -166,20 +166,14 @@ ScenarioReport replay(const Scenario& s, Backend& backend, const ReplayOptions& 
   const auto t0 = std::chrono::steady_clock::now();
   ScenarioReport rep;
   rep.name = s.name;
-  std::set<Invariant> targeted;
-  for (Fault f : s.faults) targeted.insert(invariant_for(f));
-  // With a fault on, only the invariants it targets are compared: the
-  // others would see the fault too and say nothing new.
-  auto selected = [&](Invariant inv) { return !options.invariants || options.invariants->count(inv) != 0; };
-  auto wanted = [&](Invariant inv) { return selected(inv) && (s.faults.empty() || targeted.count(inv) != 0); };
-  bool any_comparison = false;
-  for (Invariant inv : {Invariant::chunking, Invariant::reuse, Invariant::window, Invariant::layout,
-                        Invariant::quantization, Invariant::batch})
-    any_comparison = any_comparison || wanted(inv);
+  const InvariantSelection selection(s, options.invariants);
+  const std::set<Invariant>& targeted = selection.targeted();
+  auto selected = [&](Invariant inv) { return selection.selected(inv); };
+  auto wanted = [&](Invariant inv) { return selection.wanted(inv); };
   const bool compare_quantization = options.comparison_invariants && is_quantized(s.cache.dtype) && !s.mla.enabled &&
                                     wanted(Invariant::quantization);
   ReplayOptions main_options = options;
-  main_options.record_outputs = options.comparison_invariants && any_comparison;
+  main_options.record_outputs = options.comparison_invariants && selection.any_comparison();
   main_options.dense_check = options.dense_check && selected(Invariant::dense);
   main_options.spill_attention = compare_quantization;
   const RunRecord main = run_scenario(s, backend, main_options);
@@ -370,19 +364,11 @@ ScenarioReport replay(const Scenario& s, Backend& backend, const ReplayOptions& 
     }
   }
 
-  for (Invariant inv : {Invariant::conservation, Invariant::chunking, Invariant::reuse, Invariant::window,
-                        Invariant::layout, Invariant::dense, Invariant::quantization, Invariant::no_nan,
-                        Invariant::offload, Invariant::batch}) {
+  for (const InvariantInfo& info : invariant_table()) {
+    const Invariant inv = info.invariant;
     auto it = results.find(inv);
     // Skipped: not selected, and one the scenario would have checked.
-    const bool applies = inv == Invariant::conservation || inv == Invariant::chunking || inv == Invariant::layout ||
-                         (inv == Invariant::reuse && s.reuse.enabled) ||
-                         (inv == Invariant::window && s.window.mode != WindowMode::none) ||
-                         (inv == Invariant::dense && !s.mla.enabled) ||
-                         (inv == Invariant::quantization && is_quantized(s.cache.dtype) && !s.mla.enabled) ||
-                         (inv == Invariant::no_nan && main.poisoned) ||
-                         (inv == Invariant::offload && main.offload_round_trips > 0) ||
-                         (inv == Invariant::batch && s.requests.size() >= 2);
+    const bool applies = info.applies(s, main);
     if (!selected(inv) && !applies) {
       InvariantReport r;
       r.invariant = inv;

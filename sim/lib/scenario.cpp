@@ -25,34 +25,10 @@ std::string_view name_of(const std::array<std::pair<E, std::string_view>, N>& ta
   return "?";
 }
 
-constexpr std::array<std::pair<Fault, std::string_view>, 10> kFaults{{
-    {Fault::past_len_zero, "past_len_zero"},
-    {Fault::window_mismatch, "window_mismatch"},
-    {Fault::k_scale_for_v, "k_scale_for_v"},
-    {Fault::reused_block_mismatch, "reused_block_mismatch"},
-    {Fault::v_tail_not_zeroed, "v_tail_not_zeroed"},
-    {Fault::stale_bad_page, "stale_bad_page"},
-    {Fault::group_window_for_layer, "group_window_for_layer"},
-    {Fault::window_table_absolute, "window_table_absolute"},
-    {Fault::short_block_table, "short_block_table"},
-    {Fault::offload_drops_scales, "offload_drops_scales"},
-}};
 constexpr std::array<std::pair<BlockOrder, std::string_view>, 3> kBlockOrders{{
     {BlockOrder::lowest, "lowest"},
     {BlockOrder::highest, "highest"},
     {BlockOrder::shuffled, "shuffled"},
-}};
-constexpr std::array<std::pair<Invariant, std::string_view>, 10> kInvariants{{
-    {Invariant::conservation, "conservation"},
-    {Invariant::chunking, "chunking"},
-    {Invariant::reuse, "reuse"},
-    {Invariant::window, "window"},
-    {Invariant::layout, "layout"},
-    {Invariant::dense, "dense"},
-    {Invariant::quantization, "quantization"},
-    {Invariant::no_nan, "no_nan"},
-    {Invariant::offload, "offload"},
-    {Invariant::batch, "batch"},
 }};
 constexpr std::array<std::pair<WritePath, std::string_view>, 4> kWritePaths{{
     {WritePath::qkv_preprocess, "qkv_preprocess"},
@@ -76,10 +52,6 @@ constexpr std::array<std::pair<VswaRule, std::string_view>, 2> kVswaRules{{
 }};
 }  // namespace
 
-std::string_view fault_name(Fault f) { return name_of(kFaults, f); }
-std::optional<Fault> parse_fault(std::string_view s) { return lookup(kFaults, s); }
-std::string_view invariant_name(Invariant i) { return name_of(kInvariants, i); }
-std::optional<Invariant> parse_invariant(std::string_view s) { return lookup(kInvariants, s); }
 std::string_view write_path_name(WritePath w) { return name_of(kWritePaths, w); }
 std::optional<WritePath> parse_write_path(std::string_view s) { return lookup(kWritePaths, s); }
 std::string_view window_mode_name(WindowMode m) { return name_of(kWindowModes, m); }
@@ -90,22 +62,6 @@ std::string_view allocation_name(KvAllocation a) { return name_of(kAllocations, 
 std::optional<KvAllocation> parse_allocation(std::string_view s) { return lookup(kAllocations, s); }
 std::string_view vswa_rule_name(VswaRule r) { return name_of(kVswaRules, r); }
 std::optional<VswaRule> parse_vswa_rule(std::string_view s) { return lookup(kVswaRules, s); }
-
-Invariant invariant_for(Fault f) {
-  switch (f) {
-    case Fault::past_len_zero: return Invariant::chunking;
-    case Fault::window_mismatch: return Invariant::window;
-    case Fault::k_scale_for_v: return Invariant::quantization;
-    case Fault::reused_block_mismatch: return Invariant::reuse;
-    case Fault::v_tail_not_zeroed: return Invariant::no_nan;
-    case Fault::stale_bad_page: return Invariant::dense;
-    case Fault::group_window_for_layer: return Invariant::window;
-    case Fault::window_table_absolute: return Invariant::window;
-    case Fault::short_block_table: return Invariant::dense;
-    case Fault::offload_drops_scales: return Invariant::offload;
-  }
-  return Invariant::conservation;
-}
 
 PoolGeometry pool_geometry(const Scenario& s) {
   PoolGeometry g;

@@ -252,13 +252,6 @@ std::optional<RopeStyle> parse_rope_style(std::string_view s) {
   return std::nullopt;
 }
 
-const std::vector<std::string_view> kFaultNames = {"past_len_zero",          "window_mismatch",   "k_scale_for_v",
-                                                   "reused_block_mismatch", "v_tail_not_zeroed", "stale_bad_page",
-                                                   "group_window_for_layer", "window_table_absolute",
-                                                   "short_block_table",      "offload_drops_scales"};
-const std::vector<std::string_view> kInvariantNames = {"conservation", "chunking",     "reuse",  "window",  "layout",
-                                                       "dense",        "quantization", "no_nan", "offload", "batch"};
-
 }  // namespace
 
 std::vector<int32_t> generated_tokens(uint64_t seed, int64_t count) {
@@ -474,8 +467,8 @@ void parse_request(Scenario& s, const toml::table& t, size_t index) {
 }
 
 void parse_faults(Scenario& s, const toml::table& t) {
-  Section sec(s, t, "faults.", kFaultNames);
-  for (std::string_view name : kFaultNames) {
+  Section sec(s, t, "faults.", fault_names());
+  for (std::string_view name : fault_names()) {
     bool on = false;
     sec.read(name, on);
     if (on) s.faults.push_back(*parse_fault(name));
@@ -492,8 +485,8 @@ void parse_expect(Scenario& s, const toml::table& t) {
   sec.read("offloaded_blocks", e.offloaded_blocks);
   sec.read("onboarded_blocks", e.onboarded_blocks);
   sec.read("preemptions", e.preemptions);
-  sec.read_names<Invariant>("must_pass", e.must_pass, parse_invariant, kInvariantNames);
-  sec.read_names<Fault>("must_catch", e.must_catch, parse_fault, kFaultNames);
+  sec.read_names<Invariant>("must_pass", e.must_pass, parse_invariant, invariant_names());
+  sec.read_names<Fault>("must_catch", e.must_catch, parse_fault, fault_names());
 }
 
 const std::vector<std::string_view> kTopLevelKeys = {"model",   "mla",    "cache",   "window", "layers", "reuse",

@@ -16,6 +16,8 @@
 #include <kvsim/core.hpp>
 #include <kvsim/core/rope.hpp>
 
+#include "invariant_table.hpp"
+
 namespace kvsim::sim {
 
 // Where a value came from in the scenario file, for error messages
@@ -183,26 +185,6 @@ struct RequestSpec {
   SourceLocation where;
 };
 
-// Fault injection (contract §6): each reproduces one silent failure of the seed
-// article's table; the named invariant must catch it.
-enum class Fault : uint8_t {
-  past_len_zero,           // chunked prefill writes/reads as if past_seq_len were 0  -> chunking
-  window_mismatch,         // writer and reader use different window mappings          -> window
-  k_scale_for_v,           // the K scale dequantizes V                                -> quantization
-  reused_block_mismatch,   // a reused block holds other tokens' K/V                    -> reuse
-  v_tail_not_zeroed,       // V tail of the last block not zeroed, pools NaN-poisoned   -> no_nan
-  stale_bad_page,          // a block table keeps a BAD_PAGE where a block now lives    -> dense
-  group_window_for_layer,  // a full layer reads with its model's sliding window (vLLM PR #51756) -> window
-  window_table_absolute,   // a ring-sized table indexed by absolute position (tt-metal PR #45184) -> window
-  short_block_table,       // the attention op's block table is a page shorter than the sequence (vLLM PR #54296) -> dense
-  offload_drops_scales,    // offload copies nvfp4 data but not its packed scales (vLLM #48412) -> offload
-};
-
-// Named invariants (contract §6).
-enum class Invariant : uint8_t {
-  conservation, chunking, reuse, window, layout, dense, quantization, no_nan, offload, batch,
-};
-
 struct Expectations {
   // Counts the replay must report (nullopt = not checked).
   std::optional<int64_t> reuse_hit_tokens, evicted_blocks, offloaded_blocks, onboarded_blocks, preemptions;
@@ -232,18 +214,12 @@ struct Scenario {
   std::map<std::string, SourceLocation> key_locations;
 };
 
-std::string_view fault_name(Fault f);
-std::optional<Fault> parse_fault(std::string_view s);
-std::string_view invariant_name(Invariant i);
-std::optional<Invariant> parse_invariant(std::string_view s);
 std::string_view write_path_name(WritePath w);
 std::optional<WritePath> parse_write_path(std::string_view s);
 std::string_view window_mode_name(WindowMode m);
 std::optional<WindowMode> parse_window_mode(std::string_view s);
 std::string_view block_order_name(BlockOrder o);
 std::optional<BlockOrder> parse_block_order(std::string_view s);
-// The invariant that catches a fault.
-Invariant invariant_for(Fault f);
 
 // The pool geometry a scenario describes (every layer; with [layers], the
 // geometry of pool `pool` is kv_pool_geometry).
