@@ -274,7 +274,43 @@ class Runner final : public BlockMover {
   void notify(const std::string& op, int32_t layer, const std::vector<Entry>& entries);
   void notify(const std::string& op, int32_t layer, std::vector<std::string> sequence_ids);
   void execute(const StepPlan& plan);
+  // One layer's writes of a step: the tables and tokens (plan_layer_write),
+  // then the scenario's write path, then the indexer K.
+  struct StepToken {
+    size_t entry;                 // index into the step's entries
+    const RequestState* request;
+    int64_t position, op_position;  // true position; the one the ops are told
+    bool reaches;                 // its K/V reach the cache (a window may skip it)
+  };
+  struct LayerWrite {
+    int32_t layer = 0;
+    int64_t nnz = 0;
+    CacheDtype input_dtype = CacheDtype::bf16;
+    int32_t columns = 1;               // table row width
+    std::vector<int32_t> table;        // one row of `columns` entries per step entry
+    std::vector<int32_t> seq_lens, cache_lens;
+    std::vector<int32_t> indptr{0}, indices, last_page_len;  // the same tables as CSR
+    std::vector<StepToken> toks;
+  };
+  struct AppendInputs {
+    int64_t n = 0;
+    int32_t a_dim = 0, b_dim = 0;
+    BackendBuffer a, b;  // K and V, or ckv and kpe
+    std::vector<int32_t> batch, positions;
+  };
   void write_layer(int32_t layer, const std::vector<Entry>& es, int64_t nnz, BackendBuffer& q_buf, CacheDtype& q_dtype);
+  LayerWrite plan_layer_write(int32_t layer, const std::vector<Entry>& es, int64_t nnz) const;
+  float token_value(const LayerWrite& w, ModelTensor t, int32_t head, int32_t dim, const StepToken& k) const;
+  void cache_slot(const LayerWrite& w, const StepToken& k, int64_t& block, int32_t& entry) const;
+  void upload_model_q(const LayerWrite& w, BackendBuffer& q_buf, CacheDtype& q_dtype);
+  void write_qkv_preprocess(const LayerWrite& w, const std::vector<Entry>& es, BackendBuffer& q_buf, CacheDtype& q_dtype);
+  AppendInputs append_inputs(const LayerWrite& w, bool mla);
+  template <class Op>
+  void set_append_tables(Op& op, const LayerWrite& w, const AppendInputs& in) const;
+  void write_append_paged(const LayerWrite& w, const std::vector<Entry>& es);
+  void write_append_mla(const LayerWrite& w, const std::vector<Entry>& es);
+  void write_reshape_and_cache(const LayerWrite& w, const std::vector<Entry>& es);
+  void scatter_indexer_k(const LayerWrite& w, const std::vector<Entry>& es);
   void attend(int32_t layer, const std::vector<Entry>& es, size_t first, size_t last, int64_t row0,
               const BackendBuffer& q_buf, CacheDtype q_dtype, bool decode);
   void attend_mla(int32_t layer, const std::vector<Entry>& es);
@@ -587,245 +623,277 @@ void Runner::execute(const StepPlan& plan) {
   rec_.counters.token_layers += nnz * g_.layers;
 }
 
-void Runner::write_layer(int32_t layer, const std::vector<Entry>& es, int64_t nnz, BackendBuffer& q_buf,
-                         CacheDtype& q_dtype) {
-  const int32_t H = g_.kv_heads, D = g_.head_dim, Hq = s_.model.q_heads, P = g_.tokens_per_block;
-  int32_t columns = 1;
-  for (const Entry& e : es) columns = std::max<int32_t>(columns, static_cast<int32_t>(bm_->table(e.r->index, group_).size()));
-  std::vector<int32_t> table;
+// The step's page tables and tokens, as every write path of one layer needs them.
+Runner::LayerWrite Runner::plan_layer_write(int32_t layer, const std::vector<Entry>& es, int64_t nnz) const {
+  const int32_t P = g_.tokens_per_block;
+  LayerWrite w;
+  w.layer = layer;
+  w.nnz = nnz;
+  w.input_dtype = kv_input_dtype(s_);
+  for (const Entry& e : es)
+    w.columns = std::max<int32_t>(w.columns, static_cast<int32_t>(bm_->table(e.r->index, group_).size()));
   for (const Entry& e : es) {
-    const auto row = table_row(*e.r, columns);
-    table.insert(table.end(), row.begin(), row.end());
+    const auto row = table_row(*e.r, w.columns);
+    w.table.insert(w.table.end(), row.begin(), row.end());
+    w.seq_lens.push_back(e.e->n);
+    w.cache_lens.push_back(e.cache_len());
   }
-  const CacheDtype in_t = kv_input_dtype(s_);
-  const int32_t in_b = element_bytes(in_t);
-  // Token t of the step: entry, true position, whether its K/V reach the cache, its cache slot.
-  struct Tok {
-    size_t entry;
-    int64_t position, op_position;
-    bool reaches;
-  };
-  std::vector<Tok> toks;
   for (size_t i = 0; i < es.size(); ++i)
     for (int32_t j = 0; j < es[i].e->n; ++j) {
       const int64_t op_pos = es[i].op_start + j;
-      toks.push_back({i, es[i].e->start + j, op_pos, qkv_token_reaches_cache(write_map_, es[i].cache_len(), op_pos)});
+      w.toks.push_back({i, es[i].r, es[i].e->start + j, op_pos,
+                        qkv_token_reaches_cache(write_map_, es[i].cache_len(), op_pos)});
     }
-  auto value = [&](ModelTensor t, int32_t head, int32_t dim, const Tok& k) {
-    const RequestState& r = *es[k.entry].r;
-    return model_.value(t, layer, head, dim, k.position, r.hashes[k.position]);
-  };
-  auto slot_of = [&](const Tok& k, int64_t& block, int32_t& entry) {
-    const int64_t slot = write_map_.cache_token(k.op_position);
-    block = BlockRef{table[k.entry * columns + slot / P]}.block();
-    entry = static_cast<int32_t>(slot % P);
-  };
-  // Q for attention when the write op does not produce it.
-  auto host_q = [&]() {
-    q_dtype = s_.model.input_dtype;
-    std::vector<uint8_t> q(static_cast<size_t>(nnz * Hq * D * element_bytes(q_dtype)));
-    for (size_t t = 0; t < toks.size(); ++t)
-      for (int32_t h = 0; h < Hq; ++h)
-        for (int32_t d = 0; d < D; ++d)
-          put_value(q, q_dtype, (static_cast<int64_t>(t) * Hq + h) * D + d, value(ModelTensor::q, h, d, toks[t]), 1.0f);
-    q_buf = BackendBuffer(be_, q.size());
-    q_buf.upload(q.data(), q.size());
-  };
-
-  std::vector<int32_t> seq_lens, cache_lens;
-  for (const Entry& e : es) {
-    seq_lens.push_back(e.e->n);
-    cache_lens.push_back(e.cache_len());
-  }
   // CSR view of the step's tables (FlashInfer ops): pages covering each sequence's cache slots.
-  std::vector<int32_t> indptr{0}, indices, last_page_len;
   for (size_t i = 0; i < es.size(); ++i) {
     const int64_t slots = write_map_.cache_length(es[i].cache_len());
     const int32_t pages = static_cast<int32_t>((slots + P - 1) / P);
-    for (int32_t p = 0; p < pages; ++p) indices.push_back(table[i * columns + p]);
-    indptr.push_back(static_cast<int32_t>(indices.size()));
-    last_page_len.push_back(static_cast<int32_t>(slots - static_cast<int64_t>(pages - 1) * P));
+    for (int32_t p = 0; p < pages; ++p) w.indices.push_back(w.table[i * w.columns + p]);
+    w.indptr.push_back(static_cast<int32_t>(w.indices.size()));
+    w.last_page_len.push_back(static_cast<int32_t>(slots - static_cast<int64_t>(pages - 1) * P));
   }
-  const float k_code_scale = s_.cache.k_scale, v_code_scale = s_.cache.v_scale;
+  return w;
+}
 
+float Runner::token_value(const LayerWrite& w, ModelTensor t, int32_t head, int32_t dim, const StepToken& k) const {
+  return model_.value(t, w.layer, head, dim, k.position, k.request->hashes[k.position]);
+}
+
+void Runner::cache_slot(const LayerWrite& w, const StepToken& k, int64_t& block, int32_t& entry) const {
+  const int32_t P = g_.tokens_per_block;
+  const int64_t slot = write_map_.cache_token(k.op_position);
+  block = BlockRef{w.table[k.entry * w.columns + slot / P]}.block();
+  entry = static_cast<int32_t>(slot % P);
+}
+
+void Runner::write_layer(int32_t layer, const std::vector<Entry>& es, int64_t nnz, BackendBuffer& q_buf,
+                         CacheDtype& q_dtype) {
+  const LayerWrite w = plan_layer_write(layer, es, nnz);
   switch (s_.cache.write_path) {
-    case WritePath::qkv_preprocess: {
-      const int64_t width = static_cast<int64_t>(Hq + 2 * H) * D;
-      std::vector<uint8_t> qkv(static_cast<size_t>(nnz * width * in_b));
-      for (size_t t = 0; t < toks.size(); ++t) {
-        const int64_t row = static_cast<int64_t>(t) * width;
-        for (int32_t h = 0; h < Hq; ++h)
-          for (int32_t d = 0; d < D; ++d) put_value(qkv, in_t, row + h * D + d, value(ModelTensor::q, h, d, toks[t]), 1);
-        for (int32_t h = 0; h < H; ++h)
-          for (int32_t d = 0; d < D; ++d) {
-            put_value(qkv, in_t, row + (Hq + h) * D + d, value(ModelTensor::k, h, d, toks[t]), 1);
-            put_value(qkv, in_t, row + (Hq + H + h) * D + d, value(ModelTensor::v, h, d, toks[t]), 1);
-          }
-      }
-      BackendBuffer qkv_b(be_, qkv.size());
-      qkv_b.upload(qkv.data(), qkv.size());
-      q_dtype = in_t;
-      q_buf = BackendBuffer(be_, static_cast<size_t>(nnz * Hq * D * in_b));
-      QkvPreprocessOp op;
-      op.layer = pool_layer_of_[layer];
-      op.num_q_heads = Hq;
-      op.qkv = contiguous_view(qkv_b.get(), in_t, {nnz, width});
-      op.q_out = contiguous_view(q_buf.get(), in_t, {nnz, Hq, D});
-      if (rotary_dim_ > 0) {
-        op.rope_style = s_.model.rope;
-        op.rotary_dim = rotary_dim_;
-        op.cos_sin = contiguous_view(rope_.get(), CacheDtype::fp32, {rope_rows_, rotary_dim_});
-      }
-      op.seq_lens = seq_lens;
-      op.cache_lens = cache_lens;
-      op.block_table = table;
-      op.max_blocks_per_seq = columns;
-      op.window = write_map_;
-      // kvsim zeroes the V tail at every write, decode included: its decode
-      // reads whole pages, so a block a decode opens needs it as much as a
-      // context step's last block (TensorRT-LLM's MMHA stops at the length).
-      op.context_phase = true;
-      op.zero_v_tail = zero_v_tail_;
-      if (is_quantized(g_.dtype) && g_.dtype != CacheDtype::nvfp4) {
-        op.scale_orig_quant[1] = 1.0f / k_code_scale;  // TensorRT-LLM encodes with the reciprocal of the decode scale
-        op.scale_orig_quant[2] = 1.0f / v_code_scale;
-      }
-      op.nvfp4_global_scale[1] = s_.cache.k_global_scale;
-      op.nvfp4_global_scale[2] = s_.cache.v_global_scale;
-      notify("qkv_preprocess_write", layer, es);
-      be_.qkv_preprocess_write(pools_, op);
-      break;
-    }
+    case WritePath::qkv_preprocess: write_qkv_preprocess(w, es, q_buf, q_dtype); break;
     case WritePath::append_paged:
-    case WritePath::append_mla: {
-      const bool mla = s_.cache.write_path == WritePath::append_mla;
-      std::vector<int32_t> batch, positions;
-      std::vector<const Tok*> written;
-      for (const Tok& t : toks)
-        if (t.reaches) {
-          written.push_back(&t);
-          batch.push_back(static_cast<int32_t>(t.entry));
-          positions.push_back(static_cast<int32_t>(write_map_.cache_token(t.op_position)));
-        }
-      const int64_t n = static_cast<int64_t>(written.size());
-      const int32_t a_dim = mla ? s_.mla.d_ckv : D, b_dim = mla ? s_.mla.d_kpe : D, heads = mla ? 1 : H;
-      std::vector<uint8_t> a(static_cast<size_t>(n * heads * a_dim * in_b)), b(static_cast<size_t>(n * heads * b_dim * in_b));
-      for (int64_t i = 0; i < n; ++i)
-        for (int32_t h = 0; h < heads; ++h) {
-          for (int32_t d = 0; d < a_dim; ++d)
-            put_value(a, in_t, (i * heads + h) * a_dim + d, value(mla ? ModelTensor::ckv : ModelTensor::k, h, d, *written[i]),
-                      k_code_scale);
-          for (int32_t d = 0; d < b_dim; ++d)
-            put_value(b, in_t, (i * heads + h) * b_dim + d, value(mla ? ModelTensor::kpe : ModelTensor::v, h, d, *written[i]),
-                      mla ? k_code_scale : v_code_scale);
-        }
-      BackendBuffer a_b(be_, a.size()), b_b(be_, b.size());
-      a_b.upload(a.data(), a.size());
-      b_b.upload(b.data(), b.size());
-      if (mla) {
-        AppendMlaOp op;
-        op.layer = pool_layer_of_[layer];
-        op.ckv = contiguous_view(a_b.get(), in_t, {n, a_dim});
-        op.kpe = contiguous_view(b_b.get(), in_t, {n, b_dim});
-        op.batch_indices = batch;
-        op.positions = positions;
-        op.indptr = indptr;
-        op.indices = indices;
-        op.last_page_len = last_page_len;
-        op.ckv_global_scale = s_.cache.k_global_scale;
-        op.kpe_scale = k_code_scale;
-        notify("append_mla", layer, es);
-        be_.append_mla(pools_, op);
-      } else {
-        AppendPagedOp op;
-        op.layer = pool_layer_of_[layer];
-        op.k = contiguous_view(a_b.get(), in_t, {n, H, D});
-        op.v = contiguous_view(b_b.get(), in_t, {n, H, D});
-        op.batch_indices = batch;
-        op.positions = positions;
-        op.indptr = indptr;
-        op.indices = indices;
-        op.last_page_len = last_page_len;
-        op.k_global_scale = s_.cache.k_global_scale;
-        op.v_global_scale = s_.cache.v_global_scale;
-        notify("append_paged", layer, es);
-        be_.append_paged(pools_, op);
-        host_q();
-      }
+      write_append_paged(w, es);
+      upload_model_q(w, q_buf, q_dtype);
       break;
-    }
-    case WritePath::reshape_and_cache: {
-      std::vector<int64_t> slots;
-      for (const Tok& t : toks) {
-        int64_t block = 0;
-        int32_t entry = 0;
-        if (t.reaches) slot_of(t, block, entry);
-        slots.push_back(t.reaches ? block * P + entry : -1);
-      }
-      std::vector<uint8_t> k(static_cast<size_t>(nnz * H * D * in_b)), v(k.size());
-      for (size_t t = 0; t < toks.size(); ++t)
-        for (int32_t h = 0; h < H; ++h)
-          for (int32_t d = 0; d < D; ++d) {
-            const int64_t i = (static_cast<int64_t>(t) * H + h) * D + d;
-            put_value(k, in_t, i, value(ModelTensor::k, h, d, toks[t]), k_code_scale);
-            put_value(v, in_t, i, value(ModelTensor::v, h, d, toks[t]), v_code_scale);
-          }
-      BackendBuffer k_b(be_, k.size()), v_b(be_, v.size());
-      k_b.upload(k.data(), k.size());
-      v_b.upload(v.data(), v.size());
-      ReshapeAndCacheOp op;
-      op.layer = pool_layer_of_[layer];
-      op.key = contiguous_view(k_b.get(), in_t, {nnz, H, D});
-      op.value = contiguous_view(v_b.get(), in_t, {nnz, H, D});
-      op.slot_mapping = slots;
-      op.k_scale = k_code_scale;
-      op.v_scale = v_code_scale;
-      notify("reshape_and_cache", layer, es);
-      be_.reshape_and_cache(pools_, op);
-      host_q();
+    case WritePath::append_mla: write_append_mla(w, es); break;
+    case WritePath::reshape_and_cache:
+      write_reshape_and_cache(w, es);
+      upload_model_q(w, q_buf, q_dtype);
       break;
-    }
   }
+  if (s_.indexer_k_scatter) scatter_indexer_k(w, es);
+}
 
-  if (s_.indexer_k_scatter) {
-    // DeepSeek's indexer cache per layer: [blocks, P, 1, D + 4] bytes; a block
-    // holds its P tokens' fp8 bytes, then their P fp32 scales.
-    std::vector<uint8_t> kb, sb;
-    std::vector<int64_t> map_k, map_s;
-    for (const Tok& t : toks) {
-      if (!t.reaches) continue;
-      int64_t block = 0;
-      int32_t entry = 0;
-      slot_of(t, block, entry);
-      float amax = 0.0f;
-      float x[kIndexerDim];
-      for (int32_t d = 0; d < kIndexerDim; ++d) {
-        x[d] = value(ModelTensor::indexer_k, 0, d, t);
-        amax = std::max(amax, std::fabs(x[d]));
+// Q for attention when the write op does not produce it.
+void Runner::upload_model_q(const LayerWrite& w, BackendBuffer& q_buf, CacheDtype& q_dtype) {
+  const int32_t D = g_.head_dim, Hq = s_.model.q_heads;
+  q_dtype = s_.model.input_dtype;
+  std::vector<uint8_t> q(static_cast<size_t>(w.nnz * Hq * D * element_bytes(q_dtype)));
+  for (size_t t = 0; t < w.toks.size(); ++t)
+    for (int32_t h = 0; h < Hq; ++h)
+      for (int32_t d = 0; d < D; ++d)
+        put_value(q, q_dtype, (static_cast<int64_t>(t) * Hq + h) * D + d, token_value(w, ModelTensor::q, h, d, w.toks[t]),
+                  1.0f);
+  q_buf = BackendBuffer(be_, q.size());
+  q_buf.upload(q.data(), q.size());
+}
+
+void Runner::write_qkv_preprocess(const LayerWrite& w, const std::vector<Entry>& es, BackendBuffer& q_buf,
+                                  CacheDtype& q_dtype) {
+  const int32_t H = g_.kv_heads, D = g_.head_dim, Hq = s_.model.q_heads;
+  const CacheDtype in_t = w.input_dtype;
+  const int32_t in_b = element_bytes(in_t);
+  const int64_t width = static_cast<int64_t>(Hq + 2 * H) * D;
+  std::vector<uint8_t> qkv(static_cast<size_t>(w.nnz * width * in_b));
+  for (size_t t = 0; t < w.toks.size(); ++t) {
+    const int64_t row = static_cast<int64_t>(t) * width;
+    for (int32_t h = 0; h < Hq; ++h)
+      for (int32_t d = 0; d < D; ++d) put_value(qkv, in_t, row + h * D + d, token_value(w, ModelTensor::q, h, d, w.toks[t]), 1);
+    for (int32_t h = 0; h < H; ++h)
+      for (int32_t d = 0; d < D; ++d) {
+        put_value(qkv, in_t, row + (Hq + h) * D + d, token_value(w, ModelTensor::k, h, d, w.toks[t]), 1);
+        put_value(qkv, in_t, row + (Hq + H + h) * D + d, token_value(w, ModelTensor::v, h, d, w.toks[t]), 1);
       }
-      const float scale = amax > 0.0f ? amax / 448.0f : 1.0f;  // DeepSeek's per-token fp8 scale
-      for (int32_t d = 0; d < kIndexerDim; ++d) kb.push_back(codec::f32_to_e4m3(x[d] / scale));
-      uint8_t sbytes[4];
-      std::memcpy(sbytes, &scale, 4);
-      sb.insert(sb.end(), sbytes, sbytes + 4);
-      map_k.push_back(block * P * indexer_row_ + static_cast<int64_t>(entry) * kIndexerDim);
-      map_s.push_back(block * P * indexer_row_ + static_cast<int64_t>(P) * kIndexerDim + entry * 4);
-    }
-    const int64_t T = static_cast<int64_t>(map_k.size());
-    if (T > 0) {
-      BackendBuffer kb_b(be_, kb.size()), sb_b(be_, sb.size());
-      kb_b.upload(kb.data(), kb.size());
-      sb_b.upload(sb.data(), sb.size());
-      IndexerKScatterOp op;
-      op.k_fp8 = contiguous_view(kb_b.get(), CacheDtype::fp8_e4m3, {T, kIndexerDim});
-      op.k_scale = contiguous_view(sb_b.get(), CacheDtype::fp8_e4m3, {T, 4});
-      op.slot_mapping_fp8 = map_k;
-      op.slot_mapping_scale = map_s;
-      op.cache = contiguous_view(indexer_[layer].get(), CacheDtype::fp8_e4m3, {g_.primary_blocks, P, 1, indexer_row_});
-      notify("indexer_k_scatter", layer, es);
-      be_.indexer_k_scatter(op);
-    }
   }
+  BackendBuffer qkv_b(be_, qkv.size());
+  qkv_b.upload(qkv.data(), qkv.size());
+  q_dtype = in_t;
+  q_buf = BackendBuffer(be_, static_cast<size_t>(w.nnz * Hq * D * in_b));
+  QkvPreprocessOp op;
+  op.layer = pool_layer_of_[w.layer];
+  op.num_q_heads = Hq;
+  op.qkv = contiguous_view(qkv_b.get(), in_t, {w.nnz, width});
+  op.q_out = contiguous_view(q_buf.get(), in_t, {w.nnz, Hq, D});
+  if (rotary_dim_ > 0) {
+    op.rope_style = s_.model.rope;
+    op.rotary_dim = rotary_dim_;
+    op.cos_sin = contiguous_view(rope_.get(), CacheDtype::fp32, {rope_rows_, rotary_dim_});
+  }
+  op.seq_lens = w.seq_lens;
+  op.cache_lens = w.cache_lens;
+  op.block_table = w.table;
+  op.max_blocks_per_seq = w.columns;
+  op.window = write_map_;
+  // kvsim zeroes the V tail at every write, decode included: its decode
+  // reads whole pages, so a block a decode opens needs it as much as a
+  // context step's last block (TensorRT-LLM's MMHA stops at the length).
+  op.context_phase = true;
+  op.zero_v_tail = zero_v_tail_;
+  if (is_quantized(g_.dtype) && g_.dtype != CacheDtype::nvfp4) {
+    op.scale_orig_quant[1] = 1.0f / s_.cache.k_scale;  // TensorRT-LLM encodes with the reciprocal of the decode scale
+    op.scale_orig_quant[2] = 1.0f / s_.cache.v_scale;
+  }
+  op.nvfp4_global_scale[1] = s_.cache.k_global_scale;
+  op.nvfp4_global_scale[2] = s_.cache.v_global_scale;
+  notify("qkv_preprocess_write", w.layer, es);
+  be_.qkv_preprocess_write(pools_, op);
+}
+
+// FlashInfer's append ops take the tokens that reach the cache as two tensors
+// (K and V, or the latent's ckv and kpe), their batch indices and positions,
+// and the CSR tables.
+Runner::AppendInputs Runner::append_inputs(const LayerWrite& w, bool mla) {
+  const int32_t H = g_.kv_heads, D = g_.head_dim;
+  const CacheDtype in_t = w.input_dtype;
+  const int32_t in_b = element_bytes(in_t);
+  const float k_code_scale = s_.cache.k_scale, v_code_scale = s_.cache.v_scale;
+  AppendInputs in;
+  std::vector<const StepToken*> written;
+  for (const StepToken& t : w.toks)
+    if (t.reaches) {
+      written.push_back(&t);
+      in.batch.push_back(static_cast<int32_t>(t.entry));
+      in.positions.push_back(static_cast<int32_t>(write_map_.cache_token(t.op_position)));
+    }
+  in.n = static_cast<int64_t>(written.size());
+  in.a_dim = mla ? s_.mla.d_ckv : D;
+  in.b_dim = mla ? s_.mla.d_kpe : D;
+  const int32_t heads = mla ? 1 : H;
+  std::vector<uint8_t> a(static_cast<size_t>(in.n * heads * in.a_dim * in_b)),
+      b(static_cast<size_t>(in.n * heads * in.b_dim * in_b));
+  for (int64_t i = 0; i < in.n; ++i)
+    for (int32_t h = 0; h < heads; ++h) {
+      for (int32_t d = 0; d < in.a_dim; ++d)
+        put_value(a, in_t, (i * heads + h) * in.a_dim + d,
+                  token_value(w, mla ? ModelTensor::ckv : ModelTensor::k, h, d, *written[i]), k_code_scale);
+      for (int32_t d = 0; d < in.b_dim; ++d)
+        put_value(b, in_t, (i * heads + h) * in.b_dim + d,
+                  token_value(w, mla ? ModelTensor::kpe : ModelTensor::v, h, d, *written[i]),
+                  mla ? k_code_scale : v_code_scale);
+    }
+  in.a = BackendBuffer(be_, a.size());
+  in.b = BackendBuffer(be_, b.size());
+  in.a.upload(a.data(), a.size());
+  in.b.upload(b.data(), b.size());
+  return in;
+}
+
+template <class Op>
+void Runner::set_append_tables(Op& op, const LayerWrite& w, const AppendInputs& in) const {
+  op.layer = pool_layer_of_[w.layer];
+  op.batch_indices = in.batch;
+  op.positions = in.positions;
+  op.indptr = w.indptr;
+  op.indices = w.indices;
+  op.last_page_len = w.last_page_len;
+}
+
+void Runner::write_append_paged(const LayerWrite& w, const std::vector<Entry>& es) {
+  const AppendInputs in = append_inputs(w, false);
+  const int32_t H = g_.kv_heads, D = g_.head_dim;
+  AppendPagedOp op;
+  set_append_tables(op, w, in);
+  op.k = contiguous_view(in.a.get(), w.input_dtype, {in.n, H, D});
+  op.v = contiguous_view(in.b.get(), w.input_dtype, {in.n, H, D});
+  op.k_global_scale = s_.cache.k_global_scale;
+  op.v_global_scale = s_.cache.v_global_scale;
+  notify("append_paged", w.layer, es);
+  be_.append_paged(pools_, op);
+}
+
+void Runner::write_append_mla(const LayerWrite& w, const std::vector<Entry>& es) {
+  const AppendInputs in = append_inputs(w, true);
+  AppendMlaOp op;
+  set_append_tables(op, w, in);
+  op.ckv = contiguous_view(in.a.get(), w.input_dtype, {in.n, in.a_dim});
+  op.kpe = contiguous_view(in.b.get(), w.input_dtype, {in.n, in.b_dim});
+  op.ckv_global_scale = s_.cache.k_global_scale;
+  op.kpe_scale = s_.cache.k_scale;
+  notify("append_mla", w.layer, es);
+  be_.append_mla(pools_, op);
+}
+
+void Runner::write_reshape_and_cache(const LayerWrite& w, const std::vector<Entry>& es) {
+  const int32_t H = g_.kv_heads, D = g_.head_dim, P = g_.tokens_per_block;
+  const CacheDtype in_t = w.input_dtype;
+  const float k_code_scale = s_.cache.k_scale, v_code_scale = s_.cache.v_scale;
+  std::vector<int64_t> slots;
+  for (const StepToken& t : w.toks) {
+    int64_t block = 0;
+    int32_t entry = 0;
+    if (t.reaches) cache_slot(w, t, block, entry);
+    slots.push_back(t.reaches ? block * P + entry : -1);
+  }
+  std::vector<uint8_t> k(static_cast<size_t>(w.nnz * H * D * element_bytes(in_t))), v(k.size());
+  for (size_t t = 0; t < w.toks.size(); ++t)
+    for (int32_t h = 0; h < H; ++h)
+      for (int32_t d = 0; d < D; ++d) {
+        const int64_t i = (static_cast<int64_t>(t) * H + h) * D + d;
+        put_value(k, in_t, i, token_value(w, ModelTensor::k, h, d, w.toks[t]), k_code_scale);
+        put_value(v, in_t, i, token_value(w, ModelTensor::v, h, d, w.toks[t]), v_code_scale);
+      }
+  BackendBuffer k_b(be_, k.size()), v_b(be_, v.size());
+  k_b.upload(k.data(), k.size());
+  v_b.upload(v.data(), v.size());
+  ReshapeAndCacheOp op;
+  op.layer = pool_layer_of_[w.layer];
+  op.key = contiguous_view(k_b.get(), in_t, {w.nnz, H, D});
+  op.value = contiguous_view(v_b.get(), in_t, {w.nnz, H, D});
+  op.slot_mapping = slots;
+  op.k_scale = k_code_scale;
+  op.v_scale = v_code_scale;
+  notify("reshape_and_cache", w.layer, es);
+  be_.reshape_and_cache(pools_, op);
+}
+
+// DeepSeek's indexer cache per layer: [blocks, P, 1, D + 4] bytes; a block
+// holds its P tokens' fp8 bytes, then their P fp32 scales.
+void Runner::scatter_indexer_k(const LayerWrite& w, const std::vector<Entry>& es) {
+  const int32_t P = g_.tokens_per_block;
+  std::vector<uint8_t> kb, sb;
+  std::vector<int64_t> map_k, map_s;
+  for (const StepToken& t : w.toks) {
+    if (!t.reaches) continue;
+    int64_t block = 0;
+    int32_t entry = 0;
+    cache_slot(w, t, block, entry);
+    float amax = 0.0f;
+    float x[kIndexerDim];
+    for (int32_t d = 0; d < kIndexerDim; ++d) {
+      x[d] = token_value(w, ModelTensor::indexer_k, 0, d, t);
+      amax = std::max(amax, std::fabs(x[d]));
+    }
+    const float scale = amax > 0.0f ? amax / 448.0f : 1.0f;  // DeepSeek's per-token fp8 scale
+    for (int32_t d = 0; d < kIndexerDim; ++d) kb.push_back(codec::f32_to_e4m3(x[d] / scale));
+    uint8_t sbytes[4];
+    std::memcpy(sbytes, &scale, 4);
+    sb.insert(sb.end(), sbytes, sbytes + 4);
+    map_k.push_back(block * P * indexer_row_ + static_cast<int64_t>(entry) * kIndexerDim);
+    map_s.push_back(block * P * indexer_row_ + static_cast<int64_t>(P) * kIndexerDim + entry * 4);
+  }
+  const int64_t T = static_cast<int64_t>(map_k.size());
+  if (T == 0) return;
+  BackendBuffer kb_b(be_, kb.size()), sb_b(be_, sb.size());
+  kb_b.upload(kb.data(), kb.size());
+  sb_b.upload(sb.data(), sb.size());
+  IndexerKScatterOp op;
+  op.k_fp8 = contiguous_view(kb_b.get(), CacheDtype::fp8_e4m3, {T, kIndexerDim});
+  op.k_scale = contiguous_view(sb_b.get(), CacheDtype::fp8_e4m3, {T, 4});
+  op.slot_mapping_fp8 = map_k;
+  op.slot_mapping_scale = map_s;
+  op.cache = contiguous_view(indexer_[w.layer].get(), CacheDtype::fp8_e4m3, {g_.primary_blocks, P, 1, indexer_row_});
+  notify("indexer_k_scatter", w.layer, es);
+  be_.indexer_k_scatter(op);
 }
 
 void Runner::attend(int32_t layer, const std::vector<Entry>& es, size_t first, size_t last, int64_t row0,
