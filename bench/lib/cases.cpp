@@ -34,17 +34,9 @@ std::string dtype_text(CacheDtype t) { return std::string(dtype_name(t)); }
 
 PoolGeometry make_geometry(CacheDtype dtype, BlockLayout layout, int32_t page, int32_t kv_heads, int32_t head_dim,
                            int64_t blocks) {
-  PoolGeometry g;
-  g.layers = 1;
-  g.kv_factor = 2;
-  g.kv_heads = kv_heads;
-  g.tokens_per_block = page;
-  g.head_dim = head_dim;
-  g.dtype = dtype;
-  g.layout = layout;
-  g.placement = LayerPlacement::in_block;
-  g.primary_blocks = blocks;
-  g.secondary_blocks = 0;
+  PoolGeometry g{.layers = 1, .kv_factor = 2, .kv_heads = kv_heads, .tokens_per_block = page, .head_dim = head_dim,
+                 .dtype = dtype, .layout = layout, .placement = LayerPlacement::in_block, .primary_blocks = blocks,
+                 .secondary_blocks = 0};
   return g;
 }
 

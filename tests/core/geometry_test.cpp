@@ -16,7 +16,10 @@
 
 #include "kvsim/core/geometry.hpp"
 
+#include "../support/validation.hpp"
+
 using namespace kvsim;
+using kvsim::test::catch_validation;
 
 namespace {
 
@@ -188,15 +191,6 @@ uint32_t logical_value(int64_t b, int32_t l, int32_t kv, int32_t h, int32_t t, i
   return static_cast<uint32_t>(x & mask);
 }
 
-std::optional<ValidationError> catch_validation(const auto& fn) {
-  try {
-    fn();
-  } catch (const ValidationError& e) {
-    return e;
-  }
-  return std::nullopt;
-}
-
 }  // namespace
 
 // ---------------------------------------------------------------- the sweep
@@ -224,16 +218,8 @@ TEST_CASE("element_offset is a bijection onto the pool and blocks never overlap,
               for (int32_t L = 1; L <= 3; ++L)
                 for (int32_t F = 1; F <= 2; ++F)
                   for (int64_t B : block_counts) {
-                    PoolGeometry g;
-                    g.layers = L;
-                    g.kv_factor = F;
-                    g.kv_heads = H;
-                    g.tokens_per_block = P;
-                    g.head_dim = D;
-                    g.dtype = dtype;
-                    g.layout = layout;
-                    g.placement = placement;
-                    g.primary_blocks = B;
+                    PoolGeometry g{.layers = L, .kv_factor = F, .kv_heads = H, .tokens_per_block = P, .head_dim = D,
+                                   .dtype = dtype, .layout = layout, .placement = placement, .primary_blocks = B};
                     g.secondary_blocks = B % 5 + 2;  // 1->3, 2->4, 5->2: never equal to primary
                     const auto err = catch_validation([&] { validate_geometry(g); });
                     if (expected_supported(g)) {
@@ -266,14 +252,8 @@ TEST_CASE("element_offset is a bijection onto the pool and blocks never overlap,
 }
 
 TEST_CASE("per_layer layer stride depends on the pool kind's block count") {
-  PoolGeometry g;
-  g.layers = 3;
-  g.kv_heads = 2;
-  g.tokens_per_block = 5;
-  g.head_dim = 16;
-  g.placement = LayerPlacement::per_layer;
-  g.primary_blocks = 4;
-  g.secondary_blocks = 7;
+  PoolGeometry g{.layers = 3, .kv_heads = 2, .tokens_per_block = 5, .head_dim = 16,
+                 .placement = LayerPlacement::per_layer, .primary_blocks = 4, .secondary_blocks = 7};
   const int64_t slab = 2 * 2 * 5 * 16;  // one block of one layer: F*H*P*D
   CHECK(contiguous_strides(g, PoolKind::primary).layer == 4 * slab);
   CHECK(contiguous_strides(g, PoolKind::secondary).layer == 7 * slab);
@@ -285,13 +265,8 @@ TEST_CASE("an empty secondary pool (secondary_blocks = 0) has valid contiguous s
   // contiguous strides of that empty pool must pass validate_strides too. In
   // per_layer the layer stride is blocks * slab = 0, which must not count as an
   // overlap: an empty pool has no two elements to overlap.
-  PoolGeometry g;
-  g.layers = 3;
-  g.kv_heads = 2;
-  g.tokens_per_block = 5;
-  g.head_dim = 16;
-  g.primary_blocks = 4;
-  g.secondary_blocks = 0;
+  PoolGeometry g{.layers = 3, .kv_heads = 2, .tokens_per_block = 5, .head_dim = 16, .primary_blocks = 4,
+                 .secondary_blocks = 0};
   REQUIRE_NOTHROW(validate_geometry(g));
   g.placement = LayerPlacement::in_block;
   CHECK_NOTHROW(validate_strides(g, contiguous_strides(g, PoolKind::secondary), PoolKind::secondary, 0));
@@ -314,17 +289,9 @@ TEST_CASE("a logical tensor written through NHD reads back identically through H
       for (int32_t D : head_dims)
         for (LayerPlacement src_placement : placements)
           for (PoolKind kind : kinds) {
-            PoolGeometry src;
-            src.layers = 2;
-            src.kv_factor = 2;
-            src.kv_heads = 3;
-            src.tokens_per_block = P;
-            src.head_dim = D;
-            src.dtype = dtype;
-            src.layout = BlockLayout::nhd;
-            src.placement = src_placement;
-            src.primary_blocks = 3;
-            src.secondary_blocks = 2;
+            PoolGeometry src{.layers = 2, .kv_factor = 2, .kv_heads = 3, .tokens_per_block = P, .head_dim = D,
+                             .dtype = dtype, .layout = BlockLayout::nhd, .placement = src_placement,
+                             .primary_blocks = 3, .secondary_blocks = 2};
             REQUIRE_NOTHROW(validate_geometry(src));
             const int bits = bits_per_element(dtype);
             const PoolStrides src_strides = contiguous_strides(src, kind);
@@ -431,17 +398,9 @@ TEST_CASE("nvfp4 scale pool: head_dim / 16 one-byte scales, each covering 16 con
   for (BlockLayout layout : {BlockLayout::nhd, BlockLayout::hnd})
     for (LayerPlacement placement : {LayerPlacement::in_block, LayerPlacement::per_layer})
       for (PoolKind kind : {PoolKind::primary, PoolKind::secondary}) {
-        PoolGeometry g;
-        g.layers = 2;
-        g.kv_factor = 2;
-        g.kv_heads = 3;
-        g.tokens_per_block = 7;
-        g.head_dim = 48;
-        g.dtype = CacheDtype::nvfp4;
-        g.layout = layout;
-        g.placement = placement;
-        g.primary_blocks = 2;
-        g.secondary_blocks = 3;
+        PoolGeometry g{.layers = 2, .kv_factor = 2, .kv_heads = 3, .tokens_per_block = 7, .head_dim = 48,
+                       .dtype = CacheDtype::nvfp4, .layout = layout, .placement = placement, .primary_blocks = 2,
+                       .secondary_blocks = 3};
         CAPTURE(describe(g, kind));
         REQUIRE_NOTHROW(validate_geometry(g));
         REQUIRE(g.has_scale_pool());
@@ -472,16 +431,8 @@ TEST_CASE("nvfp4 scale pool: head_dim / 16 one-byte scales, each covering 16 con
 
 namespace {
 PoolGeometry small_fp16(BlockLayout layout) {
-  PoolGeometry g;
-  g.layers = 2;
-  g.kv_factor = 2;
-  g.kv_heads = 3;
-  g.tokens_per_block = 7;
-  g.head_dim = 16;
-  g.dtype = CacheDtype::fp16;
-  g.layout = layout;
-  g.primary_blocks = 5;
-  g.secondary_blocks = 2;
+  PoolGeometry g{.layers = 2, .kv_factor = 2, .kv_heads = 3, .tokens_per_block = 7, .head_dim = 16,
+                 .dtype = CacheDtype::fp16, .layout = layout, .primary_blocks = 5, .secondary_blocks = 2};
   return g;
 }
 void check_bad_strides(const PoolGeometry& g, const PoolStrides& s, int64_t pool_elements, const std::string& mention) {
@@ -619,14 +570,8 @@ TEST_CASE("FlashInfer's [pages, 2, H, P, D] tensor: one pool with a kv stride, o
 
 TEST_CASE("offsets beyond 2^31 are computed in 64 bits") {
   SUBCASE("a Llama-70B-sized in_block pool of 100000 blocks") {
-    PoolGeometry g;
-    g.layers = 80;
-    g.kv_factor = 2;
-    g.kv_heads = 8;
-    g.tokens_per_block = 64;
-    g.head_dim = 128;
-    g.dtype = CacheDtype::bf16;
-    g.primary_blocks = 100000;
+    PoolGeometry g{.layers = 80, .kv_factor = 2, .kv_heads = 8, .tokens_per_block = 64, .head_dim = 128,
+                   .dtype = CacheDtype::bf16, .primary_blocks = 100000};
     REQUIRE_NOTHROW(validate_geometry(g));
     // block = 80*2*8*64*128 = 10,485,760 elements; pool = 1,048,576,000,000.
     CHECK(g.block_elements() == 10485760);
@@ -649,14 +594,8 @@ TEST_CASE("offsets beyond 2^31 are computed in 64 bits") {
     CHECK(element_offset(contiguous_strides(g), 54321, 40, 0, 3, 17, 99) == 531407980003LL);
   }
   SUBCASE("a single term (token or head times its stride) past 2^31") {
-    PoolGeometry g;
-    g.layers = 1;
-    g.kv_factor = 1;
-    g.kv_heads = 4096;
-    g.tokens_per_block = 1024;
-    g.head_dim = 1024;
-    g.dtype = CacheDtype::fp32;
-    g.primary_blocks = 1;
+    PoolGeometry g{.layers = 1, .kv_factor = 1, .kv_heads = 4096, .tokens_per_block = 1024, .head_dim = 1024,
+                   .dtype = CacheDtype::fp32, .primary_blocks = 1};
     REQUIRE_NOTHROW(validate_geometry(g));
     g.layout = BlockLayout::nhd;  // token stride H*D = 4,194,304; 1023 of them = 4,290,772,992
     CHECK(element_offset(contiguous_strides(g), 0, 0, 0, 0, 1023, 0) == 4290772992LL);
@@ -673,13 +612,8 @@ TEST_CASE("validate_geometry rejects a pool whose size in bits does not fit int6
   // bytes_for() and element_byte_offset() multiply an element count by the
   // element's bit width in int64, so an accepted geometry must keep
   // pool_elements * bits below 2^63. 1e18 fp32 elements = 3.2e19 bits.
-  PoolGeometry g;
-  g.layers = 1;
-  g.kv_factor = 1;
-  g.kv_heads = 1;
-  g.tokens_per_block = 1024;
-  g.head_dim = 1024;
-  g.dtype = CacheDtype::fp32;
+  PoolGeometry g{.layers = 1, .kv_factor = 1, .kv_heads = 1, .tokens_per_block = 1024, .head_dim = 1024,
+                 .dtype = CacheDtype::fp32};
   g.primary_blocks = 953674316406LL;  // * 2^20 elements/block ~= 1.0e18 elements
   const long double bits = static_cast<long double>(g.primary_blocks) * 1024 * 1024 * 32;
   REQUIRE(bits > static_cast<long double>(std::numeric_limits<int64_t>::max()));

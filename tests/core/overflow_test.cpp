@@ -31,13 +31,8 @@ ErrorCode code_of(Fn&& fn) {
 }
 
 PoolGeometry small_geometry() {
-  PoolGeometry g;
-  g.layers = 1;
-  g.kv_heads = 1;
-  g.tokens_per_block = 16;
-  g.head_dim = 16;
-  g.dtype = CacheDtype::fp32;
-  g.primary_blocks = 4;
+  PoolGeometry g{.layers = 1, .kv_heads = 1, .tokens_per_block = 16, .head_dim = 16, .dtype = CacheDtype::fp32,
+                 .primary_blocks = 4};
   return g;
 }
 

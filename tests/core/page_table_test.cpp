@@ -18,18 +18,12 @@
 #include "kvsim/core/page_table.hpp"
 #include "kvsim/core/window.hpp"
 
+#include "../support/validation.hpp"
+
 using namespace kvsim;
+using kvsim::test::catch_validation;
 
 namespace {
-
-std::optional<ValidationError> catch_validation(const auto& fn) {
-  try {
-    fn();
-  } catch (const ValidationError& e) {
-    return e;
-  }
-  return std::nullopt;
-}
 
 // Runs fn, which must throw a ValidationError with `code`; its name() must be
 // `name` (spelled out here, not taken from core) and its message must contain
@@ -50,17 +44,9 @@ void expect_error(const auto& fn, ErrorCode code, std::string_view name, const s
 
 // P = 3, H = 2, D = 4, one byte per element, NHD, in_block, one layer, K and V.
 PoolGeometry test_geometry() {
-  PoolGeometry g;
-  g.layers = 1;
-  g.kv_factor = 2;
-  g.kv_heads = 2;
-  g.tokens_per_block = 3;
-  g.head_dim = 4;
-  g.dtype = CacheDtype::int8;
-  g.layout = BlockLayout::nhd;
-  g.placement = LayerPlacement::in_block;
-  g.primary_blocks = 10;
-  g.secondary_blocks = 4;
+  PoolGeometry g{.layers = 1, .kv_factor = 2, .kv_heads = 2, .tokens_per_block = 3, .head_dim = 4,
+                 .dtype = CacheDtype::int8, .layout = BlockLayout::nhd, .placement = LayerPlacement::in_block,
+                 .primary_blocks = 10, .secondary_blocks = 4};
   return g;
 }
 

@@ -17,7 +17,10 @@
 #include "kvsim/core/window.hpp"
 #include "kvsim/core/ops/attention.hpp"
 
+#include "../support/validation.hpp"
+
 using namespace kvsim;
+using kvsim::test::catch_validation;
 
 namespace {
 
@@ -30,15 +33,6 @@ void check_slots(const WindowMapping& m, std::initializer_list<Slot> expected) {
     CAPTURE(e.token);
     CHECK(m.cache_token(e.token) == e.slot);
   }
-}
-
-std::optional<ValidationError> catch_validation(const auto& fn) {
-  try {
-    fn();
-  } catch (const ValidationError& e) {
-    return e;
-  }
-  return std::nullopt;
 }
 
 }  // namespace

@@ -169,11 +169,7 @@ TEST_CASE("CudaBackendPutsTheSecondaryPoolInHostMemory") {
     std::printf("SKIPPED (differential test needs a GPU): %s\n", e.what());
     return;
   }
-  PoolGeometry g;
-  g.dtype = CacheDtype::nvfp4;
-  g.head_dim = 32;
-  g.primary_blocks = 3;
-  g.secondary_blocks = 2;
+  PoolGeometry g{.head_dim = 32, .dtype = CacheDtype::nvfp4, .primary_blocks = 3, .secondary_blocks = 2};
   KvPools pools = cuda->allocate_pools(g, 0x5A);
   // Pinned host memory is readable by the host directly; the fill reached it.
   const uint8_t* secondary = static_cast<const uint8_t*>(pools.data[1]);

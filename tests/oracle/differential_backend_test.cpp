@@ -46,15 +46,8 @@ TEST_CASE("DifferentialBackend: one flipped pool byte is reported with its coord
   CorruptingBackend& bad = *corrupting;
   DifferentialBackend diff(std::make_unique<CpuBackend>(2), std::move(corrupting));
 
-  PoolGeometry g;
-  g.layers = 2;
-  g.kv_heads = 2;
-  g.tokens_per_block = 3;
-  g.head_dim = 8;
-  g.dtype = CacheDtype::fp16;
-  g.layout = BlockLayout::hnd;
-  g.placement = LayerPlacement::per_layer;
-  g.primary_blocks = 10;
+  PoolGeometry g{.layers = 2, .kv_heads = 2, .tokens_per_block = 3, .head_dim = 8, .dtype = CacheDtype::fp16,
+                 .layout = BlockLayout::hnd, .placement = LayerPlacement::per_layer, .primary_blocks = 10};
   KvPools pools = diff.allocate_pools(g, 0x11);
 
   // Sequence 1 (5 tokens) lives in blocks {7, 2}; its token 4 is block 2, entry 1.
@@ -125,12 +118,8 @@ TEST_CASE("DifferentialBackend: one flipped output byte of gather_paged is repor
   auto corrupting = std::make_unique<CorruptingBackend>();
   CorruptingBackend& bad = *corrupting;
   DifferentialBackend diff(std::make_unique<CpuBackend>(1), std::move(corrupting));
-  PoolGeometry g;
-  g.kv_heads = 3;
-  g.tokens_per_block = 7;
-  g.head_dim = 16;
-  g.dtype = CacheDtype::fp8_e4m3;
-  g.primary_blocks = 4;
+  PoolGeometry g{.kv_heads = 3, .tokens_per_block = 7, .head_dim = 16, .dtype = CacheDtype::fp8_e4m3,
+                 .primary_blocks = 4};
   KvPools pools = diff.allocate_pools(g, 0x38);  // e4m3 1.0 everywhere
   const int32_t ids[] = {3, 1};
   BackendBuffer out(diff, 9 * 3 * 16 * 4);

@@ -16,14 +16,8 @@ namespace {
 
 // Returns, per sequence, whether its decode output holds a NaN.
 std::vector<bool> run_step(Backend& be, bool zero_v_tail, CacheDtype dtype) {
-  PoolGeometry g;
-  g.layers = 1;
-  g.kv_heads = 2;
-  g.head_dim = 64;
-  g.tokens_per_block = 16;
-  g.dtype = dtype;
-  g.layout = BlockLayout::hnd;
-  g.primary_blocks = 8;
+  PoolGeometry g{.layers = 1, .kv_heads = 2, .tokens_per_block = 16, .head_dim = 64, .dtype = dtype,
+                 .layout = BlockLayout::hnd, .primary_blocks = 8};
   KvPools pools = be.allocate_pools(g, /*fill_byte=*/0xFF);  // bf16 0xFFFF, fp8 0xFF, e2m1 0xF...: NaN or -max
 
   const std::vector<int32_t> lens{16, 21, 32};  // full page, 5 + 11 empty slots, two full pages

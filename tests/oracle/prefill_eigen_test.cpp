@@ -55,15 +55,9 @@ struct PrefillCase {
 // Returns the worst (error / bound) over every output element.
 double check_case(const PrefillCase& c) {
   auto cpu = make_backend("cpu");
-  PoolGeometry g;
-  g.layers = 1;
-  g.kv_factor = 2;
-  g.kv_heads = c.kv_heads;
-  g.tokens_per_block = c.page;
-  g.head_dim = c.head_dim;
-  g.dtype = c.dtype;
-  g.layout = BlockLayout::nhd;
-  g.placement = LayerPlacement::in_block;
+  PoolGeometry g{.layers = 1, .kv_factor = 2, .kv_heads = c.kv_heads, .tokens_per_block = c.page,
+                 .head_dim = c.head_dim, .dtype = c.dtype, .layout = BlockLayout::nhd,
+                 .placement = LayerPlacement::in_block};
   const WindowMapping w = c.window > 0 ? WindowMapping::make(c.window, c.sinks, c.page, c.one_more_block) : WindowMapping{};
   const int B = static_cast<int>(c.seq_lens.size());
   const int H = c.kv_heads, G = c.group, D = c.head_dim, P = c.page, Hq = H * G;

@@ -333,17 +333,9 @@ struct Config {
   int32_t kv_factor;
 
   PoolGeometry geometry() const {
-    PoolGeometry g;
-    g.layers = 2;
-    g.kv_factor = kv_factor;
-    g.kv_heads = heads;
-    g.tokens_per_block = page;
-    g.head_dim = head_dim;
-    g.dtype = dtype;
-    g.layout = layout;
-    g.placement = placement;
-    g.primary_blocks = 5;
-    g.secondary_blocks = 3;
+    PoolGeometry g{.layers = 2, .kv_factor = kv_factor, .kv_heads = heads, .tokens_per_block = page,
+                   .head_dim = head_dim, .dtype = dtype, .layout = layout, .placement = placement,
+                   .primary_blocks = 5, .secondary_blocks = 3};
     return g;
   }
   std::string name() const {
@@ -439,16 +431,9 @@ TEST_CASE("gather_paged IsEquivalentToRef: layouts x placements x dtypes x pages
 TEST_CASE("gather_paged writes through arbitrary output strides and nothing else") {
   auto& be = *backends()[1].backend;
   std::mt19937_64 rng(7);
-  PoolGeometry g;
-  g.layers = 2;
-  g.kv_heads = 3;
-  g.tokens_per_block = 7;
-  g.head_dim = 80;
-  g.dtype = CacheDtype::bf16;
-  g.layout = BlockLayout::hnd;
-  g.placement = LayerPlacement::per_layer;
-  g.primary_blocks = 4;
-  g.secondary_blocks = 1;
+  PoolGeometry g{.layers = 2, .kv_heads = 3, .tokens_per_block = 7, .head_dim = 80, .dtype = CacheDtype::bf16,
+                 .layout = BlockLayout::hnd, .placement = LayerPlacement::per_layer, .primary_blocks = 4,
+                 .secondary_blocks = 1};
   const RefLayout ref = standard_layout(g);
   const PoolImage img = random_image(g, rng);
   DevicePools dev(be, g);
@@ -559,14 +544,8 @@ TEST_CASE("gather_view aliases the pool for one-block fp32 requests and matches 
 
 TEST_CASE("gather_view sees later writes to its block (it is not a copy)") {
   auto& be = *backends()[0].backend;
-  PoolGeometry g;
-  g.layers = 1;
-  g.kv_heads = 3;
-  g.tokens_per_block = 5;
-  g.head_dim = 64;
-  g.dtype = CacheDtype::fp32;
-  g.layout = BlockLayout::nhd;
-  g.primary_blocks = 2;
+  PoolGeometry g{.layers = 1, .kv_heads = 3, .tokens_per_block = 5, .head_dim = 64, .dtype = CacheDtype::fp32,
+                 .layout = BlockLayout::nhd, .primary_blocks = 2};
   DevicePools dev(be, g);
   const std::vector<int32_t> table = {1};
   GatherPagedOp op;
@@ -712,16 +691,9 @@ TEST_CASE("caller strides: token-innermost pools gather and copy by their stride
   std::mt19937_64 rng(2024);
   for (CacheDtype dtype : {CacheDtype::fp16, CacheDtype::int8, CacheDtype::fp32, CacheDtype::nvfp4}) {
     CAPTURE(dtype_name(dtype));
-    PoolGeometry g;
-    g.layers = 2;
-    g.kv_heads = 3;
-    g.tokens_per_block = 7;
-    g.head_dim = 64;
-    g.dtype = dtype;
-    g.layout = BlockLayout::nhd;
-    g.placement = LayerPlacement::in_block;
-    g.primary_blocks = 4;
-    g.secondary_blocks = 2;
+    PoolGeometry g{.layers = 2, .kv_heads = 3, .tokens_per_block = 7, .head_dim = 64, .dtype = dtype,
+                   .layout = BlockLayout::nhd, .placement = LayerPlacement::in_block, .primary_blocks = 4,
+                   .secondary_blocks = 2};
     const int64_t H = g.kv_heads, P = g.tokens_per_block, D = g.head_dim, F = g.kv_factor, L = g.layers;
     RefLayout ref = standard_layout(g);  // scales keep the standard NHD layout
     ref.data = [=](PoolKind, int64_t b, int l, int kv, int h, int t, int d) {

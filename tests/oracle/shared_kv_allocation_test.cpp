@@ -174,16 +174,9 @@ Run run_ops(Backend& be, const PoolGeometry& g, bool shared, int64_t pages) {
 }
 
 PoolGeometry shared_geometry(BlockLayout layout, int P, CacheDtype dtype) {
-  PoolGeometry g;
-  g.layers = 2;
-  g.kv_factor = 2;
-  g.kv_heads = 3;
-  g.tokens_per_block = P;
-  g.head_dim = 32;
-  g.dtype = dtype;
-  g.layout = layout;
-  g.placement = LayerPlacement::per_layer;
-  g.primary_blocks = pages_for(kLens[0], P) + pages_for(kLens[1], P) + 1;
+  PoolGeometry g{.layers = 2, .kv_factor = 2, .kv_heads = 3, .tokens_per_block = P, .head_dim = 32, .dtype = dtype,
+                 .layout = layout, .placement = LayerPlacement::per_layer,
+                 .primary_blocks = pages_for(kLens[0], P) + pages_for(kLens[1], P) + 1};
   return g;
 }
 

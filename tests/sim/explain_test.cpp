@@ -17,15 +17,8 @@ using namespace kvsim::sim;
 namespace {
 
 PoolGeometry geometry(BlockLayout layout, LayerPlacement placement, CacheDtype dtype, int32_t page) {
-  PoolGeometry g;
-  g.layers = 3;
-  g.kv_heads = 4;
-  g.head_dim = 64;
-  g.tokens_per_block = page;
-  g.dtype = dtype;
-  g.layout = layout;
-  g.placement = placement;
-  g.primary_blocks = 12;
+  PoolGeometry g{.layers = 3, .kv_heads = 4, .tokens_per_block = page, .head_dim = 64, .dtype = dtype,
+                 .layout = layout, .placement = placement, .primary_blocks = 12};
   return g;
 }
 
