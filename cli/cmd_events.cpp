@@ -63,47 +63,90 @@ void run_check(const EventsOptions& o) {
   if (!r.ok()) throw ExitStatus{kExitCheckFailed};
 }
 
+double share(int64_t part, int64_t whole) {
+  return whole ? static_cast<double>(part) / static_cast<double>(whole) : 0.0;
+}
+
+nlohmann::json replay_json(const workload::EventReplayStream& r) {
+  return {{"block_size", r.block_size},
+          {"replayed_stores", r.replayed_stores},
+          {"unrooted_stores", r.unrooted_stores},
+          {"other_medium_stores", r.other_medium_stores},
+          {"unfit_stores", r.unfit_stores},
+          {"kvsim_evictions", r.kvsim_evictions},
+          {"engine_removals", r.engine_removals},
+          {"kvsim_evicted_engine_kept", r.kvsim_evicted_engine_kept},
+          {"engine_removed_kvsim_kept", r.engine_removed_kvsim_kept},
+          {"first_divergence", r.first_divergence},
+          {"chain_tokens", r.chain_tokens},
+          {"hit_tokens", r.hit_tokens},
+          {"hit_rate", share(r.hit_tokens, r.chain_tokens)},
+          {"engine_hit_tokens", r.engine_hit_tokens},
+          {"engine_hit_rate", share(r.engine_hit_tokens, r.chain_tokens)}};
+}
+
+void print_replay(const workload::EventReplayStream& r, const char* indent) {
+  std::printf("%sreplayed %lld stores (skipped: %lld unrooted, %lld other medium, %lld larger than the pool)\n", indent,
+              static_cast<long long>(r.replayed_stores), static_cast<long long>(r.unrooted_stores),
+              static_cast<long long>(r.other_medium_stores), static_cast<long long>(r.unfit_stores));
+  std::printf("%sevictions: kvsim %lld, engine removals %lld; kvsim evicted what the engine kept: %lld, the engine removed "
+              "what kvsim kept: %lld\n",
+              indent, static_cast<long long>(r.kvsim_evictions), static_cast<long long>(r.engine_removals),
+              static_cast<long long>(r.kvsim_evicted_engine_kept), static_cast<long long>(r.engine_removed_kvsim_kept));
+  std::printf("%sfirst divergence: %s\n", indent, r.first_divergence.empty() ? "none" : r.first_divergence.c_str());
+  std::printf("%shit rate of the stored chains: kvsim %.4f (%lld of %lld tokens), the engine %.4f\n", indent,
+              share(r.hit_tokens, r.chain_tokens), static_cast<long long>(r.hit_tokens),
+              static_cast<long long>(r.chain_tokens), share(r.engine_hit_tokens, r.chain_tokens));
+}
+
 void run_replay(const EventsOptions& o) {
   const workload::EventStream s = workload::load_event_stream(o.file);
   const workload::EventReplayReport r = workload::replay_event_stream(s, o.capacity_blocks);
-  const double hit = r.chain_tokens ? static_cast<double>(r.hit_tokens) / static_cast<double>(r.chain_tokens) : 0.0;
-  const double engine_hit =
-      r.chain_tokens ? static_cast<double>(r.engine_hit_tokens) / static_cast<double>(r.chain_tokens) : 0.0;
   if (o.json) {
-    std::cout << nlohmann::json{{"file", s.source},
-                                {"engine", s.engine},
-                                {"capacity_blocks", o.capacity_blocks},
-                                {"block_size", r.block_size},
-                                {"replayed_stores", r.replayed_stores},
-                                {"unrooted_stores", r.unrooted_stores},
-                                {"other_medium_stores", r.other_medium_stores},
-                                {"unfit_stores", r.unfit_stores},
-                                {"kvsim_evictions", r.kvsim_evictions},
-                                {"engine_removals", r.engine_removals},
-                                {"kvsim_evicted_engine_kept", r.kvsim_evicted_engine_kept},
-                                {"engine_removed_kvsim_kept", r.engine_removed_kvsim_kept},
-                                {"first_divergence", r.first_divergence},
-                                {"chain_tokens", r.chain_tokens},
-                                {"hit_tokens", r.hit_tokens},
-                                {"hit_rate", hit},
-                                {"engine_hit_tokens", r.engine_hit_tokens},
-                                {"engine_hit_rate", engine_hit}}
-                     .dump(2)
-              << '\n';
+    nlohmann::json j = replay_json(r);
+    j["file"] = s.source;
+    j["engine"] = s.engine;
+    j["capacity_blocks"] = o.capacity_blocks;
+    j["streams"] = nlohmann::json::array();
+    for (const workload::EventReplayStream& x : r.streams) {
+      nlohmann::json row = replay_json(x);
+      row["rank"] = x.rank;
+      row["group"] = x.group;
+      j["streams"].push_back(row);
+    }
+    j["other_media"] = nlohmann::json::array();
+    for (const workload::EventMediumReport& m : r.other_media)
+      j["other_media"].push_back({{"rank", m.rank},
+                                  {"group", m.group},
+                                  {"medium", m.medium},
+                                  {"stored_blocks", m.stored_blocks},
+                                  {"removed_blocks", m.removed_blocks},
+                                  {"live_at_end", m.live_at_end},
+                                  {"restored_blocks", m.restored_blocks}});
+    std::cout << j.dump(2) << '\n';
     return;
   }
-  std::printf("%s; blocks of %lld tokens, kvsim pool of %lld blocks\n", stream_line(s).c_str(),
-              static_cast<long long>(r.block_size), static_cast<long long>(o.capacity_blocks));
-  std::printf("replayed %lld stores (skipped: %lld unrooted, %lld other medium, %lld larger than the pool)\n",
-              static_cast<long long>(r.replayed_stores), static_cast<long long>(r.unrooted_stores),
-              static_cast<long long>(r.other_medium_stores), static_cast<long long>(r.unfit_stores));
-  std::printf("evictions: kvsim %lld, engine removals %lld; kvsim evicted what the engine kept: %lld, the engine removed "
-              "what kvsim kept: %lld\n",
-              static_cast<long long>(r.kvsim_evictions), static_cast<long long>(r.engine_removals),
-              static_cast<long long>(r.kvsim_evicted_engine_kept), static_cast<long long>(r.engine_removed_kvsim_kept));
-  std::printf("first divergence: %s\n", r.first_divergence.empty() ? "none" : r.first_divergence.c_str());
-  std::printf("hit rate of the stored chains: kvsim %.4f (%lld of %lld tokens), the engine %.4f\n", hit,
-              static_cast<long long>(r.hit_tokens), static_cast<long long>(r.chain_tokens), engine_hit);
+  if (r.streams.size() == 1) {
+    std::printf("%s; blocks of %lld tokens, kvsim pool of %lld blocks\n", stream_line(s).c_str(),
+                static_cast<long long>(r.block_size), static_cast<long long>(o.capacity_blocks));
+    print_replay(r, "");
+  } else {
+    std::printf("%s; %zu (rank, group) streams, each replayed in a kvsim pool of %lld blocks\n", stream_line(s).c_str(),
+                r.streams.size(), static_cast<long long>(o.capacity_blocks));
+    for (const workload::EventReplayStream& x : r.streams) {
+      std::printf("rank %lld group %lld, blocks of %lld tokens:\n", static_cast<long long>(x.rank),
+                  static_cast<long long>(x.group), static_cast<long long>(x.block_size));
+      print_replay(x, "  ");
+    }
+    std::printf("total:\n");
+    print_replay(r, "  ");
+  }
+  for (const workload::EventMediumReport& m : r.other_media)
+    std::printf("other medium %s (rank %lld group %lld, not replayed): %lld blocks stored, %lld removed, %lld live at the "
+                "end; %lld primary stores of a block it held\n",
+                m.medium.c_str(), static_cast<long long>(m.rank), static_cast<long long>(m.group),
+                static_cast<long long>(m.stored_blocks), static_cast<long long>(m.removed_blocks),
+                static_cast<long long>(m.live_at_end), static_cast<long long>(m.restored_blocks));
 }
 
 }  // namespace

@@ -76,6 +76,14 @@ void add_trace_scenario_options(CLI::App& cmd, TraceScenarioOptions& o) {
                  "deepseek-v3)")
       ->check([](const std::string& v) { return v.empty() ? std::string("empty value: expected a preset name") : std::string(); });
   cmd.add_option("--model-toml", o.model_toml_path, "A TOML file holding one [model] table for the scenario");
+  cmd.add_option("--kv-dtype", o.import.dtype, "Cache dtype of the scenario (fp32, fp16, bf16, fp8_e4m3, fp8_e5m2, int8, nvfp4)");
+  add_int_option(cmd, "--secondary-blocks", o.import.secondary_blocks,
+                 "A secondary (offload) tier of this many blocks, reuse.offload on; 0 = none", 0, int64_t{1} << 31);
+  cmd.add_flag("--poison-nan", o.import.poison_nan,
+               "Fresh pages hold NaN and V tails are zeroed (cache.poison_nan, zero_v_tail: the no_nan invariant)");
+  cmd.add_option("--layer-windows", o.import.layer_windows,
+                 "Per-layer sliding windows, comma-separated (0 = full attention): [layers] windows, vLLM's hybrid manager")
+      ->delimiter(',');
 }
 
 workload::Trace load_trace_file(const TraceFileOptions& o) {

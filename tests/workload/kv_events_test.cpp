@@ -324,3 +324,107 @@ TEST_CASE("events replay: kvsim's LRU against the engine's removals, and the hit
   CHECK(r.kvsim_evictions == 0);
   CHECK(r.kvsim_evicted_engine_kept == 0);
 }
+
+TEST_CASE("more negative values and a hash chain longer than its tokens are rejected with the offset and the field") {
+  json e = stored({1}, nullptr, 4, 0);
+  e["token_ids"][2] = -7;
+  CHECK(rejection(msgpack_bytes(map_batch(json::array({e}), 0))) ==
+        "bad_event_stream: e.bin:byte 0 batch 0 event 0: BlockStored.token_ids[2]: expected an integer >= 0, got -7");
+  e = stored({1, 2, 3}, nullptr, 4, 0);
+  e["token_ids"] = json::array({1, 2, 3, 4, 5});  // two blocks' worth of tokens for three hashes
+  const std::string good = msgpack_bytes(map_batch(clean_batches()[0], 0));
+  CHECK(rejection(good + msgpack_bytes(map_batch(json::array({e}), 1))) ==
+        "bad_event_stream: e.bin:byte " + std::to_string(good.size()) +
+            " batch 1 event 0: BlockStored.block_hashes: expected at most ceil(5 token_ids / block_size 4) = 2 hashes, got "
+            "3: a hash chain longer than its tokens");
+  e = stored({1}, nullptr, 4, 0);
+  e["group_idx"] = -1;
+  CHECK(rejection(msgpack_bytes(map_batch(json::array({e}), 0))) ==
+        "bad_event_stream: e.bin:byte 0 batch 0 event 0: BlockStored.group_idx: expected an integer >= 0, got -1");
+  const std::string trt =
+      "{\"event_id\": 0, \"data\": {\"type\": \"stored\", \"parent_hash\": null, \"blocks\": [{\"type\": \"stored_block\", "
+      "\"block_hash\": 5, \"tokens\": [{\"type\": \"unique_token\", \"token_id\": -2, \"token_extra_id\": 0}], "
+      "\"lora_id\": null, \"cache_level\": 0, \"priority\": 35}]}, \"window_size\": 32, \"attention_dp_rank\": 0}\n";
+  const std::string why = rejection(trt);
+  CHECK(why.rfind("bad_event_stream: e.bin:1", 0) == 0);
+  CHECK(why.find("token_id: expected an integer >= 0, got -2") != std::string::npos);
+}
+
+TEST_CASE("events replay: every (rank, group) is replayed in a pool of its own; other media are counted, not replayed") {
+  // Rank 0 group 0: chain 1 -> 2, then 3 (a pool of 2 blocks evicts). Rank 1 group 0: chain 1 (the
+  // same hash, another cache). Rank 0 group 1: chain 9 of 2-token blocks. Rank 0 group 0 offloads 2
+  // to the CPU medium and the engine stores 2 on the GPU again later.
+  auto at = [](json e, int group) {
+    e["group_idx"] = group;
+    return e;
+  };
+  json cpu = stored({2}, 1, 4, 4);
+  cpu["medium"] = "CPU";
+  json batch0 = {{"ts", 1}, {"events", json::array({stored({1, 2}, nullptr, 4, 0), at(stored({9}, nullptr, 2, 50), 1), cpu})},
+                 {"data_parallel_rank", 0}};
+  json batch1 = {{"ts", 2}, {"events", json::array({stored({1}, nullptr, 4, 0)})}, {"data_parallel_rank", 1}};
+  json batch2 = {{"ts", 3}, {"events", json::array({removed({2}), stored({3}, nullptr, 4, 80)})}, {"data_parallel_rank", 0}};
+  json batch3 = {{"ts", 4}, {"events", json::array({stored({2}, 1, 4, 4)})}, {"data_parallel_rank", 0}};
+  std::string bytes;
+  for (const json& b : {batch0, batch1, batch2, batch3}) bytes += msgpack_bytes(b);
+  const EventStream s = parse_event_stream(bytes, "m.bin");
+  const EventReplayReport r = replay_event_stream(s, 2);
+  REQUIRE(r.streams.size() == 3);
+  const EventReplayStream& a = r.streams[0];
+  CHECK(a.rank == 0);
+  CHECK(a.group == 0);
+  CHECK(a.block_size == 4);
+  CHECK(a.replayed_stores == 3);       // 1 -> 2, 3, 1 -> 2 again
+  CHECK(a.other_medium_stores == 1);   // the CPU store
+  CHECK(a.engine_removals == 1);
+  const EventReplayStream& g1 = r.streams[1];
+  CHECK(g1.rank == 0);
+  CHECK(g1.group == 1);
+  CHECK(g1.block_size == 2);
+  CHECK(g1.replayed_stores == 1);
+  CHECK(g1.chain_tokens == 2);
+  const EventReplayStream& b = r.streams[2];
+  CHECK(b.rank == 1);
+  CHECK(b.group == 0);
+  CHECK(b.replayed_stores == 1);
+  CHECK(b.hit_tokens == 0);            // rank 1 holds nothing of rank 0's blocks
+  CHECK(r.replayed_stores == a.replayed_stores + g1.replayed_stores + b.replayed_stores);
+  CHECK(r.chain_tokens == a.chain_tokens + g1.chain_tokens + b.chain_tokens);
+  CHECK(r.rank == -1);
+  REQUIRE(r.other_media.size() == 1);
+  CHECK(r.other_media[0].medium == "CPU");
+  CHECK(r.other_media[0].rank == 0);
+  CHECK(r.other_media[0].group == 0);
+  CHECK(r.other_media[0].stored_blocks == 1);
+  CHECK(r.other_media[0].live_at_end == 1);
+  CHECK(r.other_media[0].restored_blocks == 1);  // the GPU store of 2 in batch 3
+  // The first divergence over all streams is the earliest event: rank 0 group 0's store of 3
+  // evicts 2 or 1 in kvsim's pool of 2 while the engine keeps 1.
+  CHECK(r.first_divergence.rfind("rank 0 group 0: m.bin:byte ", 0) == 0);
+  CHECK(r.first_divergence == "rank 0 group 0: " + a.first_divergence);
+}
+
+TEST_CASE("events replay: TensorRT-LLM moves between cache levels take blocks out of and back into the primary tier") {
+  const std::string trt =
+      "{\"event_id\": 0, \"data\": {\"type\": \"created\", \"num_blocks_per_cache_level\": [4, 8]}, \"window_size\": 32, \"attention_dp_rank\": 0}\n"
+      "{\"event_id\": 1, \"data\": {\"type\": \"stored\", \"parent_hash\": null, \"blocks\": [{\"type\": \"stored_block\", "
+      "\"block_hash\": 5, \"tokens\": [{\"type\": \"unique_token\", \"token_id\": 1, \"token_extra_id\": 0}, "
+      "{\"type\": \"unique_token\", \"token_id\": 2, \"token_extra_id\": 0}], \"lora_id\": null, \"cache_level\": 0, "
+      "\"priority\": 35}]}, \"window_size\": 32, \"attention_dp_rank\": 0}\n"
+      "{\"event_id\": 2, \"data\": {\"type\": \"updated\", \"block_hash\": 5, \"cache_level\": {\"type\": \"event_diff\", "
+      "\"old_value\": 0, \"new_value\": 1}, \"priority\": null}, \"window_size\": 32, \"attention_dp_rank\": 0}\n"
+      "{\"event_id\": 3, \"data\": {\"type\": \"updated\", \"block_hash\": 5, \"cache_level\": {\"type\": \"event_diff\", "
+      "\"old_value\": 1, \"new_value\": 0}, \"priority\": null}, \"window_size\": 32, \"attention_dp_rank\": 0}\n";
+  const EventStream s = parse_event_stream(trt, "t.jsonl");
+  const EventReplayReport r = replay_event_stream(s, 4);
+  REQUIRE(r.streams.size() == 1);
+  CHECK(r.group == 32);
+  CHECK(r.replayed_stores == 1);
+  CHECK(r.engine_removals == 1);              // 5 left level 0
+  CHECK(r.engine_removed_kvsim_kept == 1);    // kvsim still holds it
+  REQUIRE(r.other_media.size() == 1);
+  CHECK(r.other_media[0].medium == "cache_level 1");
+  CHECK(r.other_media[0].stored_blocks == 1);
+  CHECK(r.other_media[0].restored_blocks == 1);
+  CHECK(r.other_media[0].live_at_end == 0);
+}

@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <set>
 #include <string>
 
 #include <nlohmann/json.hpp>
@@ -103,6 +104,43 @@ TEST_CASE("a window of the Mooncake trace replays with every invariant under poo
   CHECK(s["reuse_hit_tokens"] == 448);
   CHECK(s["evicted_blocks"].get<int>() > 0);
   CHECK(s["ok"] == true);
+}
+
+TEST_CASE("two cache set-ups of one Mooncake window between them check every invariant, each passing") {
+  // No one scenario admits all ten invariants (a window or [layers] rules out offload), so:
+  // fp8 + NaN-poisoned pages + an offload tier, then fp8 + NaN-poisoned pages + sliding/full layers.
+  const std::string window = "--trace " + kTrace + " --requests 56:62 --scale 1/32 --step-ms 100 --kv-dtype fp8_e4m3 --poison-nan";
+  const std::string offload = window + " --primary-blocks 40 --secondary-blocks 64";
+  const std::string layers = window + " --primary-blocks 64 --layer-windows 256,0";
+  const Result text = run("trace import " + offload.substr(8) + " 2>&1");  // the same flags, the file positional
+  REQUIRE(text.code == 0);
+  for (const char* line : {"dtype = \"fp8_e4m3\"\n", "secondary_blocks = 64\n", "poison_nan = true\nzero_v_tail = true\n",
+                           "offload = true\n"})
+    CHECK(text.out.find(line) != std::string::npos);
+  CHECK(run("trace import " + layers.substr(8) + " 2>&1").out.find("[layers]\nwindows = [256, 0]\nallocation = \"hybrid\"\n") !=
+        std::string::npos);
+  std::set<std::string> passed;
+  for (const std::string& flags : {offload, layers}) {
+    CAPTURE(flags);
+    const Result r = run("run --json " + flags + " 2>/dev/null");
+    REQUIRE(r.code == 0);
+    const nlohmann::json s = nlohmann::json::parse(r.out)["scenarios"][0];
+    CHECK(s["ok"] == true);
+    CHECK(s["reuse_hit_tokens"].get<int>() > 0);
+    CHECK(s["evicted_blocks"].get<int>() > 0);
+    for (auto it = s["invariants"].begin(); it != s["invariants"].end(); ++it) {
+      CHECK((it.value() == "pass" || it.value() == "n/a"));
+      if (it.value() == "pass") passed.insert(it.key());
+    }
+  }
+  CHECK(passed == std::set<std::string>{"batch", "chunking", "conservation", "dense", "layout", "no_nan", "offload",
+                                        "quantization", "reuse", "window"});
+  Result r = run("trace import " + kTrace + " --requests 0:2 --kv-dtype fp9 2>&1");
+  CHECK(r.code == 2);
+  CHECK(r.out.rfind("kvsim: error: bad_argument: --kv-dtype = 'fp9': expected fp32,", 0) == 0);
+  r = run("trace import " + kTrace + " --requests 0:2 --layer-windows 256,-1 2>&1");
+  CHECK(r.code == 2);
+  CHECK(r.out.find("--layer-windows: expected windows >= 0") != std::string::npos);
 }
 
 TEST_CASE("trace schedule (metadata only) reports the counters kvsim run reports for the same window") {

@@ -59,7 +59,7 @@ TEST_CASE("each format's fields, units and block size") {
       "\"type\": \"text\", \"turn\": 1, \"hash_ids\": [1, 2, 3]}\n",
       "b.jsonl", TraceFormat::bailian);
   CHECK(b.block_tokens == 16);
-  CHECK(b.requests[0].arrival_ms == 5.5);
+  CHECK(b.requests[0].arrival_ms == 5500.0);  // the Bailian README: timestamp in seconds
   CHECK(b.requests[0].input_length == 33);
 
   const Trace s = parse_trace("{\"t\": 1.25, \"in\": 100, \"out\": 7, \"hash_ids\": [9, 10]}\n", "s.jsonl",
@@ -67,6 +67,52 @@ TEST_CASE("each format's fields, units and block size") {
   CHECK(s.block_tokens == 64);
   CHECK(s.requests[0].arrival_ms == 1250.0);
   CHECK(s.requests[0].output_length == 7);
+}
+
+TEST_CASE("SemiAnalysis sessions: requests and subagents' requests in time order, hash ids local to a session") {
+  // Two sessions (the cc-traces-weka shape), both starting at t = 0; both use hash ids 1, 2, which
+  // are different blocks in each (hash_id_scope "local"); session 1 has a subagent with one request.
+  const std::string one =
+      "{\"id\": \"trace_0001\", \"models\": [\"m\"], \"block_size\": 64, \"hash_id_scope\": \"local\", "
+      "\"tool_tokens\": 10, \"system_tokens\": 5, \"requests\": ["
+      "{\"t\": 0.0, \"type\": \"n\", \"model\": \"m\", \"in\": 128, \"out\": 3, \"hash_ids\": [1, 2]}, "
+      "{\"type\": \"subagent\", \"agent_id\": \"a1\", \"requests\": [{\"t\": 1.5, \"type\": \"s\", \"in\": 64, "
+      "\"out\": 1, \"hash_ids\": [1]}]}, "
+      "{\"t\": 2.0, \"type\": \"s\", \"model\": \"m\", \"in\": 192, \"out\": 4, \"hash_ids\": [1, 2, 3], "
+      "\"api_time\": 1.2, \"think_time\": 0.1}]}\n";
+  const std::string two =
+      "{\"id\": \"trace_0002\", \"block_size\": 64, \"hash_id_scope\": \"local\", \"requests\": ["
+      "{\"t\": 0.5, \"type\": \"n\", \"in\": 100, \"out\": 2, \"hash_ids\": [1, 2]}]}\n";
+  const Trace s = parse_trace(one + two, "w.jsonl", TraceFormat::semianalysis);
+  CHECK(s.block_tokens == 64);
+  REQUIRE(s.requests.size() == 4);
+  CHECK(s.requests[0].arrival_ms == 0.0);
+  CHECK(s.requests[1].arrival_ms == 500.0);   // session 2's request
+  CHECK(s.requests[1].line == 2);
+  CHECK(s.requests[2].arrival_ms == 1500.0);  // the subagent's
+  CHECK(s.requests[3].arrival_ms == 2000.0);
+  CHECK(s.requests[0].blocks == std::vector<int32_t>{0, 1});
+  CHECK(s.requests[2].blocks == std::vector<int32_t>{0});        // the same session: the same block 1
+  CHECK(s.requests[3].blocks == std::vector<int32_t>{0, 1, 2});
+  CHECK(s.requests[1].blocks == std::vector<int32_t>{3, 4});     // session 2's ids 1, 2 are blocks of its own
+  CHECK(rejection(two.substr(0, two.size() - 3) + "], \"colour\": 1}\n", TraceFormat::semianalysis).rfind(
+            "bad_trace: t.jsonl:1: colour: unknown field of a semianalysis session", 0) == 0);
+  CHECK(rejection("{\"block_size\": 16, \"requests\": []}\n", TraceFormat::semianalysis) ==
+        "bad_trace: t.jsonl:1: block_size: expected 64 (the semianalysis release's; --trace-block-size N for another), got 16");
+  CHECK(rejection("{\"hash_id_scope\": \"global\", \"requests\": []}\n", TraceFormat::semianalysis).rfind(
+            "bad_trace: t.jsonl:1: hash_id_scope: expected \"local\"", 0) == 0);
+  CHECK(rejection("{\"requests\": [{\"t\": 0, \"in\": -5, \"out\": 1, \"hash_ids\": []}]}\n", TraceFormat::semianalysis) ==
+        "bad_trace: t.jsonl:1: requests[0]: in: expected an integer >= 1, got -5");
+  CHECK(rejection("{\"requests\": [{\"t\": 0, \"in\": 64, \"out\": 1, \"hash_ids\": [1, 2]}]}\n", TraceFormat::semianalysis) ==
+        "bad_trace: t.jsonl:1: requests[0]: hash_ids: expected at most ceil(in / 64) = 1 ids (one per 64-token block of "
+        "the prompt), got 2: a hash chain longer than the prompt");
+  CHECK(rejection("{\"requests\": [{\"t\": 0, \"in\": 64, \"out\": 1, \"hash_ids\": [], \"prio\": 2}]}\n",
+                  TraceFormat::semianalysis)
+            .rfind("bad_trace: t.jsonl:1: requests[0]: prio: unknown field for the semianalysis format (expected t, type,", 0) == 0);
+  CHECK(rejection("{\"requests\": [{\"type\": \"subagent\", \"requests\": [{\"t\": 0, \"type\": \"x\", \"in\": 1, "
+                  "\"out\": 1, \"hash_ids\": []}]}]}\n",
+                  TraceFormat::semianalysis) ==
+        "bad_trace: t.jsonl:1: requests[0].requests[0]: type: expected \"n\", \"s\" or \"subagent\", got \"x\"");
 }
 
 TEST_CASE("prompt tokens agree exactly where the hash chains agree") {

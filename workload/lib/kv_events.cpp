@@ -172,6 +172,11 @@ struct Decoder {
       std::vector<int64_t> all;
       for (size_t i = 0; i < toks.size(); ++i)
         all.push_back(int_value(toks[i], where, tag + ".token_ids[" + std::to_string(i) + "]", 0));
+      const size_t bs = static_cast<size_t>(ev.block_size);
+      if (!ev.token_count_free && hs.size() > (all.size() + bs - 1) / bs)
+        reject(where, tag + ".block_hashes: expected at most ceil(" + std::to_string(all.size()) + " token_ids / block_size " +
+                          std::to_string(bs) + ") = " + std::to_string((all.size() + bs - 1) / bs) + " hashes, got " +
+                          std::to_string(hs.size()) + ": a hash chain longer than its tokens");
       for (size_t i = 0; i < hs.size(); ++i) {
         StoredBlock b;
         b.hash = hash_text(hs[i], where, tag + ".block_hashes[" + std::to_string(i) + "]");

@@ -6,7 +6,7 @@
 #include <fstream>
 #include <limits>
 #include <sstream>
-#include <unordered_map>
+#include <map>
 
 #include <nlohmann/json.hpp>
 
@@ -29,8 +29,9 @@ struct FormatFields {
 FormatFields fields_of(TraceFormat f) {
   switch (f) {
     case TraceFormat::mooncake: return {"timestamp", 1.0, "input_length", "output_length", {}};
+    // qwen-bailian-usagetraces-anon's README: "timestamp": seconds since the trace began.
     case TraceFormat::bailian:
-      return {"timestamp", 1.0, "input_length", "output_length", {"chat_id", "parent_chat_id", "turn", "type"}};
+      return {"timestamp", 1000.0, "input_length", "output_length", {"chat_id", "parent_chat_id", "turn", "type"}};
     case TraceFormat::semianalysis: return {"t", 1000.0, "in", "out", {}};
   }
   return {"timestamp", 1.0, "input_length", "output_length", {}};
@@ -53,6 +54,59 @@ int64_t integer_field(const nlohmann::json& obj, const std::string& where, const
       v.get<int64_t>() < min)
     reject(where, name, "expected an integer >= " + std::to_string(min) + ", got " + shown(v));
   return v.get<int64_t>();
+}
+
+// A SemiAnalysis agent session (semianalysisai/cc-traces-weka-*, read as
+// AIPerf's weka loader reads it): its requests, `t` in seconds from the
+// session's start, every session starting at time 0; hash ids are local to
+// the session (hash_id_scope "local"), so they are keyed by its line;
+// `type` "n" / "s" requests are replayed, a "subagent" entry's own
+// `requests` are replayed in place (their `t` on the session's clock, as the
+// SemiAnalysis-published traces store them) and its other fields not read.
+template <class AddRequest>
+void semianalysis_session(const nlohmann::json& obj, const std::string& where, int64_t line_no, int64_t block_tokens,
+                          bool block_size_given, AddRequest& add_request) {
+  static const std::vector<std::string> session_fields = {"id", "models", "block_size", "hash_id_scope",
+                                                          "tool_tokens", "system_tokens", "requests"};
+  static const std::vector<std::string> request_fields = {"t", "type", "model", "in", "out", "hash_ids",
+                                                          "api_time", "think_time", "input_types", "stop"};
+  for (auto it = obj.begin(); it != obj.end(); ++it)
+    if (std::find(session_fields.begin(), session_fields.end(), it.key()) == session_fields.end())
+      reject(where, it.key(),
+             "unknown field of a semianalysis session (expected id, models, block_size, hash_id_scope, tool_tokens, "
+             "system_tokens, requests)");
+  if (auto bs = obj.find("block_size"); bs != obj.end()) {
+    if (!bs->is_number_integer() || bs->get<int64_t>() < 1)
+      reject(where, "block_size", "expected an integer >= 1, got " + shown(*bs));
+    if (!block_size_given && bs->get<int64_t>() != block_tokens)
+      reject(where, "block_size",
+             "expected " + std::to_string(block_tokens) + " (the semianalysis release's; --trace-block-size N for another), got " +
+                 shown(*bs));
+  }
+  if (auto sc = obj.find("hash_id_scope"); sc != obj.end() && *sc != "local")
+    reject(where, "hash_id_scope", "expected \"local\" (the releases' scope: ids compare within a session), got " + shown(*sc));
+  const nlohmann::json& requests = obj["requests"];
+  if (!requests.is_array()) reject(where, "requests", "expected an array of requests, got " + shown(requests));
+  const int64_t scope = line_no;  // hash ids compare within the session only
+  auto one = [&](const nlohmann::json& r, const std::string& at) {
+    if (!r.is_object()) reject(at, "requests", "expected a request object, got " + shown(r));
+    if (auto ty = r.find("type"); ty != r.end() && (!ty->is_string() || (*ty != "n" && *ty != "s")))
+      reject(at, "type", "expected \"n\", \"s\" or \"subagent\", got " + shown(*ty));
+    add_request(r, at, line_no, request_fields, scope, 0.0);
+  };
+  for (size_t i = 0; i < requests.size(); ++i) {
+    const std::string at = where + ": requests[" + std::to_string(i) + "]";
+    const nlohmann::json& r = requests[i];
+    if (r.is_object() && r.value("type", std::string()) == "subagent") {
+      auto inner = r.find("requests");
+      if (inner == r.end() || !inner->is_array())
+        reject(at, "requests", "expected the subagent's array of requests, got " +
+                                   (inner == r.end() ? std::string("nothing (field missing)") : shown(*inner)));
+      for (size_t k = 0; k < inner->size(); ++k) one((*inner)[k], at + ".requests[" + std::to_string(k) + "]");
+      continue;
+    }
+    one(r, at);
+  }
 }
 
 }  // namespace
@@ -97,7 +151,7 @@ Trace parse_trace(std::string_view text, const std::string& source, TraceFormat 
   t.block_tokens = block_tokens > 0 ? block_tokens : default_trace_block_tokens(format);
   const FormatFields ff = fields_of(format);
   const int64_t B = t.block_tokens;
-  std::unordered_map<uint64_t, int32_t> dense;
+  std::map<std::pair<int64_t, uint64_t>, int32_t> dense;  // (scope, hash id) -> dense block id
   int64_t next_id = 0;
   // Token ids are block id * B + offset and must stay below 2^31 (prompt_tokens).
   const int64_t max_ids = std::numeric_limits<int32_t>::max() / B;
@@ -107,24 +161,25 @@ Trace parse_trace(std::string_view text, const std::string& source, TraceFormat 
                                      " tokens (token ids are 31-bit), got more");
     return static_cast<int32_t>(next_id++);
   };
-  for_each_json_line(text, source, ErrorCode::bad_trace, [&](const nlohmann::json& obj, const std::string& where,
-                                                             int64_t line_no) {
-    if (!obj.is_object()) reject(where, "json", "expected a JSON object, got " + shown(obj));
-    for (auto it = obj.begin(); it != obj.end(); ++it) {
-      const std::string& k = it.key();
-      const bool known = k == ff.time || k == ff.input || k == ff.output || k == "hash_ids" ||
-                         std::find(ff.ignored.begin(), ff.ignored.end(), k) != ff.ignored.end();
-      if (!known)
-        reject(where, k, std::string("unknown field for the ") + std::string(trace_format_name(format)) +
-                             " format (expected " + ff.time + ", " + ff.input + ", " + ff.output + ", hash_ids)");
-    }
+  // One request object: `known` lists the fields it may hold; `scope` keys
+  // its hash ids (0 = the file's one namespace; a SemiAnalysis session's
+  // line for its local ids).
+  auto add_request = [&](const nlohmann::json& obj, const std::string& where, int64_t line_no,
+                         const std::vector<std::string>& known, int64_t scope, double t0_ms) {
+    for (auto it = obj.begin(); it != obj.end(); ++it)
+      if (std::find(known.begin(), known.end(), it.key()) == known.end()) {
+        std::string list;
+        for (const std::string& k : known) list += (list.empty() ? "" : ", ") + k;
+        reject(where, it.key(),
+               std::string("unknown field for the ") + std::string(trace_format_name(format)) + " format (expected " + list + ")");
+      }
     TraceRequest r;
     r.line = line_no;
     auto ts = obj.find(ff.time);
     if (ts == obj.end() || !ts->is_number() || !std::isfinite(ts->get<double>()) || ts->get<double>() < 0)
       reject(where, ff.time,
              "expected a finite number >= 0, got " + (ts == obj.end() ? std::string("nothing (field missing)") : shown(*ts)));
-    r.arrival_ms = ts->get<double>() * ff.time_to_ms;
+    r.arrival_ms = t0_ms + ts->get<double>() * ff.time_to_ms;
     r.input_length = integer_field(obj, where, ff.input, 1);
     r.output_length = integer_field(obj, where, ff.output, 0);
     if (r.input_length > std::numeric_limits<int32_t>::max())
@@ -146,12 +201,25 @@ Trace parse_trace(std::string_view text, const std::string& source, TraceFormat 
       r.hash_ids.push_back(h.get<uint64_t>());
     }
     for (uint64_t h : r.hash_ids) {
-      auto [it, fresh] = dense.try_emplace(h, 0);
+      auto [it, fresh] = dense.try_emplace({scope, h}, 0);
       if (fresh) it->second = new_id(where);
       r.blocks.push_back(it->second);
     }
     while (static_cast<int64_t>(r.blocks.size()) < prompt_blocks) r.blocks.push_back(new_id(where));
     t.requests.push_back(std::move(r));
+  };
+  const std::vector<std::string> flat_fields = [&] {
+    std::vector<std::string> f = {ff.time, ff.input, ff.output, "hash_ids"};
+    f.insert(f.end(), ff.ignored.begin(), ff.ignored.end());
+    return f;
+  }();
+  for_each_json_line(text, source, ErrorCode::bad_trace, [&](const nlohmann::json& obj, const std::string& where,
+                                                             int64_t line_no) {
+    if (!obj.is_object()) reject(where, "json", "expected a JSON object, got " + shown(obj));
+    if (format == TraceFormat::semianalysis && obj.contains("requests"))
+      semianalysis_session(obj, where, line_no, B, block_tokens > 0, add_request);
+    else
+      add_request(obj, where, line_no, flat_fields, 0, 0.0);
   });
   std::stable_sort(t.requests.begin(), t.requests.end(),
                    [](const TraceRequest& a, const TraceRequest& b) { return a.arrival_ms < b.arrival_ms; });

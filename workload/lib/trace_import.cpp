@@ -7,6 +7,7 @@
 #include <map>
 #include <sstream>
 
+#include <kvsim/core/dtype.hpp>
 #include <kvsim/core/errors.hpp>
 
 namespace kvsim::workload {
@@ -81,6 +82,12 @@ ImportPlan make_plan(const Trace& t, const TraceImportOptions& o) {
                                           ": expected only a [model] table in a --model-toml file, got " + line);
     }
   }
+  if (!o.dtype.empty() && !parse_dtype(o.dtype))
+    fail(ErrorCode::bad_argument, "--kv-dtype = '" + o.dtype +
+                                      "': expected fp32, fp16, bf16, fp8_e4m3, fp8_e5m2, int8 or nvfp4");
+  if (o.secondary_blocks < 0) fail(ErrorCode::bad_argument, "--secondary-blocks: expected >= 0");
+  for (int32_t w : o.layer_windows)
+    if (w < 0) fail(ErrorCode::bad_argument, "--layer-windows: expected windows >= 0 (0 = full attention), got " + std::to_string(w));
   p.t0 = t.requests[static_cast<size_t>(p.w.begin)].arrival_ms;
   int64_t pages_all = 0, last_step = 0;
   for (int64_t i = p.w.begin; i < p.w.end; ++i) {
@@ -111,6 +118,14 @@ sim::Scenario trace_scenario(const Trace& t, const TraceImportOptions& o) {
   s.cache.page_size = o.page_size;
   s.cache.primary_blocks = p.primary;
   s.reuse.enabled = true;
+  if (!o.dtype.empty()) s.cache.dtype = *parse_dtype(o.dtype);  // checked by make_plan
+  s.reuse.offload = o.secondary_blocks > 0;
+  s.cache.secondary_blocks = o.secondary_blocks;
+  s.cache.poison_nan = s.cache.zero_v_tail = o.poison_nan;
+  if (!o.layer_windows.empty()) {
+    s.layers.enabled = true;
+    s.layers.windows = o.layer_windows;
+  }
   s.scheduler.token_budget = o.token_budget;
   s.scheduler.max_steps = static_cast<int32_t>(std::min<int64_t>(p.max_steps, INT32_MAX));
   for (const PlannedRequest& q : p.requests) {
@@ -140,7 +155,16 @@ std::string trace_scenario_toml(const Trace& t, const TraceImportOptions& o) {
        << o.step_ms << " ms).\n"
        << "# Written by `kvsim trace import` (docs/traces.md).\n";
   if (!o.model_toml.empty()) body << "\n# [model] from " << o.model_source << "\n" << o.model_toml << "\n";
-  body << "\n[cache]\npage_size = " << o.page_size << "\nprimary_blocks = " << primary << "\n\n[reuse]\nenabled = true\n\n"
+  body << "\n[cache]\npage_size = " << o.page_size << "\nprimary_blocks = " << primary << "\n";
+  if (!o.dtype.empty()) body << "dtype = \"" << o.dtype << "\"\n";
+  if (o.secondary_blocks > 0) body << "secondary_blocks = " << o.secondary_blocks << "\n";
+  if (o.poison_nan) body << "poison_nan = true\nzero_v_tail = true\n";
+  if (!o.layer_windows.empty()) {
+    body << "\n[layers]\nwindows = [";
+    for (size_t i = 0; i < o.layer_windows.size(); ++i) body << (i ? ", " : "") << o.layer_windows[i];
+    body << "]\nallocation = \"hybrid\"\n";
+  }
+  body << "\n[reuse]\nenabled = true\n" << (o.secondary_blocks > 0 ? "offload = true\n" : "") << "\n"
        << "[scheduler]\ntoken_budget = " << o.token_budget << "\nmax_steps = " << p.max_steps << "\n";
   std::ostringstream reqs;
   std::vector<int32_t> tokens;

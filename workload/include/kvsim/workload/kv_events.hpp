@@ -106,7 +106,18 @@ EventCheckReport check_event_stream(const EventStream& s);
 // may be matched); kvsim's LRU then decides what to evict. Compared with the
 // engine's removals: a hash kvsim evicted while the engine still held it,
 // and a hash the engine removed while kvsim still held it, are divergences.
-struct EventReplayReport {
+//
+// Every (data-parallel rank, group) is a cache of its own in the engine (one
+// publisher per rank; vLLM's KV cache groups and TensorRT-LLM's window sizes
+// each have their own block pool and hashes), so each is replayed through
+// its own block manager of `capacity_blocks` and reported separately. Stores
+// to another medium (vLLM's CPU / disk offload tiers, TensorRT-LLM cache
+// level > 0) are not replayed: the engine fills those tiers by its
+// connector's policy, not by primary evictions as kvsim's secondary tier is
+// filled, so block-by-block they are not comparable; they are counted per
+// medium, with the primary stores of a hash that tier held at the time.
+struct EventReplayStream {
+  int64_t rank = 0, group = 0;
   int64_t replayed_stores = 0;     // store events replayed
   int64_t unrooted_stores = 0;     // stores whose chain does not reach the root (parent never stored): skipped
   int64_t other_medium_stores = 0; // stores to another medium / cache level than the primary one: skipped
@@ -117,9 +128,23 @@ struct EventReplayReport {
   int64_t kvsim_evicted_engine_kept = 0;   // divergences of one kind
   int64_t engine_removed_kvsim_kept = 0;   // ... and of the other
   std::string first_divergence;            // "" = none
+  int64_t first_divergence_event = -1;     // its index in EventStream::events, -1 = none
   int64_t chain_tokens = 0;                // prompt tokens of the replayed requests
   int64_t hit_tokens = 0;                  // of which found in kvsim's cache
   int64_t engine_hit_tokens = 0;           // of which the engine had cached (the chain less what it stored)
+};
+
+// One non-primary medium of one (rank, group): what the engine did there.
+struct EventMediumReport {
+  int64_t rank = 0, group = 0;
+  std::string medium;          // vLLM's medium ("CPU", "DISK", ...); TensorRT-LLM "cache_level N"
+  int64_t stored_blocks = 0, removed_blocks = 0, live_at_end = 0;
+  int64_t restored_blocks = 0; // primary stores of a hash this medium held then (an onboard or a recomputation)
+};
+
+struct EventReplayReport : EventReplayStream {  // the totals over every stream (rank, group = -1 when several)
+  std::vector<EventReplayStream> streams;       // by (rank, group)
+  std::vector<EventMediumReport> other_media;   // by (rank, group, medium)
 };
 EventReplayReport replay_event_stream(const EventStream& s, int64_t capacity_blocks);
 

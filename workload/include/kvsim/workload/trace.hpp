@@ -19,9 +19,15 @@
 namespace kvsim::workload {
 
 enum class TraceFormat : uint8_t {
-  mooncake,      // kvcache-ai/Mooncake FAST'25: timestamp (ms), input_length, output_length, hash_ids; 512-token blocks
-  bailian,       // Alibaba Bailian traces: the same fields (timestamp in ms), 16-token blocks
-  semianalysis,  // SemiAnalysis agentic traces: t (s), in, out, hash_ids; 64-token blocks
+  // kvcache-ai/Mooncake FAST'25 release: timestamp (ms), input_length, output_length, hash_ids; 512-token blocks
+  mooncake,
+  // alibaba-edu/qwen-bailian-usagetraces-anon: chat_id, parent_chat_id, timestamp (s), input_length,
+  // output_length, type, turn, hash_ids; 16-token blocks (qwen_*_blksz_16.jsonl)
+  bailian,
+  // semianalysisai/cc-traces-weka-*: one agent session per line, {id, models, block_size (64),
+  // hash_id_scope, tool_tokens, system_tokens, requests[{t (s), type, model, in, out, hash_ids, ...}]},
+  // hash ids local to their session; also one flat {t, in, out, hash_ids} request per line
+  semianalysis,
 };
 std::string_view trace_format_name(TraceFormat f);
 std::optional<TraceFormat> parse_trace_format(std::string_view s);

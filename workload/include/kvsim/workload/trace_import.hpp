@@ -19,11 +19,15 @@
 //    step_ms), one modelled step lasting step_ms milliseconds whatever it
 //    holds;
 //  * cache: reuse on, page_size, primary_blocks (0 = every block of every
-//    request of the window at once: no eviction), the scheduler's token budget.
+//    request of the window at once: no eviction), the scheduler's token budget;
+//    optionally a cache dtype, a secondary (offload) tier, NaN-poisoned fresh
+//    pages and per-layer sliding windows ([layers], vLLM's hybrid manager),
+//    so that every invariant applies to some imported window (docs/traces.md).
 #pragma once
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "trace.hpp"
 
@@ -39,6 +43,10 @@ struct TraceImportOptions {
   int32_t token_budget = 2048;
   std::string model_toml;    // text of a [model] table to use instead of the synthetic default ("" = default)
   std::string model_source;  // where model_toml came from, for messages
+  std::string dtype;         // cache.dtype ("" = the scenario default, bf16)
+  int64_t secondary_blocks = 0;  // > 0: a secondary tier of this many blocks, reuse.offload on
+  bool poison_nan = false;   // cache.poison_nan and zero_v_tail: fresh pages hold NaN (the no_nan invariant)
+  std::vector<int32_t> layer_windows;  // non-empty: [layers] windows (0 = full), allocation hybrid
 };
 
 // The scenario file's text. Checks the options (bad_argument); the caller
