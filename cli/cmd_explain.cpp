@@ -43,14 +43,9 @@ struct ExplainOptions {
   std::optional<std::string> indptr;
   std::optional<std::string> indices;
   std::optional<std::string> last_page_len;
-  int32_t seq = 0;
-  int64_t token = 0;
-  int32_t layer = 0;
-  int32_t head = 0;
-  int32_t dim = 0;
-  int32_t window = 0;
-  int32_t sinks = 0;
-  bool one_more_block = false;
+  // The coordinates and the window, bound to their flags; the geometry and
+  // the tables are filled in from the flags above by explain_request().
+  ExplainRequest at;
   bool json = false;
   std::optional<std::string> svg_file;
 };
@@ -84,7 +79,7 @@ std::vector<int32_t> parse_table(const std::string& text, const std::string& fla
 
 // The library's request: the flags' geometry and the parsed tables.
 ExplainRequest explain_request(const ExplainOptions& o) {
-  ExplainRequest r;
+  ExplainRequest r = o.at;
   r.geometry = make_geometry(o.geometry);
   r.engine = engine_option(o.geometry);
   if (o.block_table) {
@@ -95,14 +90,6 @@ ExplainRequest explain_request(const ExplainOptions& o) {
     r.indices = parse_table(*o.indices, "--indices", true);
     r.last_page_len = parse_table(*o.last_page_len, "--last-page-len", false);
   }
-  r.seq = o.seq;
-  r.token = o.token;
-  r.layer = o.layer;
-  r.head = o.head;
-  r.dim = o.dim;
-  r.window = o.window;
-  r.sinks = o.sinks;
-  r.one_more_block = o.one_more_block;
   return r;
 }
 
@@ -236,7 +223,7 @@ void register_explain(CLI::App& app) {
   auto* indptr = list_option("--indptr", opts->indptr, "CSR indptr: 0,p1,...,pn");
   auto* indices = list_option("--indices", opts->indices, "CSR indices (block references, as --block-table)");
   auto* last = list_option("--last-page-len", opts->last_page_len, "CSR last_page_len per sequence");
-  auto* seq = add_int_option(*cmd, "--seq", opts->seq, "CSR sequence b", 0, INT32_MAX)->group(table_group);
+  auto* seq = add_int_option(*cmd, "--seq", opts->at.seq, "CSR sequence b", 0, INT32_MAX)->group(table_group);
   indptr->needs(indices)->needs(last);
   indices->needs(indptr);
   last->needs(indptr);
@@ -244,18 +231,18 @@ void register_explain(CLI::App& app) {
   dense->excludes(indptr)->excludes(indices)->excludes(last)->excludes(seq);
 
   const std::string coord_group = "Coordinates";
-  add_int_option(*cmd, "--token", opts->token, "Token position t in the sequence", INT64_MIN, INT64_MAX)
+  add_int_option(*cmd, "--token", opts->at.token, "Token position t in the sequence", INT64_MIN, INT64_MAX)
       ->required()
       ->group(coord_group);
-  add_int_option(*cmd, "--layer", opts->layer, "Layer", INT32_MIN, INT32_MAX)->group(coord_group);
-  add_int_option(*cmd, "--head", opts->head, "KV head", INT32_MIN, INT32_MAX)->group(coord_group);
-  add_int_option(*cmd, "--dim", opts->dim, "Element of head_dim", INT32_MIN, INT32_MAX)->group(coord_group);
+  add_int_option(*cmd, "--layer", opts->at.layer, "Layer", INT32_MIN, INT32_MAX)->group(coord_group);
+  add_int_option(*cmd, "--head", opts->at.head, "KV head", INT32_MIN, INT32_MAX)->group(coord_group);
+  add_int_option(*cmd, "--dim", opts->at.dim, "Element of head_dim", INT32_MIN, INT32_MAX)->group(coord_group);
 
   const std::string window_group = "Sliding window (TensorRT-LLM getKVTokenIdx)";
-  add_int_option(*cmd, "--window", opts->window, "Attention window W (0 = none)", INT32_MIN, INT32_MAX)
+  add_int_option(*cmd, "--window", opts->at.window, "Attention window W (0 = none)", INT32_MIN, INT32_MAX)
       ->group(window_group);
-  add_int_option(*cmd, "--sinks", opts->sinks, "Sink tokens S", INT32_MIN, INT32_MAX)->group(window_group);
-  cmd->add_flag("--one-more-block", opts->one_more_block, "cyclic_len = W + P - S instead of W - S")
+  add_int_option(*cmd, "--sinks", opts->at.sinks, "Sink tokens S", INT32_MIN, INT32_MAX)->group(window_group);
+  cmd->add_flag("--one-more-block", opts->at.one_more_block, "cyclic_len = W + P - S instead of W - S")
       ->group(window_group);
 
   cmd->add_flag("--json", opts->json, "Print one JSON object (schema in docs/index-arithmetic.md)");

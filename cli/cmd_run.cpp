@@ -135,16 +135,9 @@ void run(const RunOptions& o) {
       for (const sim::InvariantReport& i : r.invariants)
         if (i.status != sim::InvariantStatus::not_applicable)
           inv[std::string(sim::invariant_name(i.invariant))] = std::string(sim::invariant_status_name(i.status));
-      list.push_back({{"name", r.name},
-                      {"steps", r.counters.steps},
-                      {"prefill_tokens", r.counters.prefill_tokens},
-                      {"decode_tokens", r.counters.decode_tokens},
-                      {"reuse_hit_tokens", r.counters.reuse_hit_tokens},
-                      {"evicted_blocks", r.counters.evicted_blocks},
-                      {"offloaded_blocks", r.counters.offloaded_blocks},
-                      {"preemptions", r.counters.preemptions},
-                      {"invariants", inv},
-                      {"ok", r.ok}});
+      nlohmann::json entry{{"name", r.name}, {"invariants", inv}, {"ok", r.ok}};
+      for (const sim::CounterField& c : sim::kReportedCounters) entry[std::string(c.name)] = r.counters.*c.value;
+      list.push_back(entry);
     }
     std::cout << nlohmann::json{{"scenarios", list}, {"ok", all_ok}}.dump(2) << '\n';
   } else {

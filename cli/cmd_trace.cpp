@@ -101,19 +101,13 @@ void run_schedule(const TraceScheduleOptions& o) {
   const workload::Trace t = load_trace_file(o.file);
   const workload::ScheduleStats st = workload::schedule_metadata(trace_scenario_in_memory(t, o.scenario));
   if (o.json) {
-    std::cout << nlohmann::json{{"trace", t.source},
-                                {"requests", st.requests},
-                                {"primary_blocks", st.primary_blocks},
-                                {"steps", st.counters.steps},
-                                {"prefill_tokens", st.counters.prefill_tokens},
-                                {"decode_tokens", st.counters.decode_tokens},
-                                {"reuse_hit_tokens", st.counters.reuse_hit_tokens},
-                                {"evicted_blocks", st.counters.evicted_blocks},
-                                {"preemptions", st.counters.preemptions},
-                                {"peak_blocks_in_use", st.peak_blocks_in_use},
-                                {"finished", st.finished}}
-                     .dump(2)
-              << '\n';
+    nlohmann::json j{{"trace", t.source},
+                     {"requests", st.requests},
+                     {"primary_blocks", st.primary_blocks},
+                     {"peak_blocks_in_use", st.peak_blocks_in_use},
+                     {"finished", st.finished}};
+    for (const sim::CounterField& c : sim::kReportedCounters) j[std::string(c.name)] = st.counters.*c.value;
+    std::cout << j.dump(2) << '\n';
   } else {
     std::printf("%s: %lld requests, primary pool of %lld blocks; metadata only\n", t.source.c_str(),
                 static_cast<long long>(st.requests), static_cast<long long>(st.primary_blocks));

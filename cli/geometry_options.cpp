@@ -59,57 +59,37 @@ std::optional<Engine> engine_option(const GeometryOptions& opts) {
 }
 
 PoolGeometry make_geometry(const GeometryOptions& opts) {
-  PoolGeometry g;
   // The validators above already accepted these names; value() cannot fail.
-  g.layout = parse_layout(opts.layout).value();
-  g.placement = parse_placement(opts.placement).value();
-  g.dtype = parse_dtype(opts.dtype).value();
-  g.layers = opts.layers;
-  g.kv_factor = opts.kv_factor;
-  g.kv_heads = opts.kv_heads;
-  g.head_dim = opts.head_dim;
-  g.tokens_per_block = opts.page_size;
-  g.primary_blocks = opts.blocks;
-  g.secondary_blocks = opts.secondary_blocks;
+  const PoolGeometry g{.layers = opts.layers,
+                       .kv_factor = opts.kv_factor,
+                       .kv_heads = opts.kv_heads,
+                       .tokens_per_block = opts.page_size,
+                       .head_dim = opts.head_dim,
+                       .dtype = parse_dtype(opts.dtype).value(),
+                       .layout = parse_layout(opts.layout).value(),
+                       .placement = parse_placement(opts.placement).value(),
+                       .primary_blocks = opts.blocks,
+                       .secondary_blocks = opts.secondary_blocks};
   validate_geometry(g);
   return g;
 }
 
 Json geometry_json(const PoolGeometry& g) {
-  Json j;
-  j["layers"] = g.layers;
-  j["kv_factor"] = g.kv_factor;
-  j["kv_heads"] = g.kv_heads;
-  j["tokens_per_block"] = g.tokens_per_block;
-  j["head_dim"] = g.head_dim;
-  j["dtype"] = std::string(dtype_name(g.dtype));
-  j["layout"] = std::string(layout_name(g.layout));
-  j["placement"] = std::string(placement_name(g.placement));
-  j["primary_blocks"] = g.primary_blocks;
-  j["secondary_blocks"] = g.secondary_blocks;
-  return j;
+  return Json{{"layers", g.layers},         {"kv_factor", g.kv_factor},
+              {"kv_heads", g.kv_heads},     {"tokens_per_block", g.tokens_per_block},
+              {"head_dim", g.head_dim},     {"dtype", std::string(dtype_name(g.dtype))},
+              {"layout", std::string(layout_name(g.layout))}, {"placement", std::string(placement_name(g.placement))},
+              {"primary_blocks", g.primary_blocks}, {"secondary_blocks", g.secondary_blocks}};
 }
 
 Json inner_strides_json(const InnerStrides& s) {
-  Json j;
-  j["head"] = s.head;
-  j["token"] = s.token;
-  j["dim_outer"] = s.dim_outer;
-  j["dim_inner"] = s.dim_inner;
-  j["x"] = s.x;
-  return j;
+  return Json{{"head", s.head}, {"token", s.token}, {"dim_outer", s.dim_outer}, {"dim_inner", s.dim_inner}, {"x", s.x}};
 }
 
 Json strides_json(const PoolStrides& s, int32_t kv_factor) {
-  Json j;
-  j["block"] = s.block;
-  j["layer"] = s.layer;
-  j["kv"] = s.kv;
-  Json inner;
-  inner["k"] = inner_strides_json(s.inner[0]);
-  inner["v"] = kv_factor == 2 ? inner_strides_json(s.inner[1]) : Json(nullptr);
-  j["inner"] = inner;
-  return j;
+  const Json inner{{"k", inner_strides_json(s.inner[0])},
+                   {"v", kv_factor == 2 ? inner_strides_json(s.inner[1]) : Json(nullptr)}};
+  return Json{{"block", s.block}, {"layer", s.layer}, {"kv", s.kv}, {"inner", inner}};
 }
 
 Json axes_json(const std::vector<Axis>& axes) {

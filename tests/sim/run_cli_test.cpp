@@ -41,15 +41,15 @@ TEST_CASE("kvsim run --json: one object of the documented shape, exit 0") {
   CHECK(j.size() == 2);
   CHECK(j.at("ok") == true);
   REQUIRE(j.at("scenarios").size() == 2);
-  const std::vector<std::string> keys{"decode_tokens",  "evicted_blocks",   "invariants", "name",
-                                      "offloaded_blocks", "ok",             "preemptions", "prefill_tokens",
-                                      "reuse_hit_tokens", "steps"};
+  const std::vector<std::string> keys{"decode_tokens",    "evicted_blocks",       "invariants",      "name",
+                                      "offloaded_blocks", "ok",                   "onboarded_blocks", "partial_reuse_tokens",
+                                      "preemptions",      "prefill_tokens",       "reuse_hit_tokens", "steps"};
   for (const auto& s : j["scenarios"]) {
     std::vector<std::string> got;
     for (const auto& [k, v] : s.items()) got.push_back(k);
     CHECK(got == keys);
-    for (const char* k : {"steps", "prefill_tokens", "decode_tokens", "reuse_hit_tokens", "evicted_blocks",
-                          "offloaded_blocks", "preemptions"})
+    for (const char* k : {"steps", "prefill_tokens", "decode_tokens", "reuse_hit_tokens", "partial_reuse_tokens",
+                          "evicted_blocks", "offloaded_blocks", "onboarded_blocks", "preemptions"})
       CHECK(s[k].is_number_integer());
     for (const auto& [name, status] : s["invariants"].items())
       CHECK((status == "pass" || status == "fail" || status == "caught"));

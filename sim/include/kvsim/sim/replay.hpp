@@ -12,6 +12,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "backends/backend.hpp"
@@ -48,6 +49,24 @@ struct ReplayCounters {
   int64_t preemptions = 0;
   int64_t ops = 0;
   int64_t token_layers = 0;  // tokens written x layers (replay throughput unit)
+};
+
+// The counters a report names, by the names every JSON uses (kvsim run --json,
+// kvsim trace schedule --json, the report's page), written once.
+struct CounterField {
+  std::string_view name;
+  int64_t ReplayCounters::*value;
+};
+inline constexpr CounterField kReportedCounters[] = {
+    {"steps", &ReplayCounters::steps},
+    {"prefill_tokens", &ReplayCounters::prefill_tokens},
+    {"decode_tokens", &ReplayCounters::decode_tokens},
+    {"reuse_hit_tokens", &ReplayCounters::reuse_hit_tokens},
+    {"partial_reuse_tokens", &ReplayCounters::partial_reuse_tokens},
+    {"evicted_blocks", &ReplayCounters::evicted_blocks},
+    {"offloaded_blocks", &ReplayCounters::offloaded_blocks},
+    {"onboarded_blocks", &ReplayCounters::onboarded_blocks},
+    {"preemptions", &ReplayCounters::preemptions},
 };
 
 enum class OutputKind : int32_t {
