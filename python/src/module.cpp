@@ -138,12 +138,8 @@ Engine engine_named(const std::string& name) {
 // A geometry from the Python side's names and numbers (validated by core when used).
 PoolGeometry geometry_of(const std::string& dtype, const std::string& layout, int32_t layers, int32_t kv_heads,
                          int32_t page_size, int32_t head_dim, int64_t blocks) {
-  PoolGeometry g;
-  g.layers = layers;
-  g.kv_heads = kv_heads;
-  g.tokens_per_block = page_size;
-  g.head_dim = head_dim;
-  g.primary_blocks = blocks;
+  PoolGeometry g{.layers = layers, .kv_heads = kv_heads, .tokens_per_block = page_size, .head_dim = head_dim,
+                 .primary_blocks = blocks};
   const std::optional<CacheDtype> d = parse_dtype(dtype);
   if (!d) fail(ErrorCode::bad_argument, "cache dtype '" + dtype + "' is not a kvsim dtype");
   g.dtype = *d;
@@ -183,15 +179,18 @@ std::shared_ptr<EnginePools> engine_pools(const std::string& engine_name, const 
     std::vector<Borrowed> borrowed;
     for (size_t i = 0; i < list.size(); ++i)
       borrowed.push_back(borrow(list[i], probe.tensors[i].name));
+    const auto check_rank = [](const DLTensor& t, const EngineTensor& e) {
+      if (t.ndim != static_cast<int>(e.axes.size()))
+        fail(ErrorCode::shape_mismatch, e.name + ": expected rank " + std::to_string(e.axes.size()) + " " +
+                                            e.shape_text() + ", got rank " + std::to_string(t.ndim));
+    };
     // nvfp4 data is packed two per byte: the last (dim) axis counts bytes.
     const bool packed = geo0.dtype == CacheDtype::nvfp4;
     PoolGeometry geo = geo0;
     {
       const DLTensor& t0 = *borrowed[0].t;
       const EngineTensor& e0 = probe.tensors[0];
-      if (t0.ndim != static_cast<int>(e0.axes.size()))
-        fail(ErrorCode::shape_mismatch, e0.name + ": expected rank " + std::to_string(e0.axes.size()) + " " +
-                                            e0.shape_text() + ", got rank " + std::to_string(t0.ndim));
+      check_rank(t0, e0);
       for (size_t a = 0; a < e0.axes.size(); ++a) {
         if (e0.axes[a].indexes == EngineAxis::block) geo.primary_blocks = t0.shape[a];
         if (e0.axes[a].indexes == EngineAxis::slot) {
@@ -207,9 +206,7 @@ std::shared_ptr<EnginePools> engine_pools(const std::string& engine_name, const 
     for (size_t i = 0; i < borrowed.size(); ++i) {
       const DLTensor& t = *borrowed[i].t;
       const EngineTensor& e = l.tensors[i];
-      if (t.ndim != static_cast<int>(e.axes.size()))
-        fail(ErrorCode::shape_mismatch, e.name + ": expected rank " + std::to_string(e.axes.size()) + " " +
-                                            e.shape_text() + ", got rank " + std::to_string(t.ndim));
+      check_rank(t, e);
       dtype_of(t, scales ? "fp8_e4m3" : dtype, e.name);  // the element type must hold the cache dtype
       std::vector<int64_t> row;
       for (size_t a = 0; a < e.axes.size(); ++a) {
@@ -313,14 +310,19 @@ void reshape_and_cache(const EnginePools& p, int32_t layer, py::handle key, py::
   cpu().reshape_and_cache(p.pools, op);
 }
 
-AttentionScales scales_of(float sm_scale, float k_scale, float v_scale, float kg, float vg) {
-  AttentionScales s;
-  s.sm_scale = sm_scale;
-  s.k_scale = k_scale;
-  s.v_scale = v_scale;
-  s.k_global_scale = kg;
-  s.v_global_scale = vg;
-  return s;
+// What decode and prefill attention take alike: q and out (fp32 or the input
+// dtype, rank 3), the table's width, the scales and the window.
+template <class Op>
+void bind_attention(Op& op, const EnginePools& p, int32_t layer, const Borrowed& qb, const Borrowed& ob,
+                    int32_t max_blocks_per_seq, float sm_scale, float k_scale, float v_scale, float kg, float vg,
+                    int32_t window, int32_t sinks) {
+  op.layer = layer;
+  op.q = view_of(qb, dtype_of(*qb.t, "", "q"), 3, "q");
+  op.out = view_of(ob, dtype_of(*ob.t, "", "out"), 3, "out");
+  op.max_blocks_per_seq = max_blocks_per_seq;
+  op.scales = AttentionScales{
+      .sm_scale = sm_scale, .k_scale = k_scale, .v_scale = v_scale, .k_global_scale = kg, .v_global_scale = vg};
+  op.window = WindowMapping::make(window, sinks, p.pools.geometry.tokens_per_block, false);
 }
 
 void decode_attention(const EnginePools& p, int32_t layer, py::handle q, py::handle out, py::handle seq_lens,
@@ -328,15 +330,10 @@ void decode_attention(const EnginePools& p, int32_t layer, py::handle q, py::han
                       float kg, float vg, int32_t window, int32_t sinks) {
   const Borrowed qb = borrow(q, "q"), ob = borrow(out, "out");
   DecodeAttentionOp op;
-  op.layer = layer;
-  op.q = view_of(qb, dtype_of(*qb.t, "", "q"), 3, "q");
-  op.out = view_of(ob, dtype_of(*ob.t, "", "out"), 3, "out");
+  bind_attention(op, p, layer, qb, ob, max_blocks_per_seq, sm_scale, k_scale, v_scale, kg, vg, window, sinks);
   const std::vector<int32_t> lens = int_list<int32_t>(seq_lens), table = int_list<int32_t>(block_table);
   op.seq_lens = lens;
   op.block_table = table;
-  op.max_blocks_per_seq = max_blocks_per_seq;
-  op.scales = scales_of(sm_scale, k_scale, v_scale, kg, vg);
-  op.window = WindowMapping::make(window, sinks, p.pools.geometry.tokens_per_block, false);
   cpu().decode_attention(p.pools, op);
 }
 
@@ -345,17 +342,12 @@ void prefill_attention(const EnginePools& p, int32_t layer, py::handle q, py::ha
                        float k_scale, float v_scale, float kg, float vg, int32_t window, int32_t sinks) {
   const Borrowed qb = borrow(q, "q"), ob = borrow(out, "out");
   PrefillAttentionOp op;
-  op.layer = layer;
-  op.q = view_of(qb, dtype_of(*qb.t, "", "q"), 3, "q");
-  op.out = view_of(ob, dtype_of(*ob.t, "", "out"), 3, "out");
+  bind_attention(op, p, layer, qb, ob, max_blocks_per_seq, sm_scale, k_scale, v_scale, kg, vg, window, sinks);
   const std::vector<int32_t> qi = int_list<int32_t>(q_indptr), lens = int_list<int32_t>(seq_lens),
                              table = int_list<int32_t>(block_table);
   op.q_indptr = qi;
   op.seq_lens = lens;
   op.block_table = table;
-  op.max_blocks_per_seq = max_blocks_per_seq;
-  op.scales = scales_of(sm_scale, k_scale, v_scale, kg, vg);
-  op.window = WindowMapping::make(window, sinks, p.pools.geometry.tokens_per_block, false);
   cpu().prefill_attention(p.pools, op);
 }
 
@@ -372,23 +364,22 @@ py::dict explain(const std::string& engine, const std::string& dtype, const std:
                  int64_t blocks, std::vector<int32_t> block_table, std::vector<int32_t> indptr,
                  std::vector<int32_t> indices, std::vector<int32_t> last_page_len, int32_t seq, int64_t token,
                  int32_t layer, int32_t head, int32_t dim, int32_t window, int32_t sinks) {
-  sim::ExplainRequest r;
-  r.geometry = geometry_of(dtype, layout, layers, kv_heads, page_size, head_dim, blocks);
+  sim::ExplainRequest r{.geometry = geometry_of(dtype, layout, layers, kv_heads, page_size, head_dim, blocks),
+                        .csr = !indptr.empty(),
+                        .block_table = std::move(block_table),
+                        .indptr = std::move(indptr),
+                        .indices = std::move(indices),
+                        .last_page_len = std::move(last_page_len),
+                        .seq = seq,
+                        .token = token,
+                        .layer = layer,
+                        .head = head,
+                        .dim = dim,
+                        .window = window,
+                        .sinks = sinks};
   if (auto p = parse_placement(placement)) r.geometry.placement = *p;
   else fail(ErrorCode::bad_argument, "placement '" + placement + "'");
   if (!engine.empty()) r.engine = engine_named(engine);
-  r.csr = !indptr.empty();
-  r.block_table = std::move(block_table);
-  r.indptr = std::move(indptr);
-  r.indices = std::move(indices);
-  r.last_page_len = std::move(last_page_len);
-  r.seq = seq;
-  r.token = token;
-  r.layer = layer;
-  r.head = head;
-  r.dim = dim;
-  r.window = window;
-  r.sinks = sinks;
   const sim::Explanation e = sim::explain(r);
   py::dict d;
   d["cache_token"] = e.cache_token;
