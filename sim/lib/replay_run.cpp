@@ -317,6 +317,8 @@ class Runner final : public BlockMover {
   void check_dense(int32_t layer, const std::vector<Entry>& es, size_t first, size_t last,
                    const std::vector<float>& q, const std::vector<float>& out, int32_t hq);
   void read_back(RequestState& r);
+  std::vector<float> gather_rows(int32_t layer, int32_t kv, const std::vector<int32_t>& ids, int64_t slots,
+                                 const AttentionScales& sc, const std::string& request_id);
   std::vector<int32_t> table_row(const RequestState& r, int32_t columns) const;
   // Points pools_, write_map_, read_map_ and group_ at the layer's KV cache group.
   void select_layer(int32_t layer);
@@ -1065,23 +1067,8 @@ void Runner::check_dense(int32_t layer, const std::vector<Entry>& es, size_t fir
     }
     const int64_t pages = (slots + P - 1) / P;
     if (static_cast<int64_t>(ids.size()) < pages) ids.resize(static_cast<size_t>(pages), kBadPage);
-    std::vector<float> gathered[2];  // [slots, H, D] fp32, K then V
-    for (int32_t kv = 0; kv < 2; ++kv) {
-      std::vector<float>& g = gathered[kv];
-      g.resize(static_cast<size_t>(slots * H * D));
-      BackendBuffer gb(be_, g.size() * 4);
-      GatherPagedOp op;
-      op.layer = pool_layer_of_[layer];
-      op.kv = kv;
-      op.block_ids = ids;
-      op.num_tokens = slots;
-      op.out = contiguous_view(gb.get(), CacheDtype::fp32, {slots, H, D});
-      op.scale = kv == 0 ? sc.k_scale : sc.v_scale;
-      op.global_scale = kv == 0 ? sc.k_global_scale : sc.v_global_scale;
-      notify("gather_paged", layer, std::vector<std::string>{e.r->id});
-      be_.gather_paged(pools_, op);
-      gb.download(g.data(), g.size() * 4);
-    }
+    const std::vector<float> gathered[2] = {gather_rows(layer, 0, ids, slots, sc, e.r->id),
+                                            gather_rows(layer, 1, ids, slots, sc, e.r->id)};  // K then V
     // Per KV head: K, |K| and V of every gathered slot, [slots, D] in double,
     // and each slot's largest |V|: built once per sequence, shared by every
     // checked row and every query head of the GQA group.
@@ -1172,6 +1159,27 @@ void Runner::check_dense(int32_t layer, const std::vector<Entry>& es, size_t fir
   }
 }
 
+// One sequence's K (kv 0) or V (kv 1) rows of `layer`, [slots, H, D] fp32,
+// read through `ids` with gather_paged (BAD_PAGE entries read as zeros).
+std::vector<float> Runner::gather_rows(int32_t layer, int32_t kv, const std::vector<int32_t>& ids, int64_t slots,
+                                       const AttentionScales& sc, const std::string& request_id) {
+  const int32_t H = g_.kv_heads, D = g_.head_dim;
+  std::vector<float> g(static_cast<size_t>(slots * H * D));
+  BackendBuffer gb(be_, g.size() * 4);
+  GatherPagedOp op;
+  op.layer = pool_layer_of_[layer];
+  op.kv = kv;
+  op.block_ids = ids;
+  op.num_tokens = slots;
+  op.out = contiguous_view(gb.get(), CacheDtype::fp32, {slots, H, D});
+  op.scale = kv == 0 ? sc.k_scale : sc.v_scale;
+  op.global_scale = kv == 0 ? sc.k_global_scale : sc.v_global_scale;
+  notify("gather_paged", layer, std::vector<std::string>{request_id});
+  be_.gather_paged(pools_, op);
+  gb.download(g.data(), g.size() * 4);
+  return g;
+}
+
 // A finished request's cache, read back through its table with gather_paged:
 // each token still in the cache (sinks and the ring's tokens; not the blocks
 // release mode gave back), by position.
@@ -1188,19 +1196,7 @@ void Runner::read_back(RequestState& r) {
       if (release)
         for (int32_t& id : readable)
           if (id == BlockManager::kNullBlock) id = kBadPage;  // reads as zeros; never recorded
-      std::vector<float> g(static_cast<size_t>(slots * H * D));
-      BackendBuffer gb(be_, g.size() * 4);
-      GatherPagedOp op;
-      op.layer = pool_layer_of_[layer];
-      op.kv = kv;
-      op.block_ids = readable;
-      op.num_tokens = slots;
-      op.out = contiguous_view(gb.get(), CacheDtype::fp32, {slots, H, D});
-      op.scale = kv == 0 ? scales_.k_scale : scales_.v_scale;
-      op.global_scale = kv == 0 ? scales_.k_global_scale : scales_.v_global_scale;
-      notify("gather_paged", layer, std::vector<std::string>{r.id});
-      be_.gather_paged(pools_, op);
-      gb.download(g.data(), g.size() * 4);
+      const std::vector<float> g = gather_rows(layer, kv, readable, slots, scales_, r.id);
       // Release mode may have given a page back and taken a fresh block for
       // it since an old token was written: only the last query's window (and
       // the sinks) is certainly still there.

@@ -284,17 +284,8 @@ TEST_CASE("layout --json matches PoolGeometry and contiguous_strides for every l
     for (const char* placement : {"in_block", "per_layer"})
       for (const char* dtype : {"fp32", "bf16", "fp8_e4m3", "int8", "nvfp4"})
         for (int32_t kv_factor : {1, 2}) {
-          Geo geo;
-          geo.layout = layout;
-          geo.placement = placement;
-          geo.dtype = dtype;
-          geo.kv_factor = kv_factor;
-          geo.layers = 2;
-          geo.kv_heads = 2;
-          geo.head_dim = 32;
-          geo.page_size = 3;
-          geo.blocks = 3;
-          geo.secondary = 2;
+          Geo geo{.layout = layout, .placement = placement, .dtype = dtype, .layers = 2, .kv_factor = kv_factor,
+                  .kv_heads = 2, .head_dim = 32, .page_size = 3, .blocks = 3, .secondary = 2};
           if (geo.layout == "split-x" && geo.dtype == "nvfp4") continue;  // rejected, tested below
           CAPTURE(geo.name());
           const PoolGeometry g = geo.core();
@@ -550,11 +541,7 @@ TEST_CASE("explain --json matches core over layouts, placements, dtypes and odd 
 }
 
 TEST_CASE("explain: kv_factor 1 (MLA latent) has no V") {
-  Geo geo;
-  geo.kv_factor = 1;
-  geo.kv_heads = 1;
-  geo.head_dim = 576;
-  geo.page_size = 7;
+  Geo geo{.kv_factor = 1, .kv_heads = 1, .head_dim = 576, .page_size = 7};
   check_dense_explain(geo, {3, 1}, 9, 0, 0, 575);
   const RunResult t = run_kvsim(concat({"explain", "--block-table", "3,1", "--token", "9"}, geo.flags()));
   REQUIRE(t.status == 0);
@@ -565,23 +552,15 @@ TEST_CASE("explain: nvfp4 nibbles and scale offsets match core") {
   for (const char* layout : {"nhd", "hnd"})
     for (const char* placement : {"in_block", "per_layer"})
       for (int32_t dim : {0, 1, 15, 16, 77, 127}) {
-        Geo geo;
-        geo.layout = layout;
-        geo.placement = placement;
-        geo.dtype = "nvfp4";
-        geo.layers = 2;
-        geo.page_size = 3;
-        geo.kv_heads = 2;
+        Geo geo{.layout = layout, .placement = placement, .dtype = "nvfp4", .layers = 2, .kv_heads = 2,
+                .page_size = 3};
         check_dense_explain(geo, {4, 1, 9}, 7, 1, 1, dim);
       }
 }
 
 TEST_CASE("explain: window with sinks (S not a multiple of P) maps tokens as WindowMapping does") {
   // W 20, S 5, P 7: bubble = 7 - 5 = 2; the ring holds W - S = 15 (or W + P - S = 22) tokens.
-  Geo geo;
-  geo.page_size = 7;
-  geo.kv_heads = 2;
-  geo.head_dim = 32;
+  Geo geo{.kv_heads = 2, .head_dim = 32, .page_size = 7};
   const std::vector<int32_t> table = {3, 8, 1, 6, 2};
   for (bool one_more : {false, true})
     for (int64_t token = 0; token < 60; token += (token < 24 ? 1 : 7))
@@ -607,11 +586,7 @@ TEST_CASE("explain with a CSR page table follows FlashInfer's divmod") {
   const std::vector<int32_t> indices = {4, 9, 2, 7, 1, 0};
   const std::vector<int32_t> last_page_len = {2, 3, 1};  // valid for P 3 and P 16
   for (int32_t page_size : {3, 16}) {
-    Geo geo;
-    geo.page_size = page_size;
-    geo.blocks = 16;
-    geo.kv_heads = 2;
-    geo.head_dim = 16;
+    Geo geo{.kv_heads = 2, .head_dim = 16, .page_size = page_size, .blocks = 16};
     const PoolGeometry g = geo.core();
     const CsrPageTable csr = make_csr_view(indptr, indices, last_page_len, g);
     for (int32_t seq = 0; seq < csr.batch; ++seq)

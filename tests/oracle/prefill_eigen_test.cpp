@@ -27,6 +27,8 @@
 
 #include "backends/backend.hpp"
 
+#include "../support/rng.hpp"
+
 using namespace kvsim;
 
 namespace {
@@ -34,12 +36,7 @@ namespace {
 float hashed_value(uint32_t seed, int b, int kv, int head, int64_t pos, int dim) {
   uint64_t h = (seed * 0x9E3779B97F4A7C15ull) ^ (static_cast<uint64_t>(b) << 52) ^ (static_cast<uint64_t>(kv) << 48) ^
                (static_cast<uint64_t>(head) << 40) ^ (static_cast<uint64_t>(pos) << 12) ^ static_cast<uint64_t>(dim);
-  h ^= h >> 33;
-  h *= 0xff51afd7ed558ccdull;
-  h ^= h >> 33;
-  h *= 0xc4ceb9fe1a85ec53ull;
-  h ^= h >> 33;
-  return static_cast<float>(h >> 40) / 8388608.0f - 1.0f;
+  return kvsim::testing::mixed_unit_value(h);
 }
 
 struct PrefillCase {

@@ -51,11 +51,7 @@ void conserved(const BlockManager& bm) {
 }
 
 BlockManagerConfig reuse_config(int32_t P, int64_t primary, int64_t secondary = 0) {
-  BlockManagerConfig c;
-  c.page_size = P;
-  c.primary_blocks = primary;
-  c.secondary_blocks = secondary;
-  c.reuse = true;
+  BlockManagerConfig c{.primary_blocks = primary, .secondary_blocks = secondary, .page_size = P, .reuse = true};
   return c;
 }
 
@@ -256,13 +252,8 @@ TEST_CASE("block manager: running out of blocks fails without side effects") {
 
 TEST_CASE("block manager: cyclic window (TensorRT-LLM) stops growing at the ring; release window (vLLM) returns blocks") {
   SUBCASE("cyclic: sinks 3, P 4 (bubble 1), W 11, one more block") {
-    BlockManagerConfig cfg;
-    cfg.page_size = 4;
-    cfg.primary_blocks = 12;
-    cfg.window_mode = WindowMode::cyclic;
-    cfg.window = 11;
-    cfg.sinks = 3;
-    cfg.one_more_block = true;
+    BlockManagerConfig cfg{.primary_blocks = 12, .page_size = 4, .window_mode = WindowMode::cyclic, .window = 11,
+                           .sinks = 3, .one_more_block = true};
     BlockManager bm(cfg, nullptr);
     // Ring: cyclic_len = 11 + 4 - 3 = 12 slots after 3 sinks + 1 bubble = 16 slots = 4 pages.
     CHECK(bm.window_mapping().bubble == 1);
@@ -277,13 +268,8 @@ TEST_CASE("block manager: cyclic window (TensorRT-LLM) stops growing at the ring
     CHECK(bm.counts(PoolKind::primary).referenced == 4);
   }
   SUBCASE("release: sinks 2, W 9, P 3, one more block: blocks wholly out of the window go back to the free list") {
-    BlockManagerConfig cfg;
-    cfg.page_size = 3;
-    cfg.primary_blocks = 10;
-    cfg.window_mode = WindowMode::release;
-    cfg.window = 9;
-    cfg.sinks = 2;
-    cfg.one_more_block = true;
+    BlockManagerConfig cfg{.primary_blocks = 10, .page_size = 3, .window_mode = WindowMode::release, .window = 9,
+                           .sinks = 2, .one_more_block = true};
     BlockManager bm(cfg, nullptr);
     CHECK(bm.counts(PoolKind::primary).referenced == 1);  // the reserved null block
     const WindowMapping& w = bm.window_mapping();
@@ -559,11 +545,7 @@ TEST_CASE("VSWA pools: each window size has its own block ids and free list; all
 
 TEST_CASE("block order: lowest first (default), highest first, or a seeded shuffle of every block") {
   auto first_blocks = [](BlockOrder order, uint64_t seed) {
-    BlockManagerConfig c;
-    c.page_size = 4;
-    c.primary_blocks = 10;
-    c.block_order = order;
-    c.order_seed = seed;
+    BlockManagerConfig c{.primary_blocks = 10, .page_size = 4, .block_order = order, .order_seed = seed};
     BlockManager bm(c, nullptr);
     bm.add_sequence(0, iota_tokens(40));
     REQUIRE(bm.ensure_capacity(0, 40));

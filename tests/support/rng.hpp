@@ -24,4 +24,15 @@ struct Rng {
   }
 };
 
+// Murmur3's 64-bit finalizer of a hashed coordinate, its top 24 bits as a
+// float in [-1, 1): the deterministic element values of the attention tests.
+inline float mixed_unit_value(uint64_t h) {
+  h ^= h >> 33;
+  h *= 0xff51afd7ed558ccdull;
+  h ^= h >> 33;
+  h *= 0xc4ceb9fe1a85ec53ull;
+  h ^= h >> 33;
+  return static_cast<float>(h >> 40) / 8388608.0f - 1.0f;
+}
+
 }  // namespace kvsim::testing
