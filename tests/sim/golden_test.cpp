@@ -47,17 +47,11 @@ ordered_json golden_of(const ScenarioReport& r) {
   const ReplayCounters& c = r.counters;
   ordered_json j;
   j["scenario"] = r.name;
-  j["counters"] = {{"steps", c.steps},
-                   {"prefill_tokens", c.prefill_tokens},
-                   {"decode_tokens", c.decode_tokens},
-                   {"reuse_hit_tokens", c.reuse_hit_tokens},
-                   {"partial_reuse_tokens", c.partial_reuse_tokens},
-                   {"evicted_blocks", c.evicted_blocks},
-                   {"offloaded_blocks", c.offloaded_blocks},
-                   {"onboarded_blocks", c.onboarded_blocks},
-                   {"preemptions", c.preemptions},
-                   {"ops", c.ops},
-                   {"token_layers", c.token_layers}};
+  ordered_json counters = ordered_json::object();  // the reported counters in their order, then the op counts
+  for (const CounterField& f : kReportedCounters) counters[std::string(f.name)] = c.*f.value;
+  counters["ops"] = c.ops;
+  counters["token_layers"] = c.token_layers;
+  j["counters"] = counters;
   ordered_json inv = ordered_json::object();
   for (const InvariantReport& i : r.invariants)
     inv[std::string(invariant_name(i.invariant))] = std::string(invariant_status_name(i.status));
