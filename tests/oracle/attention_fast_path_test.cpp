@@ -136,15 +136,9 @@ struct Pools {
 };
 
 void build_pools(const Case& c, Pools& p) {
+  p.g = PoolGeometry{.layers = 2, .kv_factor = 2, .kv_heads = c.H, .tokens_per_block = c.P, .head_dim = c.D,
+                     .dtype = c.dtype, .layout = c.layout, .placement = c.placement};
   PoolGeometry& g = p.g;
-  g.layers = 2;
-  g.kv_factor = 2;
-  g.kv_heads = c.H;
-  g.tokens_per_block = c.P;
-  g.head_dim = c.D;
-  g.dtype = c.dtype;
-  g.layout = c.layout;
-  g.placement = c.placement;
   p.window = c.window > 0 ? WindowMapping::make(c.window, c.sinks, c.P, c.one_more_block) : WindowMapping{};
   for (int32_t len : c.lens)
     p.max_blocks = std::max<int32_t>(p.max_blocks, static_cast<int32_t>((p.window.cache_length(len) + c.P - 1) / c.P));
