@@ -371,6 +371,7 @@ void attend_fast(const AttentionArgs& a, const Plan& pl, const Rows& rows, RowGr
       fold_partition(part_m[part], part_l[part], ws.part_acc + (static_cast<int64_t>(h) * parts + part) * D,
                      global_max, D, L, merged);
     store_output(a, grp.first + h / G, kv_head * G + h % G, D, L, merged);
+    store_lse(a, grp.first + h / G, kv_head * G + h % G, global_max, L);
   }
 }
 
@@ -458,6 +459,7 @@ void attend_tiled(const AttentionArgs& a, const Plan& pl, const Rows& rows, RowG
   for (int32_t h = 0; h < H; ++h) {
     if (rows_parts(h) == parts) fold_partition(m_last[h], l_last[h], acc_last + h * D, M[h], D, L[h], merged + h * D);
     store_output(a, grp.first + h / G, kv_head * G + h % G, D, L[h], merged + h * D);
+    store_lse(a, grp.first + h / G, kv_head * G + h % G, M[h], L[h]);
   }
 }
 
@@ -541,7 +543,7 @@ namespace {
 
 AttentionArgs make_args(const KvPools& pools, int32_t layer, const TensorView& q, const TensorView& out,
                         const int32_t* table, int32_t max_blocks, const AttentionScales& scales,
-                        const WindowMapping& window) {
+                        const WindowMapping& window, const TensorView& lse) {
   AttentionArgs a;
   a.pools = pools;
   a.layer = layer;
@@ -552,6 +554,7 @@ AttentionArgs make_args(const KvPools& pools, int32_t layer, const TensorView& q
   a.scales = scales;
   a.window = window;
   a.group = static_cast<int32_t>(q.shape[1] / pools.geometry.kv_heads);
+  a.lse = lse;
   return a;
 }
 
@@ -559,7 +562,7 @@ AttentionArgs make_args(const KvPools& pools, int32_t layer, const TensorView& q
 
 void CpuBackend::run_decode_attention(const KvPools& pools, const DecodeAttentionOp& op) {
   const AttentionArgs a = make_args(pools, op.layer, op.q, op.out, op.block_table.data(), op.max_blocks_per_seq,
-                                    op.scales, op.window);
+                                    op.scales, op.window, op.lse);
   std::vector<std::pair<int32_t, int64_t>> rows;
   for (size_t b = 0; b < op.seq_lens.size(); ++b) rows.emplace_back(static_cast<int32_t>(b), op.seq_lens[b] - 1);
   cpu_attention::run_attention_rows(arena_, a, rows, cpu_attention::selected_isa());
@@ -567,7 +570,7 @@ void CpuBackend::run_decode_attention(const KvPools& pools, const DecodeAttentio
 
 void CpuBackend::run_prefill_attention(const KvPools& pools, const PrefillAttentionOp& op) {
   const AttentionArgs a = make_args(pools, op.layer, op.q, op.out, op.block_table.data(), op.max_blocks_per_seq,
-                                    op.scales, op.window);
+                                    op.scales, op.window, op.lse);
   std::vector<std::pair<int32_t, int64_t>> rows;
   for (size_t b = 0; b + 1 < op.q_indptr.size(); ++b)
     for (int32_t i = op.q_indptr[b]; i < op.q_indptr[b + 1]; ++i)

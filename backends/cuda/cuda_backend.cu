@@ -183,6 +183,9 @@ double CudaBackend::run_end(double host_seconds) {
 
 // ---------------------------------------------------------------- attention (part B's kernels)
 void CudaBackend::run_decode_attention(const KvPools& pools, const DecodeAttentionOp& op) {
+  // The LSE output is the CPU oracle's (its kernels do not write it yet): refused before any work.
+  if (!op.lse.empty())
+    fail(ErrorCode::bad_argument, "decode_attention: the lse output is computed by the cpu backend only");
 #if KVSIM_CUDA_ATTENTION
   cuda::decode_attention(pools, op, stream_, kernel_timing() ? kernels_start_ : nullptr);
   finish("decode_attention");
@@ -194,6 +197,9 @@ void CudaBackend::run_decode_attention(const KvPools& pools, const DecodeAttenti
 }
 
 void CudaBackend::run_prefill_attention(const KvPools& pools, const PrefillAttentionOp& op) {
+  // The LSE output is the CPU oracle's (its kernels do not write it yet): refused before any work.
+  if (!op.lse.empty())
+    fail(ErrorCode::bad_argument, "prefill_attention: the lse output is computed by the cpu backend only");
 #if KVSIM_CUDA_ATTENTION
   cuda::prefill_attention(pools, op, stream_, kernel_timing() ? kernels_start_ : nullptr);
   finish("prefill_attention");

@@ -12,7 +12,8 @@
 //  * the tiled prefill (blocks of 32 / G consecutive rows): chunks from 0 and
 //    after a cached prefix crossing pages 1/3/16/17 and 256-key partitions,
 //    GQA 1/2/4/8, D 64/128, rows past the kept scores (2,600 keys);
-//  * the CPU backend's public decode/prefill entry against the reference.
+//  * the CPU backend's public decode/prefill entry against the reference;
+//  * the optional LSE output of every path against attend_query's.
 // Reference and candidate write into separately poisoned output buffers and
 // the whole buffers (padding included) are compared with memcmp.
 #include <doctest/doctest.h>
@@ -281,12 +282,19 @@ void check_case(const Case& c, int threads = 2) {
   tbb::task_arena arena(std::min(threads, tbb::info::default_concurrency()));
   View ref = make_view(c.out_dtype, nrows, hq, c.D, c.strided_views, 0xA5);
   a.out = ref.t;
+  // The LSE output too (store_lse after each path's merge), poisoned alike.
+  std::vector<float> lse_ref(static_cast<size_t>(nrows * hq), -7.0f), lse_got(lse_ref.size());
+  a.lse = contiguous_view(lse_ref.data(), CacheDtype::fp32, {nrows, hq});
   fast::run_attention_rows(arena, a, rows, fast::Isa::reference);
   for (fast::Isa isa : candidate_isas()) {
     INFO("isa " << std::string(fast::isa_name(isa)));
     View got = make_view(c.out_dtype, nrows, hq, c.D, c.strided_views, 0xA5);
     a.out = got.t;
+    std::fill(lse_got.begin(), lse_got.end(), -7.0f);
+    a.lse = contiguous_view(lse_got.data(), CacheDtype::fp32, {nrows, hq});
     fast::run_attention_rows(arena, a, rows, isa);
+    CHECK(std::memcmp(lse_ref.data(), lse_got.data(), lse_ref.size() * 4) == 0);
+    CHECK(std::count(lse_got.begin(), lse_got.end(), -7.0f) == 0);  // every (row, head) written
     const bool same = ref.bytes == got.bytes;
     if (!same) {
       const size_t bytes = static_cast<size_t>(bits_per_element(c.out_dtype) / 8);

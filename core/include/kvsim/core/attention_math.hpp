@@ -20,6 +20,9 @@
 //                     partitions); L = fma(l_p, w_p, L), O = fma(acc_p, w_p, O)
 //                     in partition order; out = (O / L) * v_scale, rounded
 //                     to the output dtype.
+//  LSE (optional)   : lse = M + log_f32(L) (natural log; base 2:
+//                     lse * kLog2e, one more rounding), from the M and L of
+//                     the merge above.
 #pragma once
 
 #include "bits.hpp"
@@ -74,6 +77,62 @@ KVSIM_HD inline float exp_f32(float x) {
   const int k2 = k - k1;
   return (y * pow2i(k1)) * pow2i(k2);
 }
+
+// core's fp32 natural log (the LSE of attention, log_sum_exp below): x =
+// 2^e * m with m in [sqrt(1/2), sqrt(2)] read from the bits (a subnormal is
+// scaled by 2^23 first), f = m - 1 exactly (Sterbenz), Cephes logf's degree-8
+// polynomial in f in Horner form with fma, then log x = f - f^2/2 + f^3 P(f)
+// + e ln 2 with ln 2 split in a short high part and a correction, each
+// applied with fma. Maximum error against double log: measured in
+// tests/core/exp_test.cpp and quoted in docs/canonical-arithmetic.md.
+// log(0) = -inf, log(+inf) = +inf, log(x < 0) = NaN, log(NaN) = NaN.
+KVSIM_HD inline float log_f32(float x) {
+  if (is_nan(x)) return x;
+  if (x < 0.0f) return bits_float(0x7FC00000u);
+  if (x == 0.0f) return neg_inf();
+  if (x == pos_inf()) return x;
+  int e = 0;
+  if (float_bits(x) < 0x00800000u) {  // subnormal: exact scaling into the normal range
+    x = x * 8388608.0f;
+    e = -23;
+  }
+  const uint32_t b = float_bits(x);
+  e += static_cast<int>((b >> 23) & 0xFFu) - 127;
+  float m = bits_float((b & 0x007FFFFFu) | 0x3F800000u);  // [1, 2)
+  if (m > 1.41421353816986083984375f) {                    // fp32 below sqrt(2): m / 2 is exact
+    m = m * 0.5f;
+    e += 1;
+  }
+  const float f = m - 1.0f;
+  const float z = f * f;
+  float p = 7.0376836292e-2f;
+  p = fma_f32(p, f, -1.1514610310e-1f);
+  p = fma_f32(p, f, 1.1676998740e-1f);
+  p = fma_f32(p, f, -1.2420140846e-1f);
+  p = fma_f32(p, f, 1.4249322787e-1f);
+  p = fma_f32(p, f, -1.6668057665e-1f);
+  p = fma_f32(p, f, 2.0000714765e-1f);
+  p = fma_f32(p, f, -2.4999993993e-1f);
+  p = fma_f32(p, f, 3.3333331174e-1f);
+  const float ef = static_cast<float>(e);
+  float y = (p * f) * z;
+  y = fma_f32(ef, -2.12194440e-4f, y);
+  y = fma_f32(-0.5f, z, y);
+  float r = f + y;
+  r = fma_f32(ef, 0.693359375f, r);
+  return r;
+}
+
+// log2(e) rounded to fp32: FlashInfer-convention (base-2) LSEs are the
+// natural LSE times this, rounded once.
+inline constexpr float kLog2e = 1.44269504088896341f;
+
+// The log-sum-exp of one query head's scores from the merge's global max M
+// and merged sum L (natural log): M + log(L), rounded once after log_f32.
+KVSIM_HD inline float log_sum_exp(float global_max, float sum) { return global_max + log_f32(sum); }
+
+// A natural-log LSE in base 2 (FlashInfer's convention).
+KVSIM_HD inline float lse_base2(float lse) { return lse * kLog2e; }
 
 // The xor butterfly of a warp: level by level v[l] = v[l] + v[l ^ off] for
 // off = 16, 8, 4, 2, 1. Addition is commutative, so every lane ends with the

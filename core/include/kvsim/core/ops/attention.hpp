@@ -39,6 +39,7 @@ struct DecodeAttentionOp {
   int32_t max_blocks_per_seq = 0;
   AttentionScales scales;
   WindowMapping window;
+  TensorView lse;  // optional [batch, Hq] fp32: each query head's natural-log LSE (attention_math.hpp)
 };
 
 // Causal attention for a chunk of new tokens: query i of sequence b (i in
@@ -54,6 +55,7 @@ struct PrefillAttentionOp {
   int32_t max_blocks_per_seq = 0;
   AttentionScales scales;
   WindowMapping window;
+  TensorView lse;  // optional [nnz, Hq] fp32: each query head's natural-log LSE
 };
 
 // ---------------------------------------------------------------- key list
@@ -112,7 +114,15 @@ struct AttentionArgs {
   AttentionScales scales;
   WindowMapping window;
   int32_t group = 1;  // query heads per KV head
+  TensorView lse;     // optional [rows, Hq] fp32 (empty: not written)
 };
+
+// Row `row`, query head qh of the optional LSE output: the natural-log
+// log-sum-exp of the head's scores from the merge's global max and sum.
+KVSIM_HD inline void store_lse(const AttentionArgs& a, int64_t row, int32_t qh, float global_max, float sum) {
+  if (a.lse.empty()) return;
+  static_cast<float*>(a.lse.data)[a.lse.offset(row, qh)] = canonical_nan(canon::log_sum_exp(global_max, sum));
+}
 
 // Loads one head row (D values) of K (kv = 0) or V (kv = 1) at a cache slot,
 // as exact fp32: stored codes for fp32/fp16/bf16/fp8/int8 (per-tensor scales
@@ -236,6 +246,7 @@ KVSIM_HD inline void attend_query(const AttentionArgs& a, int32_t seq, int64_t p
       const float o = (merged[d] / L) * a.scales.v_scale;
       store_float(a.out.data, a.out.dtype, a.out.offset(row, kv_head * G + g, d), o);
     }
+    store_lse(a, row, kv_head * G + g, global_max, L);
   }
 }
 
@@ -282,6 +293,14 @@ inline void validate_attention_common(const KvPools& pools, int32_t layer, const
     fail(ErrorCode::bad_window, o + "window mapping built for P = " + std::to_string(w.tokens_per_block) +
                                     " but the pool has P = " + std::to_string(g.tokens_per_block));
   validate_attention_table(g, seq_lens, block_table, max_blocks, w, o);
+}
+
+// The optional LSE output: [rows, Hq] fp32 (any strides), or empty.
+inline void validate_lse_output(const TensorView& lse, int64_t rows, int64_t heads, const char* op) {
+  if (lse.empty()) return;
+  if (lse.rank != 2 || lse.dtype != CacheDtype::fp32 || lse.shape[0] != rows || lse.shape[1] != heads)
+    fail(ErrorCode::shape_mismatch, std::string(op) + ": lse must be [" + std::to_string(rows) + ", " +
+                                        std::to_string(heads) + "] fp32");
 }
 
 // The block table of an attention op: [batch, max_blocks] entries, every
@@ -339,12 +358,14 @@ inline void validate_decode_attention(const KvPools& pools, const DecodeAttentio
   detail::validate_attention_common(pools, op.layer, op.q, op.out, static_cast<int64_t>(op.seq_lens.size()),
                                     op.seq_lens, op.block_table, op.max_blocks_per_seq, op.scales, op.window,
                                     "decode_attention");
+  detail::validate_lse_output(op.lse, static_cast<int64_t>(op.seq_lens.size()), op.q.shape[1], "decode_attention");
 }
 
 inline void validate_prefill_attention(const KvPools& pools, const PrefillAttentionOp& op) {
   detail::validate_q_indptr(op.q_indptr, op.seq_lens, "prefill_attention: ");
   detail::validate_attention_common(pools, op.layer, op.q, op.out, op.q_indptr.back(), op.seq_lens, op.block_table,
                                     op.max_blocks_per_seq, op.scales, op.window, "prefill_attention");
+  detail::validate_lse_output(op.lse, op.q_indptr.back(), op.q.shape[1], "prefill_attention");
 }
 
 }  // namespace kvsim
