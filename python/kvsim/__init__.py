@@ -1,8 +1,12 @@
 """kvsim from Python: the exact KV-cache oracle inside an engine's own kernel tests.
 
 * ``kvsim.flashinfer.append_paged_kv_cache``, ``kvsim.vllm.reshape_and_cache_flash``,
-  ``kvsim.vllm.reshape_and_cache``, ``kvsim.vllm.paged_attention_decode``:
-  the engines' own signatures, kvsim's bytes.
+  ``kvsim.vllm.reshape_and_cache``, ``kvsim.trtllm.qkv_preprocess``: the
+  engines' own signatures, kvsim's bytes.
+* Attention with the LSE in each engine's convention:
+  ``kvsim.flashinfer.BatchDecodeWithPagedKVCacheWrapper`` /
+  ``BatchPrefillWithPagedKVCacheWrapper`` (base 2),
+  ``kvsim.vllm.paged_attention_decode`` / ``flash_attn_varlen_func`` (natural log).
 * ``kvsim.testing.assert_cache_equal``: byte equality with the first difference named.
 * ``kvsim.explain(...)``, ``kvsim.engine_info(...)``, ``kvsim.engines()``,
   ``kvsim.codec``, ``kvsim.replay(path)``, ``kvsim.Error`` and its named subclasses.
@@ -11,11 +15,11 @@ See docs/python.md.
 """
 
 from . import _kvsim
-from . import codec, errors, flashinfer, testing, vllm
+from . import codec, errors, flashinfer, testing, trtllm, vllm
 from ._tensors import int_array as _ints
 from .errors import Error
 
-__all__ = ["Error", "codec", "errors", "flashinfer", "vllm", "testing", "explain", "engine_info", "engines", "replay"]
+__all__ = ["Error", "codec", "errors", "flashinfer", "vllm", "trtllm", "testing", "explain", "engine_info", "engines", "replay"]
 
 has_cuda = _kvsim.has_cuda
 

@@ -89,3 +89,150 @@ def get_batch_indices_positions(append_indptr, seq_lens, nnz):
             batch[i] = b
             pos[i] = i + seq_lens[b] - append_indptr[b + 1]
     return batch, pos
+
+
+# ---------------------------------------------------------------- attention wrappers
+#
+# FlashInfer's batch attention API (flashinfer/decode.py
+# ``BatchDecodeWithPagedKVCacheWrapper``, flashinfer/prefill.py
+# ``BatchPrefillWithPagedKVCacheWrapper``): plan() takes the CSR page table
+# (kv_indptr, kv_indices, kv_last_page_len) and the head counts, run() the
+# query and the cache and returns ``out`` or ``(out, lse)`` with
+# ``return_lse=True``: lse [rows, num_qo_heads] float32, **base 2** (FlashInfer
+# works in log2 space; vLLM's FlashInfer backend merges its states with
+# ``is_lse_base_on_e=False``, vllm/v1/attention/backends/flashinfer.py).
+# run()'s scales: sm_scale defaults to 1 / sqrt(head_dim), q_scale and k_scale
+# multiply it, v_scale multiplies the output.
+
+_UNMODELLED = ("pos_encoding_mode", "logits_soft_cap", "custom_mask", "packed_custom_mask")
+
+
+def _check_modelled(**kw):
+    """kvsim models plain softmax attention: RoPE inside the kernel, soft caps and custom masks are refused."""
+    for name, value in kw.items():
+        if value not in (None, "NONE", 0, 0.0, False):
+            from .errors import BadArgument
+            raise BadArgument(f"bad_argument: {name}={value!r} is not modelled by kvsim (plain softmax attention only)")
+
+
+class _PagedAttentionWrapper:
+    def __init__(self, float_workspace_buffer=None, kv_layout="NHD", use_cuda_graph=False, *args, **kwargs):
+        if kv_layout.upper() not in ("NHD", "HND"):
+            from .errors import BadArgument
+            raise BadArgument(f"bad_argument: kv_layout {kv_layout!r}: expected 'NHD' or 'HND'")
+        self._kv_layout = kv_layout.upper()
+        self._plan = None
+
+    def _set_plan(self, qo_indptr, indptr, indices, last_page_len, num_qo_heads, num_kv_heads, head_dim, page_size,
+                  sm_scale, window_left):
+        import math
+        self._plan = dict(qo_indptr=None if qo_indptr is None else T.int_array(qo_indptr),
+                          indptr=T.int_array(indptr), indices=T.int_array(indices),
+                          last_page_len=T.int_array(last_page_len), num_qo_heads=int(num_qo_heads),
+                          num_kv_heads=int(num_kv_heads), head_dim=int(head_dim), page_size=int(page_size),
+                          sm_scale=1.0 / math.sqrt(head_dim) if sm_scale is None else float(sm_scale),
+                          window=0 if window_left is None or window_left < 0 else int(window_left) + 1)
+
+    def run(self, q, paged_kv_cache, *args, q_scale=None, k_scale=None, v_scale=None, out=None, lse=None,
+            return_lse=False, cache_dtype=None, scale_cache=None, k_global_scale=1.0, v_global_scale=1.0, **kwargs):
+        """FlashInfer's run(): ``out``, or ``(out, lse)`` with return_lse (lse [rows, num_qo_heads], base 2)."""
+        from . import _attention
+        from .errors import BadArgument, ShapeMismatch
+        if self._plan is None:
+            raise BadArgument("bad_argument: run() before plan()")
+        p = self._plan
+        engine, tensors, heads, page, head_dim = _cache_shape(paged_kv_cache, self._kv_layout)
+        dtype = cache_dtype_of(tensors[0], cache_dtype)
+        if dtype == "nvfp4":
+            head_dim *= 2
+        if (heads, page, head_dim) != (p["num_kv_heads"], p["page_size"], p["head_dim"]):
+            raise ShapeMismatch(f"shape_mismatch: the cache has {heads} KV heads, page size {page}, head_dim "
+                                f"{head_dim}; plan() said {p['num_kv_heads']}, {p['page_size']}, {p['head_dim']}")
+        if tuple(q.shape)[1:] != (p["num_qo_heads"], p["head_dim"]):
+            raise ShapeMismatch(f"shape_mismatch: q has shape {tuple(q.shape)}, expected [rows, "
+                                f"{p['num_qo_heads']}, {p['head_dim']}] (plan())")
+        scales = [] if scale_cache is None else (list(scale_cache) if isinstance(scale_cache, (tuple, list))
+                                                 else [scale_cache])
+        bound = Bound(engine, tensors, dtype, self._kv_layout.lower(), 1, heads, page, head_dim, scales)
+        seq_lens, table = _kvsim.csr_to_dense(bound.pools, p["indptr"], p["indices"], p["last_page_len"])
+        sm_scale = p["sm_scale"] * _attention.scale_value(q_scale)
+        if return_lse and lse is None:
+            lse = _attention.empty_lse(q, int(q.shape[0]), int(q.shape[1]))
+        out, lse = _attention.run(bound, q, seq_lens=seq_lens, block_table=table, q_indptr=p["qo_indptr"],
+                                  sm_scale=sm_scale, k_scale=k_scale, v_scale=v_scale,
+                                  k_global_scale=k_global_scale, v_global_scale=v_global_scale, window=p["window"],
+                                  out=out, lse=lse if return_lse else None, lse_base2=True)
+        return (out, lse) if return_lse else out
+
+    def run_return_lse(self, q, paged_kv_cache, *args, **kwargs):
+        kwargs["return_lse"] = True
+        return self.run(q, paged_kv_cache, *args, **kwargs)
+
+
+class BatchDecodeWithPagedKVCacheWrapper(_PagedAttentionWrapper):
+    """kvsim's oracle in the shape of ``flashinfer.BatchDecodeWithPagedKVCacheWrapper``.
+
+    ``plan(indptr, indices, last_page_len, num_qo_heads, num_kv_heads,
+    head_dim, page_size, pos_encoding_mode="NONE", window_left=-1,
+    logits_soft_cap=None, q_data_type=..., kv_data_type=..., sm_scale=None)``
+    then ``run(q, paged_kv_cache, *, q_scale, k_scale, v_scale, out, lse,
+    return_lse=False)``: q [batch, num_qo_heads, head_dim], one query per
+    request at position kv_len - 1 (its K/V already appended);
+    ``paged_kv_cache`` a [pages, 2, ...] tensor or (k_cache, v_cache) as in
+    :func:`append_paged_kv_cache`. Returns out [batch, num_qo_heads,
+    head_dim] in q's dtype, with ``return_lse`` also lse [batch,
+    num_qo_heads] float32 in **base 2**.
+
+    The arithmetic is kvsim's canonical order (docs/canonical-arithmetic.md),
+    not FlashInfer's, so compare a kernel's output with
+    kvsim.testing.attention_report; the LSE is the oracle's: lse2 =
+    fl(fl(M + log_f32(L)) * fl(log2 e)) with M the max of the scaled scores
+    and L the merged sum (docs/python.md). Differences from FlashInfer:
+    kvsim folds k_scale into the fp32 score scale (sm_scale * k_scale rounded
+    to fp32) and applies v_scale before the output is rounded (FlashInfer
+    multiplies the rounded output); window_left = w attends the last w + 1
+    positions; RoPE in the kernel, logits soft-capping and custom masks are
+    refused (kvsim.errors.BadArgument).
+    """
+
+    def plan(self, indptr, indices, last_page_len, num_qo_heads, num_kv_heads, head_dim, page_size,
+             pos_encoding_mode="NONE", window_left=-1, logits_soft_cap=None, q_data_type=None, kv_data_type=None,
+             data_type=None, sm_scale=None, rope_scale=None, rope_theta=None, **kwargs):
+        _check_modelled(pos_encoding_mode=pos_encoding_mode, logits_soft_cap=logits_soft_cap)
+        self._set_plan(None, indptr, indices, last_page_len, num_qo_heads, num_kv_heads, head_dim, page_size,
+                       sm_scale, window_left)
+
+
+class BatchPrefillWithPagedKVCacheWrapper(_PagedAttentionWrapper):
+    """kvsim's oracle in the shape of ``flashinfer.BatchPrefillWithPagedKVCacheWrapper`` (causal).
+
+    ``plan(qo_indptr, paged_kv_indptr, paged_kv_indices,
+    paged_kv_last_page_len, num_qo_heads, num_kv_heads, head_dim_qk,
+    page_size, head_dim_vo=None, custom_mask=None, packed_custom_mask=None,
+    causal=False, pos_encoding_mode="NONE", ..., sm_scale=None,
+    window_left=-1, logits_soft_cap=None, ...)`` then ``run(q,
+    paged_kv_cache, ...)`` as the decode wrapper: q [qo_indptr[-1],
+    num_qo_heads, head_dim]; the KV lengths come from the CSR table (the new
+    tokens already appended) and query i of request b sits at position kv_len
+    - qo_len + i (FlashInfer's bottom-right causal alignment); lse
+    [qo_indptr[-1], num_qo_heads] base 2. kvsim's prefill is causal:
+    ``causal=False`` is refused unless every request has at most one query
+    (where both masks agree).
+    """
+
+    def plan(self, qo_indptr, paged_kv_indptr, paged_kv_indices, paged_kv_last_page_len, num_qo_heads,
+             num_kv_heads, head_dim_qk, page_size, head_dim_vo=None, custom_mask=None, packed_custom_mask=None,
+             causal=False, pos_encoding_mode="NONE", use_fp16_qk_reduction=False, sm_scale=None, window_left=-1,
+             logits_soft_cap=None, rope_scale=None, rope_theta=None, q_data_type=None, kv_data_type=None, **kwargs):
+        from .errors import BadArgument
+        _check_modelled(pos_encoding_mode=pos_encoding_mode, logits_soft_cap=logits_soft_cap,
+                        custom_mask=custom_mask, packed_custom_mask=packed_custom_mask,
+                        use_fp16_qk_reduction=use_fp16_qk_reduction)
+        if head_dim_vo is not None and head_dim_vo != head_dim_qk:
+            raise BadArgument("bad_argument: head_dim_vo != head_dim_qk is not modelled (kvsim's K and V share D)")
+        qo = T.int_array(qo_indptr)
+        if not causal and len(qo) > 1 and int((qo[1:] - qo[:-1]).max()) > 1:
+            raise BadArgument("bad_argument: causal=False with more than one query per request: kvsim's prefill "
+                              "attention is causal (FlashInfer's bottom-right alignment)")
+        self._set_plan(qo, paged_kv_indptr, paged_kv_indices, paged_kv_last_page_len, num_qo_heads, num_kv_heads,
+                       head_dim_qk, page_size, sm_scale, window_left)

@@ -87,27 +87,84 @@ def reshape_and_cache(key, value, key_cache, value_cache, slot_mapping, kv_cache
 
 
 def paged_attention_decode(query, key_cache, value_cache, block_tables, seq_lens, scale, kv_cache_dtype="auto",
-                           k_scale=1.0, v_scale=1.0, out=None):
+                           k_scale=1.0, v_scale=1.0, out=None, return_lse=False):
     """Decode attention over vLLM's split-x cache (``paged_attention_v1``'s arguments), kvsim's canonical arithmetic.
 
     ``query`` [num_seqs, num_heads, D]; ``block_tables`` [num_seqs,
     max_blocks] (−1 padded); ``seq_lens`` [num_seqs] (the query token
-    included). Returns ``out`` [num_seqs, num_heads, D] in the query's dtype.
-    kvsim's order (docs/canonical-arithmetic.md) is not vLLM's, so compare a
-    kernel's output with kvsim.testing.attention_report, not bytes. The
-    natural-log LSE is not returned (the oracle's ops do not expose it yet).
+    included). Returns ``out`` [num_seqs, num_heads, D] in the query's dtype;
+    with ``return_lse`` ``(out, lse)``, lse [num_seqs, num_heads] float32,
+    natural log (vLLM's convention: ``merge_attn_states`` and FlashAttention's
+    softmax_lse are base e), the oracle's M + log_f32(L). kvsim's order
+    (docs/canonical-arithmetic.md) is not vLLM's, so compare a kernel's
+    output with kvsim.testing.attention_report, not bytes.
     """
+    from . import _attention
     kshape = tuple(key_cache.shape)
+    if len(kshape) != 5:
+        from .errors import ShapeMismatch
+        raise ShapeMismatch(f"shape_mismatch: key_cache has shape {kshape}, expected [num_blocks, H, D/x, block_size, x]")
     dtype = _cache_dtype(kv_cache_dtype, key_cache)
     bound = Bound("vllm-paged", [key_cache, value_cache], dtype, "nhd", 1, kshape[1], kshape[3],
                   tuple(value_cache.shape)[2])
-    staged = T.Staged()
-    q = staged.host(query)
-    result = T.empty_like(q) if out is None else out
-    o = staged.host(result, written=True)
-    table = T.int_array(block_tables)
-    _kvsim.decode_attention(bound.pools, 0, T.as_dlpack(q), T.as_dlpack(o), T.int_array(seq_lens), table.reshape(-1),
-                            int(table.shape[1]), float(scale), _scale(k_scale), _scale(v_scale), 1.0, 1.0, 0, 0)
-    staged.finish()
-    bound.finish()
-    return result
+    lse = _attention.empty_lse(query, int(query.shape[0]), int(query.shape[1])) if return_lse else None
+    out, lse = _attention.run(bound, query, seq_lens=seq_lens, block_table=block_tables, sm_scale=scale,
+                              k_scale=k_scale, v_scale=v_scale, out=out, lse=lse)
+    return (out, lse) if return_lse else out
+
+
+def flash_attn_varlen_func(q, k, v, max_seqlen_q, cu_seqlens_q, max_seqlen_k, cu_seqlens_k=None, seqused_k=None,
+                           q_v=None, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
+                           softcap=0.0, alibi_slopes=None, deterministic=False, return_attn_probs=False,
+                           block_table=None, return_softmax_lse=False, out=None, *, kv_cache_dtype="auto",
+                           q_descale=None, k_descale=None, v_descale=None, **kwargs):
+    """kvsim's oracle for vLLM's ``vllm.vllm_flash_attn.flash_attn_varlen_func`` over the paged cache (causal).
+
+    The paged form vLLM's FlashAttention backend calls
+    (vllm/v1/attention/backends/flash_attn.py): ``q`` [total_q, num_heads,
+    D], ``k``/``v`` the key_cache/value_cache [num_blocks, block_size,
+    num_kv_heads, D] (the ``unbind(0)`` halves of kv_cache), ``cu_seqlens_q``
+    [batch + 1], ``seqused_k`` [batch] the KV lengths (the new tokens
+    already written), ``block_table`` [batch, max_blocks]. Query i of
+    request b sits at position seqused_k[b] - qo_len + i (bottom-right
+    causal). ``softmax_scale`` defaults to 1 / sqrt(D); ``k_descale`` and
+    ``v_descale`` are the fp8 cache's per-tensor scales (one value);
+    ``window_size=(left, -1)`` attends the last left + 1 positions. Returns
+    ``out``, or with ``return_softmax_lse`` ``(out, softmax_lse)``,
+    softmax_lse [num_heads, total_q] float32, natural log (FlashAttention's
+    layout; kvsim writes it through the transposed view).
+
+    Not modelled (kvsim.errors.BadArgument): non-causal attention with more
+    than one query per request, softcap, ALiBi, dropout, q_v, a right window,
+    an unpaged k/v (block_table None).
+    """
+    import math
+    from . import _attention
+    from .errors import BadArgument, ShapeMismatch
+    if block_table is None or seqused_k is None:
+        raise BadArgument("bad_argument: kvsim models the paged form: give block_table and seqused_k")
+    for name, value in (("softcap", softcap), ("alibi_slopes", alibi_slopes), ("dropout_p", dropout_p),
+                        ("q_v", q_v), ("return_attn_probs", return_attn_probs)):
+        if value not in (None, 0, 0.0, False):
+            raise BadArgument(f"bad_argument: {name}={value!r} is not modelled by kvsim")
+    left, right = window_size
+    if right not in (-1, 0):
+        raise BadArgument(f"bad_argument: window_size right = {right}: only causal windows are modelled")
+    qo = T.int_array(cu_seqlens_q)
+    if not causal and len(qo) > 1 and int((qo[1:] - qo[:-1]).max()) > 1:
+        raise BadArgument("bad_argument: causal=False with more than one query per request: kvsim's prefill "
+                          "attention is causal")
+    shape = tuple(k.shape)
+    if len(shape) != 4:
+        raise ShapeMismatch(f"shape_mismatch: k has shape {shape}, expected [num_blocks, block_size, H, D]")
+    dtype = _cache_dtype(kv_cache_dtype, k)
+    bound = Bound("flashinfer-tuple", [k, v], dtype, "nhd", 1, shape[2], shape[1], shape[3])
+    scale = 1.0 / math.sqrt(shape[3]) if softmax_scale is None else float(softmax_scale)
+    scale *= _attention.scale_value(q_descale)
+    lse = None
+    if return_softmax_lse:
+        lse = _attention.empty_lse(q, int(q.shape[0]), int(q.shape[1]), heads_major=True)
+    out, _ = _attention.run(bound, q, seq_lens=seqused_k, block_table=block_table, q_indptr=qo, sm_scale=scale,
+                            k_scale=k_descale, v_scale=v_descale, window=0 if left < 0 else left + 1, out=out,
+                            lse=None if lse is None else _attention.transposed(lse))
+    return (out, lse) if return_softmax_lse else out

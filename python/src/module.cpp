@@ -15,8 +15,14 @@
 #include <pybind11/stl.h>
 
 #include <dlpack/dlpack.h>
+#include <execinfo.h>
+#include <signal.h>
+#include <unistd.h>
 
+#include <algorithm>
+#include <cstdlib>
 #include <cstring>
+#include <iterator>
 #include <memory>
 #include <string>
 #include <vector>
@@ -322,33 +328,142 @@ void bind_attention(Op& op, const EnginePools& p, int32_t layer, const Borrowed&
   op.max_blocks_per_seq = max_blocks_per_seq;
   op.scales = AttentionScales{
       .sm_scale = sm_scale, .k_scale = k_scale, .v_scale = v_scale, .k_global_scale = kg, .v_global_scale = vg};
-  op.window = WindowMapping::make(window, sinks, p.pools.geometry.tokens_per_block, false);
+  op.window = WindowMapping::make_linear(window, sinks, p.pools.geometry.tokens_per_block);  // FlashInfer's/vLLM's windows: slot = position
+}
+
+// The optional LSE output of an attention op: None (not written) or an
+// [rows, Hq] fp32 tensor, any strides (a transposed [Hq, rows] view is fine).
+TensorView lse_view(const py::object& lse, std::vector<Borrowed>& keep) {
+  if (lse.is_none()) return {};
+  keep.push_back(borrow(lse, "lse"));
+  return view_of(keep.back(), dtype_of(*keep.back().t, "", "lse"), 2, "lse");
+}
+
+// FlashInfer's convention: the natural-log LSE the op wrote, in base 2
+// (core's lse_base2: one multiply by fp32 log2(e)), in place.
+void lse_to_base2(const TensorView& lse) {
+  for (int64_t r = 0; r < lse.shape[0]; ++r)
+    for (int64_t h = 0; h < lse.shape[1]; ++h) {
+      float& x = static_cast<float*>(lse.data)[lse.offset(r, h)];
+      x = canonical_nan(canon::lse_base2(x));
+    }
 }
 
 void decode_attention(const EnginePools& p, int32_t layer, py::handle q, py::handle out, py::handle seq_lens,
                       py::handle block_table, int32_t max_blocks_per_seq, float sm_scale, float k_scale, float v_scale,
-                      float kg, float vg, int32_t window, int32_t sinks) {
+                      float kg, float vg, int32_t window, int32_t sinks, const py::object& lse, bool lse_base2) {
   const Borrowed qb = borrow(q, "q"), ob = borrow(out, "out");
+  std::vector<Borrowed> keep;
   DecodeAttentionOp op;
   bind_attention(op, p, layer, qb, ob, max_blocks_per_seq, sm_scale, k_scale, v_scale, kg, vg, window, sinks);
+  op.lse = lse_view(lse, keep);
   const std::vector<int32_t> lens = int_list<int32_t>(seq_lens), table = int_list<int32_t>(block_table);
   op.seq_lens = lens;
   op.block_table = table;
   cpu().decode_attention(p.pools, op);
+  if (lse_base2 && !op.lse.empty()) lse_to_base2(op.lse);
 }
 
 void prefill_attention(const EnginePools& p, int32_t layer, py::handle q, py::handle out, py::handle q_indptr,
                        py::handle seq_lens, py::handle block_table, int32_t max_blocks_per_seq, float sm_scale,
-                       float k_scale, float v_scale, float kg, float vg, int32_t window, int32_t sinks) {
+                       float k_scale, float v_scale, float kg, float vg, int32_t window, int32_t sinks,
+                       const py::object& lse, bool lse_base2) {
   const Borrowed qb = borrow(q, "q"), ob = borrow(out, "out");
+  std::vector<Borrowed> keep;
   PrefillAttentionOp op;
   bind_attention(op, p, layer, qb, ob, max_blocks_per_seq, sm_scale, k_scale, v_scale, kg, vg, window, sinks);
+  op.lse = lse_view(lse, keep);
   const std::vector<int32_t> qi = int_list<int32_t>(q_indptr), lens = int_list<int32_t>(seq_lens),
                              table = int_list<int32_t>(block_table);
   op.q_indptr = qi;
   op.seq_lens = lens;
   op.block_table = table;
   cpu().prefill_attention(p.pools, op);
+  if (lse_base2 && !op.lse.empty()) lse_to_base2(op.lse);
+}
+
+// TensorRT-LLM's write path (applyBiasRopeUpdateKVCache) over its pool:
+// core's qkv_preprocess_write with a RoPE table from core's build_rope_table.
+void qkv_preprocess(const EnginePools& p, int32_t layer, int32_t num_q_heads, py::handle qkv, const py::object& bias,
+                    py::handle q_out, const std::string& rope, int32_t rotary_dim, double rope_base,
+                    int64_t max_position, py::handle seq_lens, py::handle cache_lens, const py::object& position_offsets,
+                    py::handle block_table, int32_t max_blocks_per_seq, int32_t window, int32_t sinks,
+                    bool context_phase, bool zero_v_tail, float k_scale, float v_scale, float kg, float vg) {
+  const Borrowed xb = borrow(qkv, "qkv_input"), ob = borrow(q_out, "q_output");
+  std::vector<Borrowed> keep;
+  QkvPreprocessOp op;
+  op.layer = layer;
+  op.num_q_heads = num_q_heads;
+  op.qkv = view_of(xb, dtype_of(*xb.t, "", "qkv_input"), 2, "qkv_input");
+  op.q_out = view_of(ob, dtype_of(*ob.t, "", "q_output"), 3, "q_output");
+  if (!bias.is_none()) {
+    keep.push_back(borrow(bias, "qkv_bias"));
+    op.bias = view_of(keep.back(), dtype_of(*keep.back().t, "", "qkv_bias"), 1, "qkv_bias");
+  }
+  RopeTable table;
+  if (rope == "neox" || rope == "gptj") {
+    op.rope_style = rope == "neox" ? RopeStyle::neox : RopeStyle::gptj;
+    op.rotary_dim = rotary_dim;
+    table = build_rope_table(rotary_dim, max_position, rope_base);
+    op.cos_sin = contiguous_view(table.cos_sin.data(), CacheDtype::fp32, {max_position, rotary_dim});
+  } else if (rope != "none") {
+    fail(ErrorCode::bad_argument, "rope '" + rope + "': expected none, neox (GPT-NeoX) or gptj (GPT-J)");
+  }
+  const std::vector<int32_t> lens = int_list<int32_t>(seq_lens), cache = int_list<int32_t>(cache_lens),
+                             blocks = int_list<int32_t>(block_table);
+  std::vector<int32_t> offsets;
+  if (!position_offsets.is_none()) offsets = int_list<int32_t>(position_offsets);
+  op.seq_lens = lens;
+  op.cache_lens = cache;
+  op.position_offsets = offsets;
+  op.block_table = blocks;
+  op.max_blocks_per_seq = max_blocks_per_seq;
+  op.window = WindowMapping::make(window, sinks, p.pools.geometry.tokens_per_block, false);  // TensorRT-LLM's ring
+  op.context_phase = context_phase;
+  op.zero_v_tail = zero_v_tail;
+  op.scale_orig_quant[1] = k_scale;
+  op.scale_orig_quant[2] = v_scale;
+  op.nvfp4_global_scale[1] = kg;
+  op.nvfp4_global_scale[2] = vg;
+  cpu().qkv_preprocess_write(p.pools, op);
+}
+
+// gather_paged (contract §5.9's read side): one sequence's K (kv = 0) or V
+// rows decoded to fp32 into out [num_tokens, H, D] (any strides).
+void gather(const EnginePools& p, int32_t layer, int32_t kv, py::handle block_ids, int64_t num_tokens, py::handle out,
+            float scale, float global_scale) {
+  const Borrowed ob = borrow(out, "out");
+  const std::vector<int32_t> ids = int_list<int32_t>(block_ids);
+  GatherPagedOp op;
+  op.layer = layer;
+  op.kv = kv;
+  op.block_ids = ids;
+  op.num_tokens = num_tokens;
+  op.out = view_of(ob, dtype_of(*ob.t, "", "out"), 3, "out");
+  op.scale = scale;
+  op.global_scale = global_scale;
+  cpu().gather_paged(p.pools, op);
+}
+
+// FlashInfer's CSR page table (kv_indptr, kv_indices, kv_last_page_len) as
+// the attention ops' dense one: (seq_lens [batch], block_table [batch,
+// max pages], -1 padded), after core's CSR validation (validate_csr).
+py::tuple csr_to_dense(const EnginePools& p, py::handle indptr, py::handle indices, py::handle last_page_len) {
+  const std::vector<int32_t> ip = int_list<int32_t>(indptr), ix = int_list<int32_t>(indices),
+                             lpl = int_list<int32_t>(last_page_len);
+  const PoolGeometry& g = p.pools.geometry;
+  validate_csr(ip, ix, lpl, g, /*for_write=*/false);
+  const CsrPageTable t = make_csr_view(ip, ix, lpl, g);
+  int32_t max_pages = 0;
+  for (int32_t b = 0; b < t.batch; ++b) max_pages = std::max(max_pages, t.num_pages(b));
+  py::array_t<int32_t> lens(t.batch), table({static_cast<py::ssize_t>(t.batch), static_cast<py::ssize_t>(max_pages)});
+  int32_t* row = table.mutable_data();
+  for (int32_t b = 0; b < t.batch; ++b, row += max_pages) {
+    if (t.length(b) > INT32_MAX) fail(ErrorCode::shape_mismatch, "sequence " + std::to_string(b) + " is longer than 2^31 tokens");
+    lens.mutable_data()[b] = static_cast<int32_t>(t.length(b));
+    for (int32_t j = 0; j < max_pages; ++j) row[j] = j < t.num_pages(b) ? ix[ip[b] + j] : kBadPage;
+  }
+  return py::make_tuple(lens, table);
 }
 
 // ---------------------------------------------------------------- explain, presets, codecs, replay
@@ -505,9 +620,42 @@ py::dict replay(const std::string& path) {
                   py::arg("expectation_failures") = r.expectation_failures);
 }
 
+// KVSIM_SEGV_BACKTRACE=1: a fatal signal (SIGSEGV, SIGBUS, SIGILL, SIGFPE,
+// SIGABRT) prints the native stack (backtrace_symbols_fd: object file +
+// offset, for addr2line) to stderr, then the signal goes on to the handler
+// installed before ours (Python's faulthandler with PYTHONFAULTHANDLER=1,
+// which adds the Python stack) or the default action. Only async-signal-safe
+// calls. For machines without gdb (the GPU machine, docs/python.md).
+constexpr int kFatalSignals[] = {SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGABRT};
+struct sigaction previous_actions[std::size(kFatalSignals)];
+
+void print_native_backtrace(int sig) {
+  static const char head[] = "\nkvsim: fatal signal, native backtrace (KVSIM_SEGV_BACKTRACE):\n";
+  ssize_t ignored = write(STDERR_FILENO, head, sizeof(head) - 1);
+  void* frames[64];
+  backtrace_symbols_fd(frames, backtrace(frames, 64), STDERR_FILENO);
+  for (size_t i = 0; i < std::size(kFatalSignals); ++i)
+    if (kFatalSignals[i] == sig) sigaction(sig, &previous_actions[i], nullptr);
+  (void)ignored;
+  raise(sig);  // handled as before ours (re-delivered when this handler returns)
+}
+
+void install_backtrace_handler() {
+  const char* on = std::getenv("KVSIM_SEGV_BACKTRACE");
+  if (on == nullptr || std::string(on) != "1") return;
+  void* warm[1];
+  backtrace(warm, 1);  // loads libgcc's unwinder now, not inside the handler
+  struct sigaction action = {};
+  action.sa_handler = print_native_backtrace;
+  sigemptyset(&action.sa_mask);
+  action.sa_flags = SA_NODEFER;
+  for (size_t i = 0; i < std::size(kFatalSignals); ++i) sigaction(kFatalSignals[i], &action, &previous_actions[i]);
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_kvsim, m) {
+  install_backtrace_handler();
   m.doc() = "kvsim's C++ oracle (see the kvsim package for the engine-shaped API)";
   // Every core ValidationError becomes the kvsim.Error subclass of its name
   // (kvsim/errors.py), so a test can catch kvsim.errors.SlotBeyondPool.
@@ -530,6 +678,9 @@ PYBIND11_MODULE(_kvsim, m) {
   m.def("reshape_and_cache", &reshape_and_cache);
   m.def("decode_attention", &decode_attention);
   m.def("prefill_attention", &prefill_attention);
+  m.def("csr_to_dense", &csr_to_dense);
+  m.def("qkv_preprocess", &qkv_preprocess);
+  m.def("gather", &gather);
   m.def("explain", &explain);
   m.def("engine_info", &engine_info);
   m.def("codec_encode", &codec_encode);

@@ -109,3 +109,18 @@ def test_scenario_cache_engine_replays_with_the_engines_strides(tmp_path, engine
     path.write_text(bad)
     with pytest.raises(kvsim.errors.BadScenario):
         kvsim.replay(path)
+
+
+def test_segv_backtrace_handler_prints_the_native_stack_and_chains():
+    """KVSIM_SEGV_BACKTRACE=1: a crash prints the native frames, then Python's faulthandler its stack."""
+    import subprocess
+    import sys
+    code = "import kvsim, ctypes; ctypes.string_at(0)"
+    env = dict(os.environ, KVSIM_SEGV_BACKTRACE="1", PYTHONFAULTHANDLER="1")
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert r.returncode == -11, (r.returncode, r.stderr)
+    assert "kvsim: fatal signal, native backtrace (KVSIM_SEGV_BACKTRACE)" in r.stderr
+    assert "Fatal Python error: Segmentation fault" in r.stderr  # faulthandler ran after ours
+    env.pop("KVSIM_SEGV_BACKTRACE")
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert r.returncode == -11 and "native backtrace" not in r.stderr
