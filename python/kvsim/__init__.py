@@ -9,7 +9,9 @@
   ``kvsim.vllm.paged_attention_decode`` / ``flash_attn_varlen_func`` (natural log).
 * ``kvsim.testing.assert_cache_equal``: byte equality with the first difference named.
 * ``kvsim.explain(...)``, ``kvsim.engine_info(...)``, ``kvsim.engines()``,
-  ``kvsim.codec``, ``kvsim.replay(path)``, ``kvsim.Error`` and its named subclasses.
+  ``kvsim.codec``, ``kvsim.replay(path, outputs=...)``, ``kvsim.Error`` and its named subclasses.
+* ``kvsim.Pools(engine, tensors, ...)``: an engine's cache tensors as kvsim's pool
+  (``geometry``, ``gather``, ``copy_blocks``, ``partial_copy``).
 
 See docs/python.md.
 """
@@ -18,8 +20,9 @@ from . import _kvsim
 from . import codec, errors, flashinfer, testing, trtllm, vllm
 from ._tensors import int_array as _ints
 from .errors import Error
+from .pools import Geometry, Pools
 
-__all__ = ["Error", "codec", "errors", "flashinfer", "vllm", "trtllm", "testing", "explain", "engine_info", "engines", "replay"]
+__all__ = ["Error", "codec", "errors", "flashinfer", "vllm", "trtllm", "testing", "explain", "engine_info", "engines", "replay", "Geometry", "Pools"]
 
 has_cuda = _kvsim.has_cuda
 
@@ -54,6 +57,27 @@ def explain(*, token, block_table=None, indptr=None, indices=None, last_page_len
                           blocks, dense, csr[0], csr[1], csr[2], seq, token, layer, head, dim, window, sinks)
 
 
-def replay(scenario):
-    """Replay a scenario file on the CPU oracle: name, ok, content_hash, invariants, counters."""
-    return _kvsim.replay(str(scenario))
+def replay(scenario, *, outputs=False):
+    """Replay a scenario file on the CPU oracle: name, ok, content_hash, invariants, counters.
+
+    With ``outputs=True`` also the run's outputs, exactly what ``kvsim run
+    SCENARIO --dump DIR`` writes (docs/run.md): ``outputs`` is a list of
+    ``{file, step, op, layer, dtype, shape, array}`` (the query rows and
+    fp32 outputs of every attention op, the final pools as flat raw bytes,
+    nvfp4 scale pools, indexer caches); ``dtype`` is the kvsim dtype (bf16
+    arrays are uint16 bit patterns, fp8 codes uint8).
+    """
+    if not outputs:
+        return _kvsim.replay(str(scenario), "")
+    import json
+    import os
+    import tempfile
+    import numpy as np
+    with tempfile.TemporaryDirectory(prefix="kvsim-replay-") as folder:
+        report = _kvsim.replay(str(scenario), folder)
+        with open(os.path.join(folder, "manifest.json")) as f:
+            entries = json.load(f)["files"]
+        for e in entries:
+            e["array"] = np.load(os.path.join(folder, e["file"]))
+    report["outputs"] = entries
+    return report

@@ -445,6 +445,26 @@ void gather(const EnginePools& p, int32_t layer, int32_t kv, py::handle block_id
   cpu().gather_paged(p.pools, op);
 }
 
+// vLLM's copy_blocks (whole blocks, data and nvfp4 scales) and TensorRT-LLM's
+// partial copy (the first num_tokens entries of every (layer, kv, head)).
+void copy_blocks(const EnginePools& p, py::handle src, py::handle dst) {
+  const std::vector<int32_t> s = int_list<int32_t>(src), d = int_list<int32_t>(dst);
+  if (s.size() != d.size()) fail(ErrorCode::shape_mismatch, "copy_blocks: src and dst lists differ in length");
+  std::vector<std::pair<int32_t, int32_t>> pairs;
+  for (size_t i = 0; i < s.size(); ++i) pairs.emplace_back(s[i], d[i]);
+  CopyBlocksOp op;
+  op.pairs = pairs;
+  cpu().copy_blocks(p.pools, op);
+}
+
+void partial_copy(const EnginePools& p, int32_t src_block, int32_t dst_block, int32_t num_tokens) {
+  PartialCopyOp op;
+  op.src_block = src_block;
+  op.dst_block = dst_block;
+  op.num_tokens = num_tokens;
+  cpu().partial_copy(p.pools, op);
+}
+
 // FlashInfer's CSR page table (kv_indptr, kv_indices, kv_last_page_len) as
 // the attention ops' dense one: (seq_lens [batch], block_table [batch,
 // max pages], -1 padded), after core's CSR validation (validate_csr).
@@ -604,9 +624,14 @@ py::array_t<uint8_t> nvfp4_quantize(py::array_t<float, py::array::c_style | py::
   return packed;
 }
 
-py::dict replay(const std::string& path) {
+// dump_dir non-empty: the run's outputs (queries and attention outputs of
+// every op, final pools) are written there as kvsim run --dump does
+// (docs/run.md); the Python side loads them.
+py::dict replay(const std::string& path, const std::string& dump_dir) {
   const sim::Scenario s = sim::load_scenario_file(path);
-  const sim::ScenarioReport r = sim::replay(s, cpu());
+  sim::ReplayOptions options;
+  options.dump_dir = dump_dir;
+  const sim::ScenarioReport r = sim::replay(s, cpu(), options);
   py::dict inv;
   for (const sim::InvariantReport& i : r.invariants)
     inv[py::str(std::string(sim::invariant_name(i.invariant)))] =
@@ -669,6 +694,14 @@ PYBIND11_MODULE(_kvsim, m) {
   });
   py::class_<EnginePools, std::shared_ptr<EnginePools>>(m, "EnginePools")
       .def_property_readonly("blocks", [](const EnginePools& p) { return p.pools.geometry.primary_blocks; })
+      .def_property_readonly("geometry", [](const EnginePools& p) {
+        const PoolGeometry& g = p.pools.geometry;
+        return py::dict(py::arg("layers") = g.layers, py::arg("kv_heads") = g.kv_heads,
+                        py::arg("page_size") = g.tokens_per_block, py::arg("head_dim") = g.head_dim,
+                        py::arg("blocks") = g.primary_blocks, py::arg("cache_dtype") = std::string(dtype_name(g.dtype)),
+                        py::arg("layout") = std::string(layout_name(g.layout)),
+                        py::arg("placement") = std::string(placement_name(g.placement)));
+      })
       .def_property_readonly("strides", [](const EnginePools& p) {
         const PoolStrides& s = p.pools.strides[0];
         return py::make_tuple(s.block, s.layer, s.kv);
@@ -681,6 +714,8 @@ PYBIND11_MODULE(_kvsim, m) {
   m.def("csr_to_dense", &csr_to_dense);
   m.def("qkv_preprocess", &qkv_preprocess);
   m.def("gather", &gather);
+  m.def("copy_blocks", &copy_blocks);
+  m.def("partial_copy", &partial_copy);
   m.def("explain", &explain);
   m.def("engine_info", &engine_info);
   m.def("codec_encode", &codec_encode);
