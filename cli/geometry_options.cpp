@@ -19,17 +19,23 @@ CLI::Validator core_name_validator(Parse parse, std::string choices) {
       choices);
 }
 
+// A flag naming a core value (a layout, a dtype, an engine), checked by core's parser of it.
+template <typename Parse>
+CLI::Option* add_name_option(CLI::App& cmd, const std::string& flag, std::string& value, const std::string& help,
+                             Parse parse, const std::string& choices) {
+  return cmd.add_option(flag, value, help)->check(core_name_validator(parse, choices));
+}
+
 }  // namespace
 
 void add_geometry_options(CLI::App& cmd, GeometryOptions& opts) {
   const std::string group = "Geometry";
-  cmd.add_option("--layout", opts.layout, "Element order inside a block")
-      ->check(core_name_validator([](const std::string& s) { return parse_layout(s).has_value(); }, "nhd|hnd|split-x"))
+  add_name_option(cmd, "--layout", opts.layout, "Element order inside a block", parse_layout, "nhd|hnd|split-x")
       ->capture_default_str()
       ->group(group);
-  cmd.add_option("--placement", opts.placement, "Layer placement: in_block (TensorRT-LLM) or per_layer (FlashInfer/vLLM)")
-      ->check(core_name_validator([](const std::string& s) { return parse_placement(s).has_value(); },
-                                  "in_block|per_layer"))
+  add_name_option(cmd, "--placement", opts.placement,
+                  "Layer placement: in_block (TensorRT-LLM) or per_layer (FlashInfer/vLLM)", parse_placement,
+                  "in_block|per_layer")
       ->capture_default_str()
       ->group(group);
   // Numbers go through numbers.hpp (decimal only); their ranges are core's
@@ -39,17 +45,15 @@ void add_geometry_options(CLI::App& cmd, GeometryOptions& opts) {
   add_int_option(cmd, "--kv-heads", opts.kv_heads, "KV heads H")->group(group);
   add_int_option(cmd, "--head-dim", opts.head_dim, "Head dimension D")->group(group);
   add_int_option(cmd, "--page-size", opts.page_size, "Tokens per block P (1..1024)")->group(group);
-  cmd.add_option("--dtype", opts.dtype, "Cache dtype")
-      ->check(core_name_validator([](const std::string& s) { return parse_dtype(s).has_value(); },
-                                  "fp32|fp16|bf16|fp8_e4m3|fp8_e5m2|int8|nvfp4"))
+  add_name_option(cmd, "--dtype", opts.dtype, "Cache dtype", parse_dtype, "fp32|fp16|bf16|fp8_e4m3|fp8_e5m2|int8|nvfp4")
       ->capture_default_str()
       ->group(group);
   add_int_option(cmd, "--blocks", opts.blocks, "Primary pool blocks")->group(group);
   add_int_option(cmd, "--secondary-blocks", opts.secondary_blocks, "Secondary (offload) pool blocks")->group(group);
-  cmd.add_option("--engine", opts.engine,
-                 "An engine's own KV tensors (docs/index-arithmetic.md, Engine tensor presets): sets --layout "
-                 "(flashinfer keeps NHD or HND) and --placement")
-      ->check(core_name_validator([](const std::string& s) { return parse_engine(s).has_value(); }, engine_choices()))
+  add_name_option(cmd, "--engine", opts.engine,
+                  "An engine's own KV tensors (docs/index-arithmetic.md, Engine tensor presets): sets --layout "
+                  "(flashinfer keeps NHD or HND) and --placement",
+                  parse_engine, engine_choices())
       ->group(group);
 }
 

@@ -314,6 +314,11 @@ class Runner final : public BlockMover {
   void attend(int32_t layer, const std::vector<Entry>& es, size_t first, size_t last, int64_t row0,
               const BackendBuffer& q_buf, CacheDtype q_dtype, bool decode);
   void attend_mla(int32_t layer, const std::vector<Entry>& es);
+  struct AttentionTables {
+    int32_t columns = 1;
+    std::vector<int32_t> table, seq_lens, q_indptr{0};
+  };
+  AttentionTables attention_tables(const std::vector<Entry>& batch, bool drop_last_column) const;
   void check_dense(int32_t layer, const std::vector<Entry>& es, size_t first, size_t last,
                    const std::vector<float>& q, const std::vector<float>& out, int32_t hq);
   void read_back(RequestState& r);
@@ -898,21 +903,29 @@ void Runner::scatter_indexer_k(const LayerWrite& w, const std::vector<Entry>& es
   be_.indexer_k_scatter(op);
 }
 
+// An attention op's tables over `batch`: dense rows as wide as the longest
+// (one column fewer with the short_block_table fault), cache lengths, query
+// row offsets.
+Runner::AttentionTables Runner::attention_tables(const std::vector<Entry>& batch, bool drop_last_column) const {
+  AttentionTables t;
+  for (const Entry& e : batch)
+    t.columns = std::max<int32_t>(t.columns, static_cast<int32_t>(bm_->table(e.r->index, group_).size()));
+  if (drop_last_column && t.columns > 1) --t.columns;
+  for (const Entry& e : batch) {
+    const auto row = table_row(*e.r, t.columns);
+    t.table.insert(t.table.end(), row.begin(), row.end());
+    t.seq_lens.push_back(e.cache_len());
+    t.q_indptr.push_back(t.q_indptr.back() + e.e->n);
+  }
+  return t;
+}
+
 void Runner::attend(int32_t layer, const std::vector<Entry>& es, size_t first, size_t last, int64_t row0,
                     const BackendBuffer& q_buf, CacheDtype q_dtype, bool decode) {
   const int32_t Hq = s_.model.q_heads, D = g_.head_dim;
-  int32_t columns = 1;
-  for (size_t i = first; i < last; ++i)
-    columns = std::max<int32_t>(columns, static_cast<int32_t>(bm_->table(es[i].r->index, group_).size()));
-  if (short_block_table_ && columns > 1) --columns;  // vLLM PR #54296: the reader's table lacks the last page
-  std::vector<int32_t> table, seq_lens, q_indptr{0};
   std::vector<Entry> batch(es.begin() + static_cast<std::ptrdiff_t>(first), es.begin() + static_cast<std::ptrdiff_t>(last));
-  for (const Entry& e : batch) {
-    const auto row = table_row(*e.r, columns);
-    table.insert(table.end(), row.begin(), row.end());
-    seq_lens.push_back(e.cache_len());
-    q_indptr.push_back(q_indptr.back() + e.e->n);
-  }
+  // vLLM PR #54296: the reader's table lacks the last page.
+  auto [columns, table, seq_lens, q_indptr] = attention_tables(batch, short_block_table_);
   const int64_t rows = q_indptr.back();
   const int32_t qb = element_bytes(q_dtype);
   void* q_data = static_cast<uint8_t*>(q_buf.get()) + row0 * Hq * D * qb;
@@ -986,15 +999,7 @@ void Runner::attend(int32_t layer, const std::vector<Entry>& es, size_t first, s
 // ragged batch (a decode is a one-token chunk: the same bytes).
 void Runner::attend_mla(int32_t layer, const std::vector<Entry>& es) {
   const int32_t Hq = s_.model.q_heads, d_ckv = s_.mla.d_ckv, d_kpe = s_.mla.d_kpe, dq = d_ckv + d_kpe;
-  int32_t columns = 1;
-  for (const Entry& e : es) columns = std::max<int32_t>(columns, static_cast<int32_t>(bm_->table(e.r->index, group_).size()));
-  std::vector<int32_t> table, seq_lens, q_indptr{0};
-  for (const Entry& e : es) {
-    const auto row = table_row(*e.r, columns);
-    table.insert(table.end(), row.begin(), row.end());
-    seq_lens.push_back(e.cache_len());
-    q_indptr.push_back(q_indptr.back() + e.e->n);
-  }
+  auto [columns, table, seq_lens, q_indptr] = attention_tables(es, false);
   const int64_t rows = q_indptr.back();
   const CacheDtype q_dtype = s_.model.input_dtype;
   std::vector<uint8_t> q(static_cast<size_t>(rows * Hq * dq * element_bytes(q_dtype)));
