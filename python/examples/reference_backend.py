@@ -57,3 +57,26 @@ def torch_prefill_write(k, v, key_cache, value_cache, block_table, length, bug=N
         value_cache[b, e] = v[t]
     if bug != "v_tail_not_zeroed" and length % P:
         value_cache[block_table[(length - 1) // P], length % P:] = 0
+
+
+def torch_paged_decode(q, kv_cache, indptr, indices, last_page_len, sm_scale, bug=None):
+    """FlashInfer-style paged decode the way a reference path computes it: gather each request's pages of
+    a [pages, 2, P, H, D] cache, scores and softmax in fp32 with torch, out in q's dtype, lse in base 2.
+    Bug ``drops_last_key``: the kv length is taken one short (the query's own key is never attended)."""
+    import math
+    page_size, heads = kv_cache.shape[2], kv_cache.shape[3]
+    group = q.shape[1] // heads
+    out = torch.empty_like(q)
+    lse = torch.empty(q.shape[0], q.shape[1], dtype=torch.float32)
+    for b in range(q.shape[0]):
+        pages = [int(p) for p in indices[indptr[b]:indptr[b + 1]]]
+        length = (len(pages) - 1) * page_size + int(last_page_len[b])
+        if bug == "drops_last_key":
+            length -= 1
+        k = kv_cache[pages, 0].reshape(-1, heads, kv_cache.shape[4])[:length].float()
+        v = kv_cache[pages, 1].reshape(-1, heads, kv_cache.shape[4])[:length].float()
+        k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+        scores = torch.einsum("hd,nhd->hn", q[b].float(), k) * sm_scale
+        out[b] = torch.einsum("hn,nhd->hd", torch.softmax(scores, dim=-1), v).to(q.dtype)
+        lse[b] = torch.logsumexp(scores, dim=-1) / math.log(2)
+    return out, lse

@@ -33,3 +33,13 @@ def test_planted_bugs_are_caught_with_the_element_named():
     assert "block 5, layer 0, V, head 0, entry 2, dim 0" in out
     assert out.count("E       AssertionError: ") == 3 and "element(s) differ" in out
     assert out.count("actual   0x") >= 3
+
+
+def test_torch_attention_passes_and_its_planted_bug_fails_the_report():
+    r = run_pytest("test_attention_reference.py")
+    assert r.returncode == 0 and "1 passed" in r.stdout, r.stdout + r.stderr
+    r = run_pytest("test_attention_planted_bug.py")
+    out = r.stdout
+    assert r.returncode == 1 and "1 failed" in out, out + r.stderr
+    assert "attention_report (bf16 output, max_ulp_float64 1, max_ulp_kvsim 2): FAIL" in out
+    assert out.count("<-- FAIL") >= 3 * 8 - 1  # (nearly) every (sequence, head) of the 3 x 8 is off
