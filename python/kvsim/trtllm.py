@@ -91,3 +91,36 @@ def qkv_preprocess(qkv_input, q_output, kv_cache_pool, *, layer, seq_lens, cache
                           float(v_global_scale))
     staged.finish()
     bound.finish()
+
+
+def _bytes_view(x):
+    """The same memory as uint8, the last axis in bytes (a [T, 1] int32/float32 scale becomes [T, 4])."""
+    if T.is_torch(x):
+        return x.view(T.torch.uint8) if x.element_size() != 1 or x.dtype != T.torch.uint8 else x
+    import numpy as np
+    return x.view(np.uint8)
+
+
+def indexer_k_cache_scatter_op(k_fp8, k_scale, k_cache, slot_mapping_fp8, slot_mapping_scale, num_tokens=None):
+    """kvsim's oracle for TensorRT-LLM's ``torch.ops.trtllm.indexer_k_cache_scatter_op`` (DeepSeek's indexer K cache), in place.
+
+    ``k_fp8`` [T, head_dim] fp8 bytes (float8 or uint8), ``k_scale`` [T, 4]
+    bytes or [T, 1] 4-byte elements (the fp32 scale), ``k_cache`` the byte
+    cache [blocks, block_size, 1, head_dim + 4] (any strides),
+    ``slot_mapping_fp8`` / ``slot_mapping_scale`` [T] flat element indices of
+    each token's first data byte and first scale byte (as if the cache were
+    contiguous); a negative index skips the token. ``num_tokens`` (newer
+    TensorRT-LLM) uses the first num_tokens rows. Semantics:
+    ``cpp/tensorrt_llm/kernels/IndexerKCacheScatter.cu``, kvsim's contract
+    §5.5. Bad input raises the named kvsim.Error, the cache unchanged.
+    """
+    if num_tokens is not None:
+        k_fp8, k_scale = k_fp8[:num_tokens], k_scale[:num_tokens]
+        slot_mapping_fp8, slot_mapping_scale = slot_mapping_fp8[:num_tokens], slot_mapping_scale[:num_tokens]
+    staged = T.Staged()
+    kb = staged.host(_bytes_view(k_fp8))
+    sb = staged.host(_bytes_view(k_scale))
+    cb = staged.host(_bytes_view(k_cache), written=True)
+    _kvsim.indexer_k_scatter(kb, sb, T.int_array(slot_mapping_fp8, dtype="int64"),
+                             T.int_array(slot_mapping_scale, dtype="int64"), cb)
+    staged.finish()

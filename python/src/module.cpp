@@ -465,6 +465,22 @@ void partial_copy(const EnginePools& p, int32_t src_block, int32_t dst_block, in
   cpu().partial_copy(p.pools, op);
 }
 
+// TensorRT-LLM's indexer K cache scatter (DeepSeek sparse attention): fp8
+// bytes [T, D] and 4 scale bytes [T, 4] per token into the byte cache
+// [blocks, block_size, 1, D + 4] at flat element indices; core validates.
+void indexer_k_scatter(py::handle k_fp8, py::handle k_scale, py::handle slots_fp8, py::handle slots_scale,
+                       py::handle cache) {
+  const Borrowed kb = borrow(k_fp8, "k_fp8"), sb = borrow(k_scale, "k_scale"), cb = borrow(cache, "k_cache");
+  const std::vector<int64_t> fp8 = int_list<int64_t>(slots_fp8), scale = int_list<int64_t>(slots_scale);
+  IndexerKScatterOp op;
+  op.k_fp8 = view_of(kb, dtype_of(*kb.t, "fp8_e4m3", "k_fp8"), 2, "k_fp8");
+  op.k_scale = view_of(sb, dtype_of(*sb.t, "fp8_e4m3", "k_scale"), 2, "k_scale");
+  op.cache = view_of(cb, dtype_of(*cb.t, "fp8_e4m3", "k_cache"), 4, "k_cache");
+  op.slot_mapping_fp8 = fp8;
+  op.slot_mapping_scale = scale;
+  cpu().indexer_k_scatter(op);
+}
+
 // FlashInfer's CSR page table (kv_indptr, kv_indices, kv_last_page_len) as
 // the attention ops' dense one: (seq_lens [batch], block_table [batch,
 // max pages], -1 padded), after core's CSR validation (validate_csr).
@@ -716,6 +732,7 @@ PYBIND11_MODULE(_kvsim, m) {
   m.def("gather", &gather);
   m.def("copy_blocks", &copy_blocks);
   m.def("partial_copy", &partial_copy);
+  m.def("indexer_k_scatter", &indexer_k_scatter);
   m.def("explain", &explain);
   m.def("engine_info", &engine_info);
   m.def("codec_encode", &codec_encode);

@@ -122,3 +122,29 @@ def test_bad_input_is_named_and_the_pool_unchanged(device):
     with pytest.raises(kvsim.Error):  # layer past the pool's layers
         kvsim.trtllm.qkv_preprocess(qkv.to(device), q_out, cache, block_table=TABLE, **dict(kw, layer=2))
     assert torch.equal(cache.view(torch.int16), before.view(torch.int16))
+
+
+def test_indexer_k_cache_scatter_against_flat_indexing(device):
+    blocks, bs, hd = 3, 4, 16
+    g = torch.Generator().manual_seed(4)
+    k = torch.randint(0, 255, (5, hd), generator=g, dtype=torch.uint8)
+    scale = torch.rand(5, 1, generator=g)  # one fp32 per token: TensorRT-LLM passes 4-byte elements
+    cache = torch.full((blocks, bs, 1, hd + 4), 0xAA, dtype=torch.uint8, device=device)
+    row = hd + 4
+    slots = [5, 0, -1, 11, 6]  # token 2 skipped
+    fp8 = [s * row if s >= 0 else -1 for s in slots]
+    sc = [s * row + hd if s >= 0 else -1 for s in slots]
+    kvsim.trtllm.indexer_k_cache_scatter_op(k.to(device), scale.to(device), cache, fp8, sc)
+    want = torch.full((blocks * bs * row,), 0xAA, dtype=torch.uint8)
+    for t, s in enumerate(slots):
+        if s >= 0:
+            want[s * row:s * row + hd] = k[t]
+            want[s * row + hd:s * row + hd + 4] = scale[t].view(torch.uint8)
+    assert torch.equal(cache.cpu().reshape(-1), want)
+    before = cache.clone()
+    with pytest.raises(kvsim.errors.SlotBeyondPool):
+        kvsim.trtllm.indexer_k_cache_scatter_op(k.to(device), scale.to(device), cache, [0, row, 2 * row, 99 * row, 0],
+                                                sc)
+    with pytest.raises(kvsim.errors.BadArgument):  # tokens 0 and 4 would write the same bytes
+        kvsim.trtllm.indexer_k_cache_scatter_op(k.to(device), scale.to(device), cache, [1, row, -1, 3 * row, 0], sc)
+    assert torch.equal(cache, before)
