@@ -39,6 +39,15 @@ RequestSpec request(const std::string& id, int32_t generated, int32_t decode, in
   return r;
 }
 
+// A named prefix of `length` tokens counting up from `first`.
+PrefixSpec counting_prefix(const std::string& name, int32_t length, int32_t first) {
+  PrefixSpec p;
+  p.name = name;
+  p.tokens.resize(static_cast<size_t>(length));
+  std::iota(p.tokens.begin(), p.tokens.end(), first);
+  return p;
+}
+
 // Three requests (odd batch), ragged prompts spanning several pages, chunked prefill.
 Scenario small(int32_t page_size) {
   Scenario s;
@@ -129,11 +138,7 @@ TEST_CASE("replay: prefix reuse hits, last-token recompute, eviction, offload an
   s.cache.secondary_blocks = 8;
   s.reuse.enabled = true;
   s.reuse.offload = true;
-  PrefixSpec sys;
-  sys.name = "system";
-  sys.tokens.resize(12);
-  std::iota(sys.tokens.begin(), sys.tokens.end(), 300);
-  s.prefixes = {sys};
+  s.prefixes = {counting_prefix("system", 12, 300)};
   // "second" arrives after "first" finished: its 3 prefix blocks are cached.
   // "filler" then needs the whole pool, evicting (and offloading) them; "third" onboards them.
   s.requests = {request("first", 5, 2, 0, {"system"}), request("second", 9, 2, 8, {"system"}),
@@ -157,11 +162,7 @@ TEST_CASE("replay: partial-block reuse copies the matching head") {
   Scenario s = small(5);
   s.reuse.enabled = true;
   s.reuse.partial = true;
-  PrefixSpec sys;
-  sys.name = "system";
-  sys.tokens.resize(13);  // two full blocks and 3 tokens of a third
-  std::iota(sys.tokens.begin(), sys.tokens.end(), 40);
-  s.prefixes = {sys};
+  s.prefixes = {counting_prefix("system", 13, 40)};  // two full blocks and 3 tokens of a third
   s.requests = {request("first", 9, 1, 0, {"system"}), request("second", 6, 1, 10, {"system"})};
   const ScenarioReport r = replay(s, cpu());
   all_hold(r, {Invariant::reuse});
@@ -183,11 +184,7 @@ TEST_CASE("replay: a block filled in this step is no partial_copy source until t
   s.cache.primary_blocks = 9;
   s.reuse.enabled = true;
   s.reuse.partial = true;
-  PrefixSpec p;
-  p.name = "p";
-  p.tokens.resize(10);
-  std::iota(p.tokens.begin(), p.tokens.end(), 7);
-  s.prefixes = {p};
+  s.prefixes = {counting_prefix("p", 10, 7)};
   s.requests = {request("r0", 7, 6, 0, {"p"}), request("r1", 2, 9, 0, {"p"})};
   const ScenarioReport r = replay(s, cpu());
   all_hold(r, {Invariant::reuse, Invariant::batch});
@@ -282,11 +279,7 @@ TEST_CASE("replay: each fault is caught by its invariant, which passes with the 
   {
     Scenario s = small(4);
     s.reuse.enabled = true;
-    PrefixSpec sys;
-    sys.name = "system";
-    sys.tokens.resize(12);
-    std::iota(sys.tokens.begin(), sys.tokens.end(), 7);
-    s.prefixes = {sys};
+    s.prefixes = {counting_prefix("system", 12, 7)};
     s.requests = {request("first", 6, 2, 0, {"system"}), request("second", 5, 2, 6, {"system"})};
     cases.push_back({Fault::reused_block_mismatch, s});
   }
