@@ -49,8 +49,10 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 jobs=$(nproc)
 
 t0=$(date +%s)
+# The PATH's python3 there is the PyTorch venv's (torch with CUDA, numpy, pytest): name it, so that
+# CMake's own choice (the first of /usr/bin/python3 and the PATH's that has numpy and pytest) cannot differ.
 if timeout 60 cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$pfx/usr" \
-     -DKVSIM_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 > "$OUT/build.log" 2>&1 &&
+     -DKVSIM_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DPython3_EXECUTABLE="$(command -v python3)" > "$OUT/build.log" 2>&1 &&
    timeout "$(allow 240 200)" cmake --build build-gpu -j"$jobs" >> "$OUT/build.log" 2>&1; then
   note "build: ok ($(( $(date +%s) - t0 )) s)"
 else
