@@ -14,7 +14,7 @@ namespace {
 
 constexpr bool always(const Scenario&, const RunRecord&) { return true; }
 
-constexpr std::array<InvariantInfo, 10> kInvariants{{
+constexpr std::array<InvariantInfo, 11> kInvariants{{
     {Invariant::conservation, "conservation",
      "after every step, for both pools, free + referenced + cached = size, every block in exactly one of those "
      "states, each block's reference count equal to the table entries that hold it",
@@ -55,7 +55,8 @@ constexpr std::array<InvariantInfo, 10> kInvariants{{
      "tests/sim/replay_test.cpp \"replay: each fault is caught by its invariant, which passes with the fault off\"", false,
      [](const Scenario&, const RunRecord& main) { return main.poisoned; }},
     {Invariant::offload, "offload",
-     "every offload and onboard moves the block's bytes (each layer's K and V, and nvfp4 scales) unchanged",
+     "every offload and onboard moves the block's bytes (each layer's K and V, and nvfp4 scales) unchanged, and "
+     "every onboard returns exactly the bytes its offload was given (BLAKE2b-128 of the block, end to end)",
      "Runner::move() (sim/lib/replay_run.cpp)",
      "tests/sim/replay_test.cpp \"replay: prefix reuse hits, last-token recompute, eviction, offload and onboard\"", false,
      [](const Scenario&, const RunRecord& main) { return main.offload_round_trips > 0; }},
@@ -63,9 +64,15 @@ constexpr std::array<InvariantInfo, 10> kInvariants{{
      "replay(), the batch re-runs (sim/lib/replay.cpp)",
      "tests/sim/replay_test.cpp \"replay: preemption by recompute under pool pressure keeps outputs bit-equal\"", true,
      [](const Scenario& s, const RunRecord&) { return s.requests.size() >= 2; }},
+    {Invariant::write, "write",
+     "a write oracle independent of the pool read: every cache row a finished request reads back, and its indexer-K "
+     "bytes, equal the value its write op was given, recomputed from the synthetic model through core's codecs",
+     "Runner::check_written_row(), Runner::check_indexer_rows(), Runner::expected_row() (sim/lib/replay_run.cpp)",
+     "tests/sim/replay_test.cpp \"replay: every write path and dtype keeps the invariants\"", false,
+     [](const Scenario&, const RunRecord& main) { return main.write_checked_rows > 0; }},
 }};
 
-constexpr std::array<FaultInfo, 10> kFaults{{
+constexpr std::array<FaultInfo, 14> kFaults{{
     {Fault::past_len_zero, "past_len_zero", Invariant::chunking,
      "continuation chunks are written and read as if nothing were cached (past_seq_len = 0)"},
     {Fault::window_mismatch, "window_mismatch", Invariant::window,
@@ -85,6 +92,15 @@ constexpr std::array<FaultInfo, 10> kFaults{{
      "the attention op's table lacks the sequence's last page (vLLM PR #54296)"},
     {Fault::offload_drops_scales, "offload_drops_scales", Invariant::offload,
      "an offload leaves the nvfp4 block's packed scales behind (vLLM #48412)"},
+    {Fault::split_x_heads_unwritten, "split_x_heads_unwritten", Invariant::write,
+     "a split-x reshape_and_cache of one thread per x-vector, 512 threads and no stride loop leaves KV heads >= "
+     "512 / (D / x) unwritten (vLLM's classic kernel)"},
+    {Fault::slot_mapping_page_size, "slot_mapping_page_size", Invariant::write,
+     "the slot mapping is computed for pages of 2P and written into pages of P (vLLM PR #47056)"},
+    {Fault::indexer_slot_past_cache, "indexer_slot_past_cache", Invariant::write,
+     "the indexer cache handed to indexer_k_scatter holds half the KV pool's blocks: a slot past it (TRT-LLM #15295)"},
+    {Fault::offload_before_copy, "offload_before_copy", Invariant::offload,
+     "an offload's copy lands after its freed block was written for another request, and is onboarded (vLLM #45704)"},
 }};
 
 }  // namespace

@@ -175,6 +175,7 @@ ScenarioReport replay(const Scenario& s, Backend& backend, const ReplayOptions& 
   ReplayOptions main_options = options;
   main_options.record_outputs = options.comparison_invariants && selection.any_comparison();
   main_options.dense_check = options.dense_check && selected(Invariant::dense);
+  main_options.write_check = options.write_check && selected(Invariant::write);
   main_options.spill_attention = compare_quantization;
   const RunRecord main = run_scenario(s, backend, main_options);
   rep.counters = main.counters;
@@ -218,6 +219,15 @@ ScenarioReport replay(const Scenario& s, Backend& backend, const ReplayOptions& 
       settle(Invariant::no_nan, {true, !main.nan_found.empty(),
                                  main.nan_found.empty() ? "pools poisoned with NaN; no attention output holds NaN"
                                                         : main.nan_found});
+    // Another fault that moves bytes (a reused block of other tokens, a chunk
+    // written at position 0) breaks the write invariant too: with faults on,
+    // it is judged only when one of them targets it.
+    if (main.write_checked_rows > 0 && wanted(Invariant::write))
+      settle(Invariant::write, {true, !main.write_violation.empty(),
+                                main.write_violation.empty()
+                                    ? std::to_string(main.write_checked_rows) +
+                                          " cached rows equal the values their write ops were given"
+                                    : main.write_violation});
     if (main.offload_round_trips > 0)
       settle(Invariant::offload,
              {true, !main.offload_violation.empty(),
@@ -229,6 +239,7 @@ ScenarioReport replay(const Scenario& s, Backend& backend, const ReplayOptions& 
       ReplayOptions inner;
       inner.comparison_invariants = false;
       inner.dense_check = false;
+      inner.write_check = false;
       // The records keep digests, not bytes: a difference is named by running
       // both scenarios once more, keeping only the first differing row.
       auto compare = [&](const Scenario& changed, const RunRecord& r, const std::string& what,

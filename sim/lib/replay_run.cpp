@@ -14,6 +14,7 @@
 #include <Eigen/Dense>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <cerrno>
@@ -166,6 +167,10 @@ class Runner final : public BlockMover {
     stale_bad_page_ = has_fault(s, Fault::stale_bad_page);
     short_block_table_ = has_fault(s, Fault::short_block_table);
     offload_drops_scales_ = has_fault(s, Fault::offload_drops_scales);
+    split_x_unwritten_ = has_fault(s, Fault::split_x_heads_unwritten);
+    slot_page_size_fault_ = has_fault(s, Fault::slot_mapping_page_size);
+    indexer_past_cache_ = has_fault(s, Fault::indexer_slot_past_cache);
+    offload_before_copy_ = has_fault(s, Fault::offload_before_copy);
     const bool v_tail_fault = has_fault(s, Fault::v_tail_not_zeroed);
     zero_v_tail_ = s.cache.zero_v_tail && !v_tail_fault;
     rec_.poisoned = s.cache.poison_nan || v_tail_fault;
@@ -324,6 +329,18 @@ class Runner final : public BlockMover {
   void read_back(RequestState& r);
   std::vector<float> gather_rows(int32_t layer, int32_t kv, const std::vector<int32_t>& ids, int64_t slots,
                                  const AttentionScales& sc, const std::string& request_id);
+  // The write invariant: layer `layer`'s read-back row `row` of token t
+  // (K or latent kv = 0, V kv = 1) against the value its write op was given.
+  void check_written_row(int32_t layer, int32_t kv, const RequestState& r, int64_t t, const float* row);
+  void check_indexer_rows(int32_t layer, const RequestState& r);
+  bool expected_row(int32_t layer, int32_t kv, const RequestState& r, int64_t t, std::vector<float>& out) const;
+  // DeepSeek's indexer row of a token: 128 fp8 bytes, then its fp32 scale's 4 bytes.
+  void indexer_row(int32_t layer, int64_t position, uint64_t hash, uint8_t* bytes, uint8_t* scale) const;
+  using SubBlocks = std::map<int64_t, std::array<std::vector<uint8_t>, 2>>;  // block -> its K and V bytes
+  void leave_split_x_heads_unwritten(int32_t pool_layer, const std::vector<std::pair<int64_t, int32_t>>& targets,
+                                     const SubBlocks& before);
+  std::vector<uint8_t> sub_block_bytes(int64_t block, int32_t layer, int32_t kv);
+  void finish_pending_offloads();
   std::vector<int32_t> table_row(const RequestState& r, int32_t columns) const;
   // Points pools_, write_map_, read_map_ and group_ at the layer's KV cache group.
   void select_layer(int32_t layer);
@@ -352,6 +369,14 @@ class Runner final : public BlockMover {
   float sm_scale_ = 1.0f;
   bool past_len_zero_ = false, k_scale_for_v_ = false, stale_bad_page_ = false, zero_v_tail_ = true;
   bool short_block_table_ = false, offload_drops_scales_ = false;
+  bool split_x_unwritten_ = false, slot_page_size_fault_ = false, indexer_past_cache_ = false;
+  bool offload_before_copy_ = false;
+  // offload_before_copy: offloads issued this step whose copy runs only at
+  // the step's end (vLLM #45704: the store stream is not waited for).
+  std::vector<std::pair<int32_t, int32_t>> pending_offloads_;  // (primary, secondary)
+  // What each secondary block was given by its last offload: an onboard must
+  // return exactly that (the offload invariant, end to end).
+  std::map<int32_t, Digest128> offloaded_digest_;
   int32_t rotary_dim_ = 0;
   int64_t rope_rows_ = 0;
   BackendBuffer rope_;
@@ -489,6 +514,14 @@ std::vector<uint8_t> Runner::block_bytes(PoolKind kind, int32_t block) {
 void Runner::move(int32_t primary, int32_t secondary, bool to_secondary) {
   const std::vector<uint8_t> before = to_secondary ? block_bytes(PoolKind::primary, primary)
                                                    : block_bytes(PoolKind::secondary, secondary);
+  ++rec_.offload_round_trips;
+  if (to_secondary) offloaded_digest_[secondary] = blake2b_128(before.data(), before.size());
+  if (to_secondary && offload_before_copy_) {
+    // vLLM #45704: the GPU -> CPU store runs on a stream nobody waits for; it
+    // lands at the end of the step, after this step's writes to the block.
+    pending_offloads_.push_back({primary, secondary});
+    return;
+  }
   MoveBlocksOp op;
   op.primary = std::span<const int32_t>(&primary, 1);
   op.secondary = std::span<const int32_t>(&secondary, 1);
@@ -508,15 +541,34 @@ void Runner::move(int32_t primary, int32_t secondary, bool to_secondary) {
   }
   const std::vector<uint8_t> after = to_secondary ? block_bytes(PoolKind::secondary, secondary)
                                                   : block_bytes(PoolKind::primary, primary);
-  ++rec_.offload_round_trips;
-  if (after != before && rec_.offload_violation.empty()) {
+  if (!rec_.offload_violation.empty()) return;
+  const std::string which = std::string(to_secondary ? "offload" : "onboard") + " of primary block " +
+                            std::to_string(primary) + " <-> secondary block " + std::to_string(secondary) + " at step " +
+                            std::to_string(step_);
+  if (after != before) {
     size_t i = 0;
     while (before[i] == after[i]) ++i;
-    rec_.offload_violation = std::string(to_secondary ? "offload" : "onboard") + " of primary block " +
-                             std::to_string(primary) + " <-> secondary block " + std::to_string(secondary) +
-                             " at step " + std::to_string(step_) + ": byte " + std::to_string(i) + " of the block is " +
-                             std::to_string(after[i]) + ", was " + std::to_string(before[i]);
+    rec_.offload_violation = which + ": byte " + std::to_string(i) + " of the block is " + std::to_string(after[i]) +
+                             ", was " + std::to_string(before[i]);
+    return;
   }
+  // End to end: an onboard returns exactly what the block's offload was given.
+  const auto it = offloaded_digest_.find(secondary);
+  if (!to_secondary && it != offloaded_digest_.end() && blake2b_128(after.data(), after.size()) != it->second)
+    rec_.offload_violation = which + ": the onboarded bytes differ from the bytes its offload was given (BLAKE2b-128)";
+}
+
+// offload_before_copy: the copies issued this step land now, reading the
+// primary blocks as this step's writes left them.
+void Runner::finish_pending_offloads() {
+  for (const auto& [primary, secondary] : pending_offloads_) {
+    MoveBlocksOp op;
+    op.primary = std::span<const int32_t>(&primary, 1);
+    op.secondary = std::span<const int32_t>(&secondary, 1);
+    notify("offload", 0, std::vector<std::string>{});
+    be_.offload(pool_sets_[0], op);
+  }
+  pending_offloads_.clear();
 }
 
 void Runner::notify(const std::string& op, int32_t layer, const std::vector<Entry>& entries) {
@@ -564,6 +616,7 @@ RunRecord Runner::run() {
         continue;
       }
       execute(plan);
+      finish_pending_offloads();
       const std::vector<int32_t> finished = sched_->finish_step(plan);
       for (int32_t i : finished) read_back(reqs_[i]);
       sched_->free_finished(finished);
@@ -839,7 +892,9 @@ void Runner::write_reshape_and_cache(const LayerWrite& w, const std::vector<Entr
     int64_t block = 0;
     int32_t entry = 0;
     if (t.reaches) cache_slot(w, t, block, entry);
-    slots.push_back(t.reaches ? block * P + entry : -1);
+    // vLLM PR #47056: the slot computed for pages of 2P, the kernel's pages hold P.
+    const int64_t page = slot_page_size_fault_ ? 2 * static_cast<int64_t>(P) : P;
+    slots.push_back(t.reaches ? block * page + entry : -1);
   }
   std::vector<uint8_t> k(static_cast<size_t>(w.nnz * H * D * element_bytes(in_t))), v(k.size());
   for (size_t t = 0; t < w.toks.size(); ++t)
@@ -859,8 +914,21 @@ void Runner::write_reshape_and_cache(const LayerWrite& w, const std::vector<Entr
   op.slot_mapping = slots;
   op.k_scale = k_code_scale;
   op.v_scale = v_code_scale;
+  // split_x_heads_unwritten: the (block, entry) of every written token, and
+  // the blocks' K and V bytes before the write, to put back the heads the
+  // faulty kernel never reaches.
+  std::vector<std::pair<int64_t, int32_t>> targets;
+  SubBlocks before;
+  if (split_x_unwritten_) {
+    for (const int64_t slot : slots)
+      if (slot >= 0) targets.push_back({slot / P, static_cast<int32_t>(slot % P)});
+    for (const auto& [block, entry] : targets)
+      if (!before.count(block))
+        for (int32_t kv = 0; kv < 2; ++kv) before[block][kv] = sub_block_bytes(block, pool_layer_of_[w.layer], kv);
+  }
   notify("reshape_and_cache", w.layer, es);
   be_.reshape_and_cache(pools_, op);
+  if (split_x_unwritten_) leave_split_x_heads_unwritten(pool_layer_of_[w.layer], targets, before);
 }
 
 // DeepSeek's indexer cache per layer: [blocks, P, 1, D + 4] bytes; a block
@@ -874,17 +942,10 @@ void Runner::scatter_indexer_k(const LayerWrite& w, const std::vector<Entry>& es
     int64_t block = 0;
     int32_t entry = 0;
     cache_slot(w, t, block, entry);
-    float amax = 0.0f;
-    float x[kIndexerDim];
-    for (int32_t d = 0; d < kIndexerDim; ++d) {
-      x[d] = token_value(w, ModelTensor::indexer_k, 0, d, t);
-      amax = std::max(amax, std::fabs(x[d]));
-    }
-    const float scale = amax > 0.0f ? amax / 448.0f : 1.0f;  // DeepSeek's per-token fp8 scale
-    for (int32_t d = 0; d < kIndexerDim; ++d) kb.push_back(codec::f32_to_e4m3(x[d] / scale));
-    uint8_t sbytes[4];
-    std::memcpy(sbytes, &scale, 4);
-    sb.insert(sb.end(), sbytes, sbytes + 4);
+    const size_t at = kb.size(), sat = sb.size();
+    kb.resize(at + kIndexerDim);
+    sb.resize(sat + kIndexerScaleBytes);
+    indexer_row(w.layer, t.position, t.request->hashes[t.position], kb.data() + at, sb.data() + sat);
     map_k.push_back(block * P * indexer_row_ + static_cast<int64_t>(entry) * kIndexerDim);
     map_s.push_back(block * P * indexer_row_ + static_cast<int64_t>(P) * kIndexerDim + entry * 4);
   }
@@ -898,7 +959,10 @@ void Runner::scatter_indexer_k(const LayerWrite& w, const std::vector<Entry>& es
   op.k_scale = contiguous_view(sb_b.get(), CacheDtype::fp8_e4m3, {T, 4});
   op.slot_mapping_fp8 = map_k;
   op.slot_mapping_scale = map_s;
-  op.cache = contiguous_view(indexer_[w.layer].get(), CacheDtype::fp8_e4m3, {g_.primary_blocks, P, 1, indexer_row_});
+  // TRT-LLM #15295: the indexer cache handed to the kernel holds half the
+  // KV pool's blocks, so a token in the upper half gets a slot past it.
+  const int64_t indexer_blocks = indexer_past_cache_ ? g_.primary_blocks / 2 : g_.primary_blocks;
+  op.cache = contiguous_view(indexer_[w.layer].get(), CacheDtype::fp8_e4m3, {indexer_blocks, P, 1, indexer_row_});
   notify("indexer_k_scatter", w.layer, es);
   be_.indexer_k_scatter(op);
 }
@@ -1190,7 +1254,11 @@ std::vector<float> Runner::gather_rows(int32_t layer, int32_t kv, const std::vec
 // release mode gave back), by position.
 void Runner::read_back(RequestState& r) {
   const int32_t H = g_.kv_heads, D = g_.head_dim, P = g_.tokens_per_block;
-  for (int32_t layer = 0; layer < g_.layers; ++layer)
+  for (int32_t layer = 0; layer < g_.layers; ++layer) {
+    if (s_.indexer_k_scatter && opt_.write_check) {
+      select_layer(layer);
+      check_indexer_rows(layer, r);
+    }
     for (int32_t kv = 0; kv < g_.kv_factor; ++kv) {
       select_layer(layer);
       const std::vector<int32_t>& ids = bm_->table(r.index, group_);
@@ -1215,9 +1283,152 @@ void Runner::read_back(RequestState& r) {
         const float* row = g.data() + slot * H * D;
         record_output({r.id, layer, kv == 0 ? OutputKind::k_cache : OutputKind::v_cache, t}, row,
                       static_cast<size_t>(H * D) * 4);
+        if (opt_.write_check) check_written_row(layer, kv, r, t, row);
         hash_ = fnv1a(hash_, row, static_cast<size_t>(H * D) * 4);
       }
     }
+  }
+}
+
+// One (block, layer, kv) sub-block of the current pool set's primary pool, as bytes.
+std::vector<uint8_t> Runner::sub_block_bytes(int64_t block, int32_t pool_layer, int32_t kv) {
+  const int64_t first = element_byte_offset(element_offset(pools_.strides[0], block, pool_layer, kv, 0, 0, 0), g_.dtype);
+  std::vector<uint8_t> out(static_cast<size_t>(g_.bytes_for(g_.inner_elements())));
+  be_.to_host(out.data(), static_cast<uint8_t*>(pools_.data[0]) + first, out.size());
+  return out;
+}
+
+// The split_x_heads_unwritten fault: every KV head from 512 / (D / x) on
+// holds, for each token just written, the bytes it held before the write.
+void Runner::leave_split_x_heads_unwritten(int32_t pool_layer, const std::vector<std::pair<int64_t, int32_t>>& targets,
+                                           const SubBlocks& before) {
+  const int64_t written = split_x_written_heads(g_.dtype, g_.head_dim);
+  const int32_t eb = element_bytes(g_.dtype);
+  const PoolStrides& st = pools_.strides[0];
+  for (const auto& [block, old] : before)
+    for (int32_t kv = 0; kv < 2; ++kv) {
+      std::vector<uint8_t> now = sub_block_bytes(block, pool_layer, kv);
+      const int64_t base = element_offset(st, block, pool_layer, kv, 0, 0, 0);
+      for (const auto& [b, entry] : targets) {
+        if (b != block) continue;
+        for (int64_t h = written; h < g_.kv_heads; ++h)
+          for (int32_t d = 0; d < g_.head_dim; ++d) {
+            const int64_t e = element_offset(st, block, pool_layer, kv, static_cast<int32_t>(h), entry, d) - base;
+            std::memcpy(now.data() + e * eb, old[kv].data() + e * eb, static_cast<size_t>(eb));
+          }
+      }
+      be_.to_backend(static_cast<uint8_t*>(pools_.data[0]) + element_byte_offset(base, g_.dtype), now.data(), now.size());
+    }
+}
+
+void Runner::indexer_row(int32_t layer, int64_t position, uint64_t hash, uint8_t* bytes, uint8_t* scale) const {
+  float amax = 0.0f;
+  float x[kIndexerDim];
+  for (int32_t d = 0; d < kIndexerDim; ++d) {
+    x[d] = model_.value(ModelTensor::indexer_k, layer, 0, d, position, hash);
+    amax = std::max(amax, std::fabs(x[d]));
+  }
+  const float s = amax > 0.0f ? amax / 448.0f : 1.0f;  // DeepSeek's per-token fp8 scale
+  for (int32_t d = 0; d < kIndexerDim; ++d) bytes[d] = codec::f32_to_e4m3(x[d] / s);
+  std::memcpy(scale, &s, kIndexerScaleBytes);
+}
+
+// The value gather_paged must read back for token t's row (kv 0: K or the MLA
+// latent, 1: V), computed from the synthetic model the way the scenario's
+// write op encodes it (core's codecs), never from a pool. false: not modelled
+// (K rotated by qkv_preprocess's RoPE; an nvfp4 MLA latent row).
+bool Runner::expected_row(int32_t layer, int32_t kv, const RequestState& r, int64_t t, std::vector<float>& out) const {
+  const int32_t H = g_.kv_heads, D = g_.head_dim;
+  const CacheDtype cache = g_.dtype, in_t = kv_input_dtype(s_);
+  const bool mla = s_.mla.enabled;
+  if (mla && cache == CacheDtype::nvfp4) return false;
+  if (!mla && kv == 0 && s_.cache.write_path == WritePath::qkv_preprocess && rotary_dim_ > 0) return false;
+  const float code_scale = kv == 0 || mla ? s_.cache.k_scale : s_.cache.v_scale;
+  const float read_scale = kv == 0 ? scales_.k_scale : scales_.v_scale;
+  const float global_scale = kv == 0 ? scales_.k_global_scale : scales_.v_global_scale;
+  out.assign(static_cast<size_t>(H) * D, 0.0f);
+  std::vector<uint8_t> in(4);
+  std::vector<float> x(static_cast<size_t>(D));
+  for (int32_t h = 0; h < H; ++h) {
+    for (int32_t d = 0; d < D; ++d) {
+      ModelTensor which = kv == 0 ? ModelTensor::k : ModelTensor::v;
+      int32_t dim = d;
+      if (mla) {
+        which = d < s_.mla.d_ckv ? ModelTensor::ckv : ModelTensor::kpe;
+        dim = d < s_.mla.d_ckv ? d : d - s_.mla.d_ckv;
+      }
+      put_value(in, in_t, 0, model_.value(which, layer, h, dim, t, r.hashes[t]), code_scale);  // the input as uploaded
+      if (cache == CacheDtype::nvfp4) {
+        x[d] = load_float(in.data(), in_t, 0);
+        continue;
+      }
+      float code_value = 0.0f;
+      if (in_t == cache) {
+        code_value = load_cache_code_value(in.data(), cache, 0);  // bytes copied
+      } else {  // a float input the op quantizes: TensorRT-LLM multiplies by 1 / scale, vLLM divides
+        const float xin = load_float(in.data(), in_t, 0);
+        const float q = s_.cache.write_path == WritePath::qkv_preprocess ? xin * (1.0f / code_scale) : xin / code_scale;
+        uint8_t code = 0;
+        if (cache == CacheDtype::fp8_e4m3) code = codec::f32_to_e4m3(q);
+        else if (cache == CacheDtype::fp8_e5m2) code = codec::f32_to_e5m2(q);
+        else code = static_cast<uint8_t>(codec::f32_to_int8(q));
+        code_value = load_cache_code_value(&code, cache, 0);
+      }
+      out[static_cast<size_t>(h) * D + d] = is_quantized(cache) ? canonical_nan(code_value * read_scale) : code_value;
+    }
+    if (cache == CacheDtype::nvfp4)
+      for (int32_t g0 = 0; g0 < D; g0 += codec::kNvfp4BlockElems) {
+        uint8_t packed[codec::kNvfp4BlockElems / 2];
+        const uint8_t sc = codec::nvfp4_quantize16(x.data() + g0, global_scale, packed);
+        for (int32_t j = 0; j < codec::kNvfp4BlockElems; ++j)
+          out[static_cast<size_t>(h) * D + g0 + j] =
+              canonical_nan(codec::nvfp4_decode(static_cast<uint8_t>((packed[j / 2] >> (4 * (j & 1))) & 0xF), sc, global_scale));
+      }
+  }
+  return true;
+}
+
+void Runner::check_written_row(int32_t layer, int32_t kv, const RequestState& r, int64_t t, const float* row) {
+  std::vector<float> want;
+  if (!expected_row(layer, kv, r, t, want)) return;
+  ++rec_.write_checked_rows;
+  if (!rec_.write_violation.empty()) return;
+  const int32_t D = g_.head_dim;
+  for (size_t i = 0; i < want.size(); ++i) {
+    const bool same = (std::isnan(row[i]) && std::isnan(want[i])) || std::memcmp(&row[i], &want[i], 4) == 0;
+    if (same) continue;
+    char buf[128];
+    std::snprintf(buf, sizeof buf, ": the cache holds %.9g, its write op was given %.9g", row[i], want[i]);
+    rec_.write_violation = "request " + r.id + ", layer " + std::to_string(layer) + ", " +
+                           (s_.mla.enabled ? "latent" : kv == 0 ? "K" : "V") + " of position " + std::to_string(t) +
+                           ", head " + std::to_string(i / D) + ", dim " + std::to_string(i % D) + buf;
+    return;
+  }
+}
+
+// The write invariant for the indexer K cache: each cached token's 128 fp8
+// bytes and 4 scale bytes where its slot says, as the model made them.
+void Runner::check_indexer_rows(int32_t layer, const RequestState& r) {
+  const int32_t P = g_.tokens_per_block;
+  std::vector<uint8_t> cache(indexer_[layer].bytes());
+  be_.to_host(cache.data(), indexer_[layer].get(), cache.size());
+  const std::vector<int32_t>& ids = bm_->table(r.index, group_);
+  uint8_t want[kIndexerDim + kIndexerScaleBytes];
+  for (int64_t t = 0; t < r.final_len; ++t) {
+    if (!qkv_token_reaches_cache(write_map_, r.final_len, t)) continue;
+    const int64_t slot = write_map_.cache_token(t);
+    const int64_t block = BlockRef{ids[static_cast<size_t>(slot / P)]}.block();
+    const int64_t entry = slot % P;
+    indexer_row(layer, t, r.hashes[t], want, want + kIndexerDim);
+    const uint8_t* data = cache.data() + block * P * indexer_row_ + entry * kIndexerDim;
+    const uint8_t* scale = cache.data() + block * P * indexer_row_ + static_cast<int64_t>(P) * kIndexerDim + entry * kIndexerScaleBytes;
+    ++rec_.write_checked_rows;
+    if (!rec_.write_violation.empty()) continue;
+    if (std::memcmp(data, want, kIndexerDim) != 0 || std::memcmp(scale, want + kIndexerDim, kIndexerScaleBytes) != 0)
+      rec_.write_violation = "request " + r.id + ", layer " + std::to_string(layer) + ", indexer K of position " +
+                             std::to_string(t) + " (block " + std::to_string(block) + ", entry " +
+                             std::to_string(entry) + "): the cache's bytes are not the ones indexer_k_scatter was given";
+  }
 }
 
 void Runner::hash_final_state() {

@@ -63,6 +63,13 @@ std::optional<KvAllocation> parse_allocation(std::string_view s) { return lookup
 std::string_view vswa_rule_name(VswaRule r) { return name_of(kVswaRules, r); }
 std::optional<VswaRule> parse_vswa_rule(std::string_view s) { return lookup(kVswaRules, s); }
 
+int64_t split_x_written_heads(CacheDtype t, int32_t head_dim) {
+  PoolGeometry g;
+  g.dtype = t;
+  const int64_t vectors_per_head = std::max<int64_t>(1, head_dim / g.split_x());
+  return 512 / vectors_per_head;
+}
+
 PoolGeometry pool_geometry(const Scenario& s) {
   PoolGeometry g;
   g.layers = s.model.layers;

@@ -936,6 +936,24 @@ void check_faults(const Scenario& s, const Checker& c) {
   if (on(Fault::offload_drops_scales))
     c.require(s.cache.dtype == CacheDtype::nvfp4 && s.reuse.offload, key(Fault::offload_drops_scales),
               "expected cache.dtype = nvfp4 and reuse.offload = true (only nvfp4 blocks carry packed scales)");
+  if (on(Fault::split_x_heads_unwritten)) {
+    const bool wide = s.cache.layout == BlockLayout::split_x &&
+                      static_cast<int64_t>(s.model.kv_heads) >= split_x_written_heads(s.cache.dtype, s.model.head_dim) + 1;
+    c.require(s.cache.write_path == WritePath::reshape_and_cache && wide, key(Fault::split_x_heads_unwritten),
+              "expected cache.write_path = reshape_and_cache, cache.layout = split-x and model.kv_heads > 512 / (D / x) = " +
+                  std::to_string(split_x_written_heads(s.cache.dtype, s.model.head_dim)) +
+                  " (only heads past that are left unwritten)");
+  }
+  if (on(Fault::slot_mapping_page_size))
+    c.require(s.cache.write_path == WritePath::reshape_and_cache && !s.layers.enabled && s.window.mode == WindowMode::none,
+              key(Fault::slot_mapping_page_size),
+              "expected cache.write_path = reshape_and_cache (the op that takes a slot mapping), no window and no [layers]");
+  if (on(Fault::indexer_slot_past_cache))
+    c.require(s.indexer_k_scatter && s.cache.block_order == BlockOrder::highest, key(Fault::indexer_slot_past_cache),
+              "expected indexer.k_scatter = true and cache.block_order = highest (the indexer cache is sized for half "
+              "the KV pool; tokens in the upper half land past it)");
+  if (on(Fault::offload_before_copy))
+    c.require(s.reuse.offload, key(Fault::offload_before_copy), "expected reuse.offload = true");
   for (size_t i = 0; i < s.expect.must_catch.size(); ++i) {
     const Fault f = s.expect.must_catch[i];
     c.require(on(f), "expect.must_catch",

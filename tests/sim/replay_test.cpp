@@ -115,7 +115,9 @@ TEST_CASE("replay: every write path and dtype keeps the invariants") {
                {WritePath::reshape_and_cache, CacheDtype::fp8_e4m3, BlockLayout::split_x},
                {WritePath::reshape_and_cache, CacheDtype::fp16, BlockLayout::nhd},
                {WritePath::qkv_preprocess, CacheDtype::int8, BlockLayout::hnd},
-               {WritePath::qkv_preprocess, CacheDtype::fp8_e4m3, BlockLayout::nhd}};
+               {WritePath::qkv_preprocess, CacheDtype::fp8_e4m3, BlockLayout::nhd},
+               {WritePath::qkv_preprocess, CacheDtype::nvfp4, BlockLayout::hnd},
+               {WritePath::append_paged, CacheDtype::fp8_e5m2, BlockLayout::split_x}};
   for (const Case& c : cases) {
     INFO(write_path_name(c.path) << " " << dtype_name(c.dtype));
     Scenario s = small(7);
@@ -127,7 +129,8 @@ TEST_CASE("replay: every write path and dtype keeps the invariants") {
     s.cache.v_scale = s.cache.k_scale;
     s.cache.k_global_scale = s.cache.v_global_scale = 0.01f;
     const ScenarioReport r = replay(s, cpu());
-    all_hold(r, {Invariant::dense, Invariant::layout, Invariant::chunking});
+    // write: every read-back row equals its recomputed input (V only where RoPE rotates K)
+    all_hold(r, {Invariant::dense, Invariant::layout, Invariant::chunking, Invariant::write});
     if (is_quantized(c.dtype)) CHECK(status(r, Invariant::quantization) == InvariantStatus::pass);
   }
 }
@@ -316,6 +319,19 @@ TEST_CASE("replay: each fault is caught by its invariant, which passes with the 
     s.faults.clear();
     s.expect = Expectations{};
     cases.push_back({Fault::offload_drops_scales, s});
+  }
+  // The built-in scenarios of the faults that need a particular shape (34 KV
+  // heads of 128, MLA with an indexer, an offload then a hit).
+  for (const Fault f : {Fault::split_x_heads_unwritten, Fault::indexer_slot_past_cache, Fault::offload_before_copy}) {
+    Scenario s = load_scenario_file(std::string(KVSIM_SOURCE_DIR) + "/scenarios/fault_" + std::string(fault_name(f)) + ".toml");
+    s.faults.clear();
+    s.expect = Expectations{};
+    cases.push_back({f, s});
+  }
+  {
+    Scenario s = small(4);
+    s.cache.write_path = WritePath::reshape_and_cache;
+    cases.push_back({Fault::slot_mapping_page_size, s});
   }
   for (Case& c : cases) {
     INFO("fault " << fault_name(c.fault));

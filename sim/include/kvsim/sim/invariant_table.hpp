@@ -24,7 +24,7 @@ struct RunRecord;  // replay_run.hpp
 
 // Named invariants (contract §6), in the order every report lists them.
 enum class Invariant : uint8_t {
-  conservation, chunking, reuse, window, layout, dense, quantization, no_nan, offload, batch,
+  conservation, chunking, reuse, window, layout, dense, quantization, no_nan, offload, batch, write,
 };
 
 // Fault injection (contract §6): each reproduces one silent failure of the seed
@@ -41,6 +41,10 @@ enum class Fault : uint8_t {
   window_table_absolute,
   short_block_table,
   offload_drops_scales,
+  split_x_heads_unwritten,
+  slot_mapping_page_size,
+  indexer_slot_past_cache,
+  offload_before_copy,
 };
 
 struct InvariantInfo {

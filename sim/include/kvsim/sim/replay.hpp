@@ -122,6 +122,10 @@ struct ReplayOptions {
   // reference per attention op). replay() turns it off for the comparison
   // re-runs, whose dense results nobody reads.
   bool dense_check = true;
+  // Check the write invariant during the run (every read-back cache row against
+  // the value its write op was given, recomputed from the synthetic model);
+  // off for the comparison re-runs, like dense_check.
+  bool write_check = true;
   // The comparison invariants' inner runs (replay.cpp): keep every attention
   // output's bytes in a spill file (the quantization error needs values), and
   // keep the bytes of one output row (a failed comparison's first differing

@@ -68,6 +68,8 @@ struct RunRecord {
   double dense_worst_ratio = 0.0;  // max |out - ref| / bound over every checked element
   bool poisoned = false;           // pools were filled with NaN before the run
   std::string nan_found;
+  int64_t write_checked_rows = 0;   // read-back rows (and indexer rows) compared with their inputs
+  std::string write_violation;
   int64_t offload_round_trips = 0;  // offloads and onboards whose bytes were compared
   std::string offload_violation;
   // A fault switched on made an op reject its input (ValidationError): the

@@ -220,6 +220,10 @@ std::string_view window_mode_name(WindowMode m);
 std::optional<WindowMode> parse_window_mode(std::string_view s);
 std::string_view block_order_name(BlockOrder o);
 std::optional<BlockOrder> parse_block_order(std::string_view s);
+// The split_x_heads_unwritten fault's kernel: one thread per x-element vector
+// of a token's K row, at most 512 threads a block and no stride loop, so only
+// heads below 512 / (D / x) are written (x = 16 bytes of the cache dtype).
+int64_t split_x_written_heads(CacheDtype t, int32_t head_dim);
 
 // The pool geometry a scenario describes (every layer; with [layers], the
 // geometry of pool `pool` is kv_pool_geometry).
