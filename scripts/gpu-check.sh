@@ -131,7 +131,7 @@ note "kvsim run --backend cuda (every scenario): rc=$rc ($(( $(date +%s) - t0 ))
 [ $rc -ne 0 ] && tail -12 "$OUT/run-cuda.txt"
 
 # A window of the Mooncake synthetic trace as a scenario (docs/traces.md), with KV contents and
-# every invariant: no one scenario admits all ten (a window rules out offload, [layers] rules out
+# every invariant: no one scenario admits all eleven (a window rules out offload, [layers] rules out
 # offload too), so the window replays twice: fp8 + NaN-poisoned pages + an offload tier (every
 # invariant but window), and fp8 + NaN-poisoned pages + a sliding/full [layers] pair (window).
 t0=$(date +%s)
@@ -141,7 +141,7 @@ rc=0
   timeout "$(allow 60 80)" "$bin/kvsim" run --backend cuda --details "${trace_window[@]}" --primary-blocks 64 --layer-windows 256,0 || rc=$?
 } > "$OUT/run-cuda-trace.txt" 2>&1
 passed=$(grep -oE ': [a-z_]+ pass' "$OUT/run-cuda-trace.txt" | awk '{print $2}' | sort -u | tr '\n' ' ')
-note "kvsim run --backend cuda --trace (Mooncake requests 56..61, two cache set-ups): rc=$rc ($(( $(date +%s) - t0 )) s): $(grep -c 'pass$' "$OUT/run-cuda-trace.txt") runs all pass; invariants passed: ${passed}($(echo $passed | wc -w) of 10)"
+note "kvsim run --backend cuda --trace (Mooncake requests 56..61, two cache set-ups): rc=$rc ($(( $(date +%s) - t0 )) s): $(grep -c 'pass$' "$OUT/run-cuda-trace.txt") runs all pass; invariants passed: ${passed}($(echo $passed | wc -w) of 11)"
 
 # kvsim mma-check: the tensor cores' mma.sync (inline PTX) against core's
 # model of it, 10^8 random and 2.5 * 10^7 targeted inner products per input

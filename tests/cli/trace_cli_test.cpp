@@ -107,7 +107,7 @@ TEST_CASE("a window of the Mooncake trace replays with every invariant under poo
 }
 
 TEST_CASE("two cache set-ups of one Mooncake window between them check every invariant, each passing") {
-  // No one scenario admits all ten invariants (a window or [layers] rules out offload), so:
+  // No one scenario admits all eleven invariants (a window or [layers] rules out offload), so:
   // fp8 + NaN-poisoned pages + an offload tier, then fp8 + NaN-poisoned pages + sliding/full layers.
   const std::string window = "--trace " + kTrace + " --requests 56:62 --scale 1/32 --step-ms 100 --kv-dtype fp8_e4m3 --poison-nan";
   const std::string offload = window + " --primary-blocks 40 --secondary-blocks 64";
@@ -134,7 +134,7 @@ TEST_CASE("two cache set-ups of one Mooncake window between them check every inv
     }
   }
   CHECK(passed == std::set<std::string>{"batch", "chunking", "conservation", "dense", "layout", "no_nan", "offload",
-                                        "quantization", "reuse", "window"});
+                                        "quantization", "reuse", "window", "write"});
   Result r = run("trace import " + kTrace + " --requests 0:2 --kv-dtype fp9 2>&1");
   CHECK(r.code == 2);
   CHECK(r.out.rfind("kvsim: error: bad_argument: --kv-dtype = 'fp9': expected fp32,", 0) == 0);
