@@ -241,7 +241,18 @@ MatchResult BlockManager::add_sequence(SeqId seq, std::span<const int32_t> promp
   const int64_t P = config_.page_size;
   const int64_t limit = static_cast<int64_t>(prompt.size()) - 1;  // the last prompt token is always recomputed
   uint64_t parent = kRootKey;
-  while (m.full_tokens + P <= limit) {
+  int64_t stop = limit;
+  if (hit_filter_) {  // the deepest cached block boundary the filter allows, found without touching anything
+    int64_t reach = 0;
+    for (uint64_t key = kRootKey; reach + P <= limit; reach += P) {
+      const Node* found = find_node(key, prompt.subspan(static_cast<size_t>(reach), static_cast<size_t>(P)));
+      if (!found) break;
+      key = found->key;
+    }
+    while (reach > 0 && !hit_filter_(seq, reach)) reach -= P;
+    stop = reach;
+  }
+  while (m.full_tokens + P <= stop) {
     const auto block_tokens = prompt.subspan(static_cast<size_t>(m.full_tokens), static_cast<size_t>(P));
     const Node* found = find_node(parent, block_tokens);
     if (!found) break;

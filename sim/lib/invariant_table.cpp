@@ -14,7 +14,7 @@ namespace {
 
 constexpr bool always(const Scenario&, const RunRecord&) { return true; }
 
-constexpr std::array<InvariantInfo, 11> kInvariants{{
+constexpr std::array<InvariantInfo, 13> kInvariants{{
     {Invariant::conservation, "conservation",
      "after every step, for both pools, free + referenced + cached = size, every block in exactly one of those "
      "states, each block's reference count equal to the table entries that hold it",
@@ -70,9 +70,20 @@ constexpr std::array<InvariantInfo, 11> kInvariants{{
      "Runner::check_written_row(), Runner::check_indexer_rows(), Runner::expected_row() (sim/lib/replay_run.cpp)",
      "tests/sim/replay_test.cpp \"replay: every write path and dtype keeps the invariants\"", false,
      [](const Scenario&, const RunRecord& main) { return main.write_checked_rows > 0; }},
+    {Invariant::state_hit, "state_hit",
+     "a prefix hit is never longer than the deepest valid snapshot of the recurrent states: every request that "
+     "resumes at a position past 0 finds a snapshot there",
+     "Runner::advance_recurrent(), Runner::restore_state() (sim/lib/replay_run.cpp)",
+     "tests/sim/replay_test.cpp \"replay: recurrent states, snapshots at block boundaries, hits limited to them\"", false,
+     [](const Scenario& s, const RunRecord&) { return s.recurrent.layers > 0; }},
+    {Invariant::state_restore, "state_restore",
+     "a restored recurrent state is byte-equal to the state recomputed from token 0 by core's recurrence",
+     "Runner::restore_state() (sim/lib/replay_run.cpp)",
+     "tests/sim/replay_test.cpp \"replay: recurrent states, snapshots at block boundaries, hits limited to them\"", false,
+     [](const Scenario&, const RunRecord& main) { return main.state_restores > 0; }},
 }};
 
-constexpr std::array<FaultInfo, 14> kFaults{{
+constexpr std::array<FaultInfo, 15> kFaults{{
     {Fault::past_len_zero, "past_len_zero", Invariant::chunking,
      "continuation chunks are written and read as if nothing were cached (past_seq_len = 0)"},
     {Fault::window_mismatch, "window_mismatch", Invariant::window,
@@ -101,6 +112,8 @@ constexpr std::array<FaultInfo, 14> kFaults{{
      "the indexer cache handed to indexer_k_scatter holds half the KV pool's blocks: a slot past it (TRT-LLM #15295)"},
     {Fault::offload_before_copy, "offload_before_copy", Invariant::offload,
      "an offload's copy lands after its freed block was written for another request, and is onboarded (vLLM #45704)"},
+    {Fault::snapshot_off_block_boundary, "snapshot_off_block_boundary", Invariant::state_restore,
+     "a chunk that crosses a block boundary snapshots its end state under the boundary's key (vLLM #45238, PR #47861)"},
 }};
 
 }  // namespace

@@ -27,7 +27,10 @@ std::string_view invariant_status_name(InvariantStatus s) {
 
 namespace {
 std::string kind_name(OutputKind k) {
-  return k == OutputKind::attention ? "attention output" : k == OutputKind::k_cache ? "cached K" : "cached V";
+  return k == OutputKind::attention ? "attention output"
+         : k == OutputKind::k_cache ? "cached K"
+         : k == OutputKind::v_cache ? "cached V"
+                                    : "recurrent state";
 }
 std::string describe(const OutputKey& k) {
   return kind_name(k.kind) + " of request " + k.request + ", layer " + std::to_string(k.layer) + ", position " +
@@ -228,6 +231,18 @@ ScenarioReport replay(const Scenario& s, Backend& backend, const ReplayOptions& 
                                     ? std::to_string(main.write_checked_rows) +
                                           " cached rows equal the values their write ops were given"
                                     : main.write_violation});
+    if (s.recurrent.layers > 0)
+      settle(Invariant::state_hit, {true, !main.state_hit_violation.empty(),
+                                    main.state_hit_violation.empty()
+                                        ? std::to_string(main.state_resumes) +
+                                              " resumptions past token 0, each at a valid snapshot"
+                                        : main.state_hit_violation});
+    if (main.state_restores > 0)
+      settle(Invariant::state_restore, {true, !main.state_restore_violation.empty(),
+                                        main.state_restore_violation.empty()
+                                            ? std::to_string(main.state_restores) +
+                                                  " restored states byte-equal to the recomputed ones"
+                                            : main.state_restore_violation});
     if (main.offload_round_trips > 0)
       settle(Invariant::offload,
              {true, !main.offload_violation.empty(),

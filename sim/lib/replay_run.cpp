@@ -23,6 +23,9 @@
 #include <memory>
 #include <fstream>
 #include <optional>
+#include <unordered_map>
+
+#include <kvsim/core/recurrence.hpp>
 
 #include "kvsim/sim/block_manager.hpp"
 #include "kvsim/sim/npy_dump.hpp"
@@ -212,6 +215,16 @@ class Runner final : public BlockMover {
             }
     write_map_ = write_maps_[0];
     read_map_ = read_maps_[0];
+    if (s.recurrent.layers > 0) {
+      recurrent_.assign(reqs_.size() * static_cast<size_t>(s.recurrent.layers) * s.recurrent.state_size, 0.0f);
+      recurrent_pos_.assign(reqs_.size(), -1);
+      snapshot_off_boundary_ = has_fault(s, Fault::snapshot_off_block_boundary);
+      // A hit may stop only where every recurrent layer's state has a snapshot.
+      if (s.reuse.enabled)
+        bm_->set_hit_filter([this](BlockManager::SeqId seq, int64_t tokens) {
+          return snapshots_.count(reqs_[seq].hashes[tokens - 1]) != 0;
+        });
+    }
     sched_ = std::make_unique<Scheduler>(s, *bm_, reqs_);
     if (opt.observer) {
       bm_->set_event_listener([o = opt.observer](const BlockEvent& e) { o->block_event(e); });
@@ -341,6 +354,13 @@ class Runner final : public BlockMover {
                                      const SubBlocks& before);
   std::vector<uint8_t> sub_block_bytes(int64_t block, int32_t layer, int32_t kv);
   void finish_pending_offloads();
+  // [recurrent]: folds each entry's tokens into its request's states, taking
+  // the snapshots at block boundaries; restore_state resumes a request at
+  // token `at` > 0 from its snapshot (the state_hit and state_restore checks).
+  void advance_recurrent(const std::vector<Entry>& es);
+  void restore_state(const RequestState& r, int64_t at, float* state);
+  std::vector<float> recompute_state(const RequestState& r, int64_t tokens) const;
+  void fold_token(const RequestState& r, int64_t t, float* state) const;
   std::vector<int32_t> table_row(const RequestState& r, int32_t columns) const;
   // Points pools_, write_map_, read_map_ and group_ at the layer's KV cache group.
   void select_layer(int32_t layer);
@@ -371,6 +391,14 @@ class Runner final : public BlockMover {
   bool short_block_table_ = false, offload_drops_scales_ = false;
   bool split_x_unwritten_ = false, slot_page_size_fault_ = false, indexer_past_cache_ = false;
   bool offload_before_copy_ = false;
+  // [recurrent]: the live states, [requests][recurrent layers][state_size]
+  // fp32, how many tokens each request's state has folded (-1: none yet), and
+  // the snapshots by the hash of the prefix they end (tokens 0..b-1 of a
+  // block boundary b), every layer's state back to back.
+  std::vector<float> recurrent_;
+  std::vector<int64_t> recurrent_pos_;
+  std::unordered_map<uint64_t, std::vector<float>> snapshots_;
+  bool snapshot_off_boundary_ = false;
   // offload_before_copy: offloads issued this step whose copy runs only at
   // the step's end (vLLM #45704: the store stream is not waited for).
   std::vector<std::pair<int32_t, int32_t>> pending_offloads_;  // (primary, secondary)
@@ -680,6 +708,7 @@ void Runner::execute(const StepPlan& plan) {
     if (!plan.prefill.empty()) attend(layer, es, 0, plan.prefill.size(), 0, q_buf, q_dtype, false);
     if (!plan.decode.empty()) attend(layer, es, plan.prefill.size(), es.size(), nnz_prefill, q_buf, q_dtype, true);
   }
+  if (s_.recurrent.layers > 0) advance_recurrent(es);
   rec_.counters.token_layers += nnz * g_.layers;
 }
 
@@ -1253,6 +1282,15 @@ std::vector<float> Runner::gather_rows(int32_t layer, int32_t kv, const std::vec
 // each token still in the cache (sinks and the ring's tokens; not the blocks
 // release mode gave back), by position.
 void Runner::read_back(RequestState& r) {
+  if (s_.recurrent.layers > 0) {
+    const int32_t n = s_.recurrent.state_size;
+    const float* state = recurrent_.data() + static_cast<size_t>(r.index) * s_.recurrent.layers * n;
+    for (int32_t l = 0; l < s_.recurrent.layers; ++l) {
+      record_output({r.id, l, OutputKind::recurrent_state, recurrent_pos_[r.index]}, state + static_cast<size_t>(l) * n,
+                    static_cast<size_t>(n) * 4);
+      hash_ = fnv1a(hash_, state + static_cast<size_t>(l) * n, static_cast<size_t>(n) * 4);
+    }
+  }
   const int32_t H = g_.kv_heads, D = g_.head_dim, P = g_.tokens_per_block;
   for (int32_t layer = 0; layer < g_.layers; ++layer) {
     if (s_.indexer_k_scatter && opt_.write_check) {
@@ -1428,6 +1466,84 @@ void Runner::check_indexer_rows(int32_t layer, const RequestState& r) {
       rec_.write_violation = "request " + r.id + ", layer " + std::to_string(layer) + ", indexer K of position " +
                              std::to_string(t) + " (block " + std::to_string(block) + ", entry " +
                              std::to_string(entry) + "): the cache's bytes are not the ones indexer_k_scatter was given";
+  }
+}
+
+void Runner::fold_token(const RequestState& r, int64_t t, float* state) const {
+  const int32_t n = s_.recurrent.state_size;
+  for (int32_t l = 0; l < s_.recurrent.layers; ++l)
+    recurrent_step(state + static_cast<size_t>(l) * n, n, s_.model.seed, l, r.hashes[static_cast<size_t>(t)]);
+}
+
+std::vector<float> Runner::recompute_state(const RequestState& r, int64_t tokens) const {
+  std::vector<float> state(static_cast<size_t>(s_.recurrent.layers) * s_.recurrent.state_size, 0.0f);
+  for (int64_t t = 0; t < tokens; ++t) fold_token(r, t, state.data());
+  return state;
+}
+
+void Runner::restore_state(const RequestState& r, int64_t at, float* state) {
+  const size_t n = static_cast<size_t>(s_.recurrent.layers) * s_.recurrent.state_size;
+  const std::vector<float> recomputed = recompute_state(r, at);
+  ++rec_.state_resumes;
+  const auto it = snapshots_.find(r.hashes[static_cast<size_t>(at - 1)]);
+  if (it == snapshots_.end()) {
+    if (rec_.state_hit_violation.empty()) {
+      const int64_t P = g_.tokens_per_block;
+      int64_t deepest = (at / P) * P;
+      while (deepest > 0 && !snapshots_.count(r.hashes[static_cast<size_t>(deepest - 1)])) deepest -= P;
+      rec_.state_hit_violation = "step " + std::to_string(step_) + ": request " + r.id + " resumes at token " +
+                                 std::to_string(at) + ", past the deepest valid snapshot of its prefix (token " +
+                                 std::to_string(deepest) + ")";
+    }
+    std::copy(recomputed.begin(), recomputed.end(), state);
+    return;
+  }
+  ++rec_.state_restores;
+  if (rec_.state_restore_violation.empty())
+    for (size_t i = 0; i < n; ++i)
+      if (std::memcmp(&it->second[i], &recomputed[i], 4) != 0) {
+        char buf[96];
+        std::snprintf(buf, sizeof buf, " is %.9g, recomputed from token 0: %.9g", it->second[i], recomputed[i]);
+        rec_.state_restore_violation = "step " + std::to_string(step_) + ": request " + r.id + " restored at token " +
+                                       std::to_string(at) + ": recurrent layer " +
+                                       std::to_string(i / s_.recurrent.state_size) + ", element " +
+                                       std::to_string(i % s_.recurrent.state_size) + buf;
+        break;
+      }
+  std::copy(it->second.begin(), it->second.end(), state);
+}
+
+// vLLM's mamba_cache_mode "all" snapshots every block boundary a request
+// passes; "align" only the last one before its prompt's end (the hit point
+// cannot pass the last prompt token). snapshot_off_block_boundary: a chunk
+// that crosses boundaries stores its end state under the deepest one.
+void Runner::advance_recurrent(const std::vector<Entry>& es) {
+  const int64_t P = g_.tokens_per_block;
+  const size_t n = static_cast<size_t>(s_.recurrent.layers) * s_.recurrent.state_size;
+  for (const Entry& e : es) {
+    const RequestState& r = *e.r;
+    float* state = recurrent_.data() + static_cast<size_t>(r.index) * n;
+    const int64_t start = e.e->start;
+    if (recurrent_pos_[r.index] != start) {  // admitted, a prefix hit, or a preemption's restart
+      if (start == 0)
+        std::fill(state, state + n, 0.0f);
+      else
+        restore_state(r, start, state);
+    }
+    const int64_t align_at = ((r.prompt_len - 1) / P) * P;
+    int64_t crossed = 0;
+    for (int64_t t = start; t < start + e.e->n; ++t) {
+      fold_token(r, t, state);
+      const int64_t boundary = t + 1;
+      if (!s_.reuse.enabled || boundary % P != 0) continue;
+      if (s_.recurrent.snapshots == SnapshotMode::align && boundary != align_at) continue;
+      if (snapshot_off_boundary_)
+        crossed = boundary;
+      else
+        snapshots_[r.hashes[static_cast<size_t>(t)]] = std::vector<float>(state, state + n);
+    }
+    if (crossed > 0) snapshots_[r.hashes[static_cast<size_t>(crossed - 1)]] = std::vector<float>(state, state + n);
+    recurrent_pos_[r.index] = start + e.e->n;
   }
 }
 

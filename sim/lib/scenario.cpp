@@ -30,6 +30,10 @@ constexpr std::array<std::pair<BlockOrder, std::string_view>, 3> kBlockOrders{{
     {BlockOrder::highest, "highest"},
     {BlockOrder::shuffled, "shuffled"},
 }};
+constexpr std::array<std::pair<SnapshotMode, std::string_view>, 2> kSnapshotModes{{
+    {SnapshotMode::all, "all"},
+    {SnapshotMode::align, "align"},
+}};
 constexpr std::array<std::pair<WritePath, std::string_view>, 4> kWritePaths{{
     {WritePath::qkv_preprocess, "qkv_preprocess"},
     {WritePath::append_paged, "append_paged"},
@@ -52,6 +56,8 @@ constexpr std::array<std::pair<VswaRule, std::string_view>, 2> kVswaRules{{
 }};
 }  // namespace
 
+std::string_view snapshot_mode_name(SnapshotMode m) { return name_of(kSnapshotModes, m); }
+std::optional<SnapshotMode> parse_snapshot_mode(std::string_view s) { return lookup(kSnapshotModes, s); }
 std::string_view write_path_name(WritePath w) { return name_of(kWritePaths, w); }
 std::optional<WritePath> parse_write_path(std::string_view s) { return lookup(kWritePaths, s); }
 std::string_view window_mode_name(WindowMode m) { return name_of(kWindowModes, m); }

@@ -406,6 +406,13 @@ void parse_scheduler(Scenario& s, const toml::table& t) {
   sec.read("max_steps", s.scheduler.max_steps);
 }
 
+void parse_recurrent(Scenario& s, const toml::table& t) {
+  Section sec(s, t, "recurrent.", {"layers", "state_size", "snapshots"});
+  sec.read("layers", s.recurrent.layers);
+  sec.read("state_size", s.recurrent.state_size);
+  sec.read_name<SnapshotMode>("snapshots", s.recurrent.snapshots, parse_snapshot_mode, {"all", "align"});
+}
+
 void parse_indexer(Scenario& s, const toml::table& t) {
   Section sec(s, t, "indexer.", {"k_scatter"});
   sec.read("k_scatter", s.indexer_k_scatter);
@@ -490,7 +497,7 @@ void parse_expect(Scenario& s, const toml::table& t) {
 }
 
 const std::vector<std::string_view> kTopLevelKeys = {"model",   "mla",    "cache",   "window", "layers", "reuse",
-                                                     "scheduler", "indexer", "prefix", "request", "faults", "expect"};
+                                                     "scheduler", "indexer", "recurrent", "prefix", "request", "faults", "expect"};
 
 // ------------------------------------------------------------------ checks
 
@@ -754,6 +761,19 @@ void check_reuse_and_scheduler(const Scenario& s, const Checker& c) {
     c.require(s.cache.secondary_blocks >= 1, "reuse.offload",
               "expected cache.secondary_blocks >= 1 to offload into, got " + std::to_string(s.cache.secondary_blocks));
   }
+  const RecurrentSpec& rc = s.recurrent;
+  c.require(rc.layers >= 0 && rc.layers <= 1024, "recurrent.layers",
+            "expected 0..1024 recurrent layers, got " + std::to_string(rc.layers));
+  c.require(rc.state_size >= 1 && rc.state_size <= 65536, "recurrent.state_size",
+            "expected 1..65536 fp32 elements, got " + std::to_string(rc.state_size));
+  if (rc.layers > 0) {
+    // A state exists only at block boundaries: a partial-block hit would have none to start from.
+    c.require(!r.partial, "reuse.partial", "expected no partial-block reuse with [recurrent] (states are snapshotted "
+                                           "at block boundaries only)");
+    c.require(!s.layers.enabled && s.window.mode == WindowMode::none, "recurrent.layers",
+              "expected no [layers] and no [window] with [recurrent] (their hit rule is not combined with the "
+              "recurrent states' yet)");
+  }
   const SchedulerSpec& q = s.scheduler;
   c.require(q.token_budget >= 1, "scheduler.token_budget", "expected >= 1, got " + std::to_string(q.token_budget));
   c.require(q.chunk_size >= 0, "scheduler.chunk_size",
@@ -952,6 +972,12 @@ void check_faults(const Scenario& s, const Checker& c) {
     c.require(s.indexer_k_scatter && s.cache.block_order == BlockOrder::highest, key(Fault::indexer_slot_past_cache),
               "expected indexer.k_scatter = true and cache.block_order = highest (the indexer cache is sized for half "
               "the KV pool; tokens in the upper half land past it)");
+  if (on(Fault::snapshot_off_block_boundary))
+    c.require(s.recurrent.layers > 0 && s.reuse.enabled && s.scheduler.chunk_size > 0 &&
+                  s.scheduler.chunk_size % s.cache.page_size != 0,
+              key(Fault::snapshot_off_block_boundary),
+              "expected [recurrent] layers, reuse.enabled and a scheduler.chunk_size that is not a multiple of "
+              "cache.page_size (a chunk that ends on a boundary snapshots the right state)");
   if (on(Fault::offload_before_copy))
     c.require(s.reuse.offload, key(Fault::offload_before_copy), "expected reuse.offload = true");
   for (size_t i = 0; i < s.expect.must_catch.size(); ++i) {
@@ -1035,7 +1061,7 @@ Scenario parse_scenario(std::string_view toml_text, const std::string& source_na
   const std::pair<std::string_view, Parser> sections[] = {
       {"model", parse_model},   {"cache", parse_cache},         {"window", parse_window}, {"layers", parse_layers},
       {"reuse", parse_reuse},
-      {"scheduler", parse_scheduler}, {"indexer", parse_indexer}, {"faults", parse_faults}, {"expect", parse_expect}};
+      {"scheduler", parse_scheduler}, {"indexer", parse_indexer}, {"recurrent", parse_recurrent}, {"faults", parse_faults}, {"expect", parse_expect}};
   for (const auto& [name, parse] : sections)
     if (const toml::node* n = root.get(name)) {
       s.key_locations[std::string(name)] = location_of(source_name, n->source());

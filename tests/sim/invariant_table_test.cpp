@@ -49,7 +49,7 @@ TEST_CASE("invariant table: one row per invariant, in enum order, names unique a
     CHECK(!i.checks.empty());
     CHECK(static_cast<bool>(i.applies));
   }
-  CHECK(invariant_table().size() == static_cast<size_t>(Invariant::write) + 1);
+  CHECK(invariant_table().size() == static_cast<size_t>(Invariant::state_restore) + 1);
   CHECK(invariant_names().size() == invariant_table().size());
   CHECK_FALSE(parse_invariant("Dense").has_value());
 }

@@ -322,7 +322,8 @@ TEST_CASE("replay: each fault is caught by its invariant, which passes with the 
   }
   // The built-in scenarios of the faults that need a particular shape (34 KV
   // heads of 128, MLA with an indexer, an offload then a hit).
-  for (const Fault f : {Fault::split_x_heads_unwritten, Fault::indexer_slot_past_cache, Fault::offload_before_copy}) {
+  for (const Fault f : {Fault::split_x_heads_unwritten, Fault::indexer_slot_past_cache, Fault::offload_before_copy,
+                        Fault::snapshot_off_block_boundary}) {
     Scenario s = load_scenario_file(std::string(KVSIM_SOURCE_DIR) + "/scenarios/fault_" + std::string(fault_name(f)) + ".toml");
     s.faults.clear();
     s.expect = Expectations{};
@@ -356,6 +357,36 @@ TEST_CASE("replay: each fault is caught by its invariant, which passes with the 
     unexpected.expect.must_pass = {inv};
     CHECK_FALSE(replay(unexpected, cpu()).ok);
   }
+}
+
+TEST_CASE("replay: recurrent states, snapshots at block boundaries, hits limited to them") {
+  Scenario s = load_scenario_file(std::string(KVSIM_SOURCE_DIR) + "/scenarios/model_hybrid_recurrent_reuse.toml");
+  const ScenarioReport all = replay(s, cpu());
+  INFO(details(all));
+  CHECK(all.ok);
+  CHECK(all.counters.reuse_hit_tokens == 64);  // the 4 system-prompt blocks, each boundary snapshotted
+  all_hold(all, {Invariant::state_hit, Invariant::state_restore, Invariant::reuse, Invariant::chunking});
+  // vLLM #45238: "align" keeps only the last boundary before each prompt's end (80 of "first"'s 84
+  // tokens, in its own tokens), so "second" finds no snapshot inside the shared prefix: no hit at all.
+  s.recurrent.snapshots = SnapshotMode::align;
+  s.expect = Expectations{};
+  const ScenarioReport align = replay(s, cpu());
+  INFO(details(align));
+  CHECK(align.ok);
+  CHECK(align.counters.reuse_hit_tokens == 0);
+  CHECK(status(align, Invariant::state_hit) == InvariantStatus::pass);
+  // Two requests with one 96-token prompt: align snapshots boundary 80, the second hits exactly there.
+  Scenario same = s;
+  same.requests[0].tokens.clear();
+  same.requests[0].generated = 32;
+  same.requests[1].tokens.clear();
+  same.requests[1].generated = 32;
+  same.requests[1].seed = same.requests[0].seed;
+  const ScenarioReport hit = replay(same, cpu());
+  INFO(details(hit));
+  CHECK(hit.ok);
+  CHECK(hit.counters.reuse_hit_tokens == 80);
+  all_hold(hit, {Invariant::state_hit, Invariant::state_restore, Invariant::reuse});
 }
 
 TEST_CASE("replay: a scenario that cannot fit is bad input, not a hang") {

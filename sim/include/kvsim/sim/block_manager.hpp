@@ -231,6 +231,11 @@ class BlockManager {
   std::string check_conservation() const;
   // Told every BlockEvent as it happens (empty = nobody listens).
   void set_event_listener(std::function<void(const BlockEvent&)> listener) { listener_ = std::move(listener); }
+  // Where a prefix hit may stop: with recurrent layers, only where their
+  // states have a snapshot (vLLM's MambaManager in the hybrid coordinator).
+  // add_sequence lowers the hit to the deepest block boundary it allows;
+  // empty = anywhere.
+  void set_hit_filter(std::function<bool(SeqId seq, int64_t tokens)> filter) { hit_filter_ = std::move(filter); }
   BlockUse block_use(int32_t pool, int32_t primary_block) const;
   int32_t pool_count() const { return static_cast<int32_t>(pools_.size()); }
   // Every block of the prefix tree (any order); group 0's root key is kTreeRoot.
@@ -306,6 +311,7 @@ class BlockManager {
   std::map<SeqId, Sequence> seqs_;
   BlockManagerCounters counters_;
   std::function<void(const BlockEvent&)> listener_;
+  std::function<bool(SeqId, int64_t)> hit_filter_;
   void tell(const BlockEvent& e) const {
     if (listener_) listener_(e);
   }

@@ -25,6 +25,7 @@ struct RunRecord;  // replay_run.hpp
 // Named invariants (contract §6), in the order every report lists them.
 enum class Invariant : uint8_t {
   conservation, chunking, reuse, window, layout, dense, quantization, no_nan, offload, batch, write,
+  state_hit, state_restore,
 };
 
 // Fault injection (contract §6): each reproduces one silent failure of the seed
@@ -45,6 +46,7 @@ enum class Fault : uint8_t {
   slot_mapping_page_size,
   indexer_slot_past_cache,
   offload_before_copy,
+  snapshot_off_block_boundary,
 };
 
 struct InvariantInfo {

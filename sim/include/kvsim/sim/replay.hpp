@@ -73,6 +73,7 @@ enum class OutputKind : int32_t {
   attention = 0,  // the attention output row of the query at `position`: [Hq, D] fp32
   k_cache = 1,    // a finished request's K (or MLA latent) row at `position`, read back by gather_paged: [H, D] fp32
   v_cache = 2,    // ... its V row
+  recurrent_state = 3,  // a finished request's state of recurrent layer `layer` after its last token: [state_size] fp32
 };
 
 struct OutputKey {

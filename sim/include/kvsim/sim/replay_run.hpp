@@ -58,7 +58,7 @@ struct RunRecord {
   // The bytes of ReplayOptions::capture's key, its last production.
   std::optional<std::vector<uint8_t>> captured;
   std::optional<OutputKey> capture_key;
-  bool spill_kinds[3] = {false, false, false};  // which OutputKinds record() writes to `spill`
+  bool spill_kinds[4] = {false, false, false, false};  // which OutputKinds record() writes to `spill`
   bool finished = true;  // every request finished within scheduler.max_steps
   // In-run invariants: "" = held (or not checked; see the *_checked counts).
   std::string conservation_violation;
@@ -68,6 +68,10 @@ struct RunRecord {
   double dense_worst_ratio = 0.0;  // max |out - ref| / bound over every checked element
   bool poisoned = false;           // pools were filled with NaN before the run
   std::string nan_found;
+  int64_t state_resumes = 0;        // recurrent states resumed past position 0 (state_hit)
+  std::string state_hit_violation;
+  int64_t state_restores = 0;       // snapshots restored and compared with the recomputed state
+  std::string state_restore_violation;
   int64_t write_checked_rows = 0;   // read-back rows (and indexer rows) compared with their inputs
   std::string write_violation;
   int64_t offload_round_trips = 0;  // offloads and onboards whose bytes were compared

@@ -151,6 +151,22 @@ struct KvGroup {
   std::vector<int32_t> layers;  // model layers, in order; layers[i] is layer i of its pool
 };
 
+// [recurrent]: a hybrid model's recurrent (Mamba / Gated DeltaNet style)
+// layers beside its attention layers: one fixed-size fp32 state per request
+// per layer, folded a token at a time by core's synthetic recurrence
+// (core/recurrence.hpp). With prefix reuse a state is snapshotted at block
+// boundaries, and a hit may only stop where a snapshot is (vLLM's
+// MambaManager under the hybrid coordinator).
+enum class SnapshotMode : uint8_t {
+  all,    // every block boundary a request passes (vLLM mamba_cache_mode "all")
+  align,  // only the last block boundary before each prompt's end (vLLM "align", the mode #45238 reports on)
+};
+struct RecurrentSpec {
+  int32_t layers = 0;        // 0 = no recurrent layers
+  int32_t state_size = 64;   // fp32 elements of one layer's state
+  SnapshotMode snapshots = SnapshotMode::all;
+};
+
 struct ReuseSpec {
   bool enabled = false;   // prefix-reuse tree over full blocks
   bool partial = false;   // partial-block reuse by partial_copy
@@ -203,6 +219,7 @@ struct Scenario {
   ReuseSpec reuse;
   SchedulerSpec scheduler;
   LayersSpec layers;
+  RecurrentSpec recurrent;
   bool indexer_k_scatter = false;  // also scatter each token's fp8 indexer K into an indexer cache
   std::vector<PrefixSpec> prefixes;
   std::vector<RequestSpec> requests;
@@ -220,6 +237,8 @@ std::string_view window_mode_name(WindowMode m);
 std::optional<WindowMode> parse_window_mode(std::string_view s);
 std::string_view block_order_name(BlockOrder o);
 std::optional<BlockOrder> parse_block_order(std::string_view s);
+std::string_view snapshot_mode_name(SnapshotMode m);
+std::optional<SnapshotMode> parse_snapshot_mode(std::string_view s);
 // The split_x_heads_unwritten fault's kernel: one thread per x-element vector
 // of a token's K row, at most 512 threads a block and no stride loop, so only
 // heads below 512 / (D / x) are written (x = 16 bytes of the cache dtype).
