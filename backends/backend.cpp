@@ -84,59 +84,13 @@ void Backend::release_pools(KvPools& pools) noexcept {
 }
 
 // Every entry point: host validation first, then the backend's run_*.
-void Backend::append_paged(const KvPools& pools, const AppendPagedOp& op) {
-  validate_append_paged(pools, op);
-  timed([&] { run_append_paged(pools, op); });
-}
-void Backend::reshape_and_cache(const KvPools& pools, const ReshapeAndCacheOp& op) {
-  validate_reshape_and_cache(pools, op);
-  timed([&] { run_reshape_and_cache(pools, op); });
-}
-void Backend::qkv_preprocess_write(const KvPools& pools, const QkvPreprocessOp& op) {
-  validate_qkv_preprocess(pools, op);
-  timed([&] { run_qkv_preprocess_write(pools, op); });
-}
-void Backend::append_mla(const KvPools& pools, const AppendMlaOp& op) {
-  validate_append_mla(pools, op);
-  timed([&] { run_append_mla(pools, op); });
-}
-void Backend::indexer_k_scatter(const IndexerKScatterOp& op) {
-  validate_indexer_k_scatter(op);
-  timed([&] { run_indexer_k_scatter(op); });
-}
-void Backend::gather_paged(const KvPools& pools, const GatherPagedOp& op) {
-  validate_gather_paged(pools, op);
-  timed([&] { run_gather_paged(pools, op); });
-}
-void Backend::decode_attention(const KvPools& pools, const DecodeAttentionOp& op) {
-  validate_decode_attention(pools, op);
-  timed([&] { run_decode_attention(pools, op); });
-}
-void Backend::prefill_attention(const KvPools& pools, const PrefillAttentionOp& op) {
-  validate_prefill_attention(pools, op);
-  timed([&] { run_prefill_attention(pools, op); });
-}
-
-void Backend::mla_attention(const KvPools& pools, const MlaAttentionOp& op) {
-  validate_mla_attention(pools, op);
-  timed([&] { run_mla_attention(pools, op); });
-}
-void Backend::partial_copy(const KvPools& pools, const PartialCopyOp& op) {
-  validate_partial_copy(pools, op);
-  timed([&] { run_partial_copy(pools, op); });
-}
-void Backend::copy_blocks(const KvPools& pools, const CopyBlocksOp& op) {
-  validate_copy_blocks(pools, op);
-  timed([&] { run_copy_blocks(pools, op); });
-}
-void Backend::offload(const KvPools& pools, const MoveBlocksOp& op) {
-  validate_move_blocks(pools, op);
-  timed([&] { run_move_blocks(pools, op, /*to_secondary=*/true); });
-}
-void Backend::onboard(const KvPools& pools, const MoveBlocksOp& op) {
-  validate_move_blocks(pools, op);
-  timed([&] { run_move_blocks(pools, op, /*to_secondary=*/false); });
-}
+#define KVSIM_DEFINE_ENTRY_POINT(name, Op, validate, form)   \
+  void Backend::name(KVSIM_OP_PARAMS(Op, form)) {            \
+    validate(KVSIM_OP_ARGS(form));                           \
+    timed([&] { run_##name(KVSIM_OP_ARGS(form)); });         \
+  }
+KVSIM_OPS(KVSIM_DEFINE_ENTRY_POINT)
+#undef KVSIM_DEFINE_ENTRY_POINT
 
 void Backend::run_copy(void* dst, const void* src, size_t bytes) {
   std::vector<uint8_t> host(bytes);

@@ -12,12 +12,7 @@
 #include <string_view>
 #include <vector>
 
-#include <kvsim/core.hpp>
-#include <kvsim/core/ops/attention.hpp>
-#include <kvsim/core/ops/mla_attention.hpp>
-#include <kvsim/core/ops/qkv_preprocess.hpp>
-#include <kvsim/core/ops/read_copy_ops.hpp>
-#include <kvsim/core/ops/write_ops.hpp>
+#include "backends/op_list.hpp"
 
 namespace kvsim {
 
@@ -55,20 +50,11 @@ class Backend {
   KvPools allocate_pools(const PoolGeometry& g, uint8_t fill_byte = 0);
   void release_pools(KvPools& pools) noexcept;
 
-  // ---- ops (validate, then run)
-  void append_paged(const KvPools& pools, const AppendPagedOp& op);
-  void reshape_and_cache(const KvPools& pools, const ReshapeAndCacheOp& op);
-  void qkv_preprocess_write(const KvPools& pools, const QkvPreprocessOp& op);
-  void append_mla(const KvPools& pools, const AppendMlaOp& op);
-  void indexer_k_scatter(const IndexerKScatterOp& op);
-  void gather_paged(const KvPools& pools, const GatherPagedOp& op);
-  void decode_attention(const KvPools& pools, const DecodeAttentionOp& op);
-  void prefill_attention(const KvPools& pools, const PrefillAttentionOp& op);
-  void mla_attention(const KvPools& pools, const MlaAttentionOp& op);
-  void partial_copy(const KvPools& pools, const PartialCopyOp& op);
-  void copy_blocks(const KvPools& pools, const CopyBlocksOp& op);
-  void offload(const KvPools& pools, const MoveBlocksOp& op);
-  void onboard(const KvPools& pools, const MoveBlocksOp& op);
+  // ---- ops (validate, then run): one entry point per op of the op list
+  // (op_list.hpp), e.g. append_paged(pools, op), indexer_k_scatter(op).
+#define KVSIM_DECLARE_ENTRY_POINT(name, Op, validate, form) void name(KVSIM_OP_PARAMS(Op, form));
+  KVSIM_OPS(KVSIM_DECLARE_ENTRY_POINT)
+#undef KVSIM_DECLARE_ENTRY_POINT
 
   // A plain copy of `bytes` between two buffers of this backend (the ceiling
   // kvsim bench quotes every op against: memcpy on the CPU, a device-to-device
@@ -100,18 +86,10 @@ class Backend {
   // Default: on the host, then copied to out; cpu and cuda override it.
   virtual void run_fma_probe(float* out, int64_t lanes, int32_t steps);
 
-  virtual void run_append_paged(const KvPools&, const AppendPagedOp&) = 0;
-  virtual void run_reshape_and_cache(const KvPools&, const ReshapeAndCacheOp&) = 0;
-  virtual void run_qkv_preprocess_write(const KvPools&, const QkvPreprocessOp&) = 0;
-  virtual void run_append_mla(const KvPools&, const AppendMlaOp&) = 0;
-  virtual void run_indexer_k_scatter(const IndexerKScatterOp&) = 0;
-  virtual void run_gather_paged(const KvPools&, const GatherPagedOp&) = 0;
-  virtual void run_decode_attention(const KvPools&, const DecodeAttentionOp&) = 0;
-  virtual void run_prefill_attention(const KvPools&, const PrefillAttentionOp&) = 0;
-  virtual void run_mla_attention(const KvPools&, const MlaAttentionOp&) = 0;
-  virtual void run_partial_copy(const KvPools&, const PartialCopyOp&) = 0;
-  virtual void run_copy_blocks(const KvPools&, const CopyBlocksOp&) = 0;
-  virtual void run_move_blocks(const KvPools&, const MoveBlocksOp&, bool to_secondary) = 0;
+  // Each op's implementation: run_<name>, with the entry point's parameters.
+#define KVSIM_DECLARE_RUN(name, Op, validate, form) virtual void run_##name(KVSIM_OP_PARAMS(Op, form)) = 0;
+  KVSIM_OPS(KVSIM_DECLARE_RUN)
+#undef KVSIM_DECLARE_RUN
 
  private:
   template <class Run>
@@ -119,6 +97,22 @@ class Backend {
   bool kernel_timing_ = false;
   double last_kernel_seconds_ = 0.0;
 };
+
+// Calls op `id`'s entry point on `b` (a tensors-form op ignores `pools`):
+// generic code over the op list (the differential and test backends).
+template <OpId id>
+void call_op(Backend& b, const KvPools& pools, const OpOf<id>& op);
+#define KVSIM_CALL_ENTRY_pools(name) b.name(pools, op)
+#define KVSIM_CALL_ENTRY_tensors(name) ((void)pools, b.name(op))
+#define KVSIM_DEFINE_CALL_OP(name, Op, validate, form)                       \
+  template <>                                                                \
+  inline void call_op<OpId::name>(Backend & b, const KvPools& pools, const Op& op) { \
+    KVSIM_CALL_ENTRY_##form(name);                                           \
+  }
+KVSIM_OPS(KVSIM_DEFINE_CALL_OP)
+#undef KVSIM_DEFINE_CALL_OP
+#undef KVSIM_CALL_ENTRY_pools
+#undef KVSIM_CALL_ENTRY_tensors
 
 // Backend memory that frees itself.
 class BackendBuffer {

@@ -410,178 +410,95 @@ void DifferentialBackend::compare_tensor(const char* op, const char* name, const
 }
 
 // ---------------------------------------------------------------- ops
-// Each op: run on both sides with translated pointers, then compare what it may write.
+// Every op (run_op below): run on both sides with its tensors translated, then
+// compare what its traits say it may write (op_list.hpp: its pool, then its
+// written tensors). The overloads here only name (sequence, token) in a report.
 
-void DifferentialBackend::run_append_paged(const KvPools& pools, const AppendPagedOp& op) {
-  for (int s = 0; s < 2; ++s) {
-    AppendPagedOp o = op;
-    o.k = translate(op.k, s);
-    o.v = translate(op.v, s);
-    backends_[s]->append_paged(translate(pools, s), o);
-  }
-  ++counters_.ops;
+namespace {
+
+using TokenMap = DifferentialBackend::TokenMap;
+
+// The table through which a pool byte maps to (sequence, token); none by default.
+template <class Op>
+TokenMap token_map(const Op&) {
+  return {};
+}
+TokenMap csr_token_map(std::span<const int32_t> indptr, std::span<const int32_t> indices) {
   TokenMap m;
   m.kind = TokenMap::Kind::csr;
-  m.indptr = op.indptr;
-  m.indices = op.indices;
-  compare_pools("append_paged", pools, PoolKind::primary, m);
+  m.indptr = indptr;
+  m.indices = indices;
+  return m;
 }
-
-void DifferentialBackend::run_reshape_and_cache(const KvPools& pools, const ReshapeAndCacheOp& op) {
-  for (int s = 0; s < 2; ++s) {
-    ReshapeAndCacheOp o = op;
-    o.key = translate(op.key, s);
-    o.value = translate(op.value, s);
-    backends_[s]->reshape_and_cache(translate(pools, s), o);
-  }
-  ++counters_.ops;
+TokenMap token_map(const AppendPagedOp& op) { return csr_token_map(op.indptr, op.indices); }
+TokenMap token_map(const AppendMlaOp& op) { return csr_token_map(op.indptr, op.indices); }
+TokenMap token_map(const ReshapeAndCacheOp& op) {
   TokenMap m;
   m.kind = TokenMap::Kind::slots;
   m.slots = op.slot_mapping;
-  compare_pools("reshape_and_cache", pools, PoolKind::primary, m);
+  return m;
 }
-
-void DifferentialBackend::run_qkv_preprocess_write(const KvPools& pools, const QkvPreprocessOp& op) {
-  for (int s = 0; s < 2; ++s) {
-    QkvPreprocessOp o = op;
-    o.qkv = translate(op.qkv, s);
-    o.bias = translate(op.bias, s);
-    o.q_out = translate(op.q_out, s);
-    o.cos_sin = translate(op.cos_sin, s);
-    backends_[s]->qkv_preprocess_write(translate(pools, s), o);
-  }
-  ++counters_.ops;
+TokenMap token_map(const QkvPreprocessOp& op) {
   TokenMap m;
   m.kind = TokenMap::Kind::dense;
   m.table = op.block_table;
   m.max_blocks = op.max_blocks_per_seq;
   m.window = op.window;
-  compare_pools("qkv_preprocess_write", pools, PoolKind::primary, m);
-  compare_tensor("qkv_preprocess_write", "q_out", op.q_out);
+  return m;
 }
 
-void DifferentialBackend::run_append_mla(const KvPools& pools, const AppendMlaOp& op) {
-  for (int s = 0; s < 2; ++s) {
-    AppendMlaOp o = op;
-    o.ckv = translate(op.ckv, s);
-    o.kpe = translate(op.kpe, s);
-    backends_[s]->append_mla(translate(pools, s), o);
-  }
-  ++counters_.ops;
-  TokenMap m;
-  m.kind = TokenMap::Kind::csr;
-  m.indptr = op.indptr;
-  m.indices = op.indices;
-  compare_pools("append_mla", pools, PoolKind::primary, m);
+// An output row's (sequence, query position), for the attention ops; nothing by default.
+template <class Op>
+void locate_row(const Op&, int64_t, DiffReport&) {}
+void locate_row(const DecodeAttentionOp& op, int64_t row, DiffReport& r) {  // row i of out is batch entry i
+  r.sequence = static_cast<int32_t>(row);
+  r.token = op.seq_lens[r.sequence] - 1;
+  r.token_meaning = "query position";
 }
-
-void DifferentialBackend::run_indexer_k_scatter(const IndexerKScatterOp& op) {
-  for (int s = 0; s < 2; ++s) {
-    IndexerKScatterOp o = op;
-    o.k_fp8 = translate(op.k_fp8, s);
-    o.k_scale = translate(op.k_scale, s);
-    o.cache = translate(op.cache, s);
-    backends_[s]->indexer_k_scatter(o);
-  }
-  ++counters_.ops;
-  compare_tensor("indexer_k_scatter", "cache", op.cache);
-}
-
-void DifferentialBackend::run_gather_paged(const KvPools& pools, const GatherPagedOp& op) {
-  for (int s = 0; s < 2; ++s) {
-    GatherPagedOp o = op;
-    o.out = translate(op.out, s);
-    backends_[s]->gather_paged(translate(pools, s), o);
-  }
-  ++counters_.ops;
-  if (op.num_tokens > 0) compare_tensor("gather_paged", "out", op.out);
-}
-
-void DifferentialBackend::run_decode_attention(const KvPools& pools, const DecodeAttentionOp& op) {
-  for (int s = 0; s < 2; ++s) {
-    DecodeAttentionOp o = op;
-    o.q = translate(op.q, s);
-    o.out = translate(op.out, s);
-    backends_[s]->decode_attention(translate(pools, s), o);
-  }
-  ++counters_.ops;
-  const bool had = first_.has_value();
-  compare_tensor("decode_attention", "out", op.out);
-  if (!had && first_ && !first_->tensor_index.empty()) {  // row i of out is batch entry i
-    first_->sequence = static_cast<int32_t>(first_->tensor_index[0]);
-    first_->token = op.seq_lens[first_->sequence] - 1;
-    first_->token_meaning = "query position";
-    if (static_cast<size_t>(first_->sequence) < sequence_ids_.size()) first_->sequence_id = sequence_ids_[first_->sequence];
-  }
-}
-
-void DifferentialBackend::run_prefill_attention(const KvPools& pools, const PrefillAttentionOp& op) {
-  for (int s = 0; s < 2; ++s) {
-    PrefillAttentionOp o = op;
-    o.q = translate(op.q, s);
-    o.out = translate(op.out, s);
-    backends_[s]->prefill_attention(translate(pools, s), o);
-  }
-  ++counters_.ops;
-  const bool had = first_.has_value();
-  compare_tensor("prefill_attention", "out", op.out);
-  if (!had && first_ && !first_->tensor_index.empty()) {  // row -> (sequence, query position)
-    const int64_t row = first_->tensor_index[0];
-    for (size_t b = 0; b + 1 < op.q_indptr.size(); ++b)
-      if (row >= op.q_indptr[b] && row < op.q_indptr[b + 1]) {
-        first_->sequence = static_cast<int32_t>(b);
-        first_->token = prefill_position(op.seq_lens[b], op.q_indptr[b], op.q_indptr[b + 1], row);
-        first_->token_meaning = "query position";
-        if (b < sequence_ids_.size()) first_->sequence_id = sequence_ids_[b];
-      }
-  }
-}
-
-void DifferentialBackend::run_mla_attention(const KvPools& pools, const MlaAttentionOp& op) {
-  for (int s = 0; s < 2; ++s) {
-    MlaAttentionOp o = op;
-    o.q = translate(op.q, s);
-    o.out = translate(op.out, s);
-    backends_[s]->mla_attention(translate(pools, s), o);
-  }
-  ++counters_.ops;
-  const bool had = first_.has_value();
-  compare_tensor("mla_attention", "out", op.out);
-  if (!had && first_ && !first_->tensor_index.empty()) {  // row -> (sequence, query position)
-    const MlaRows rows = make_mla_rows(op);
-    const int64_t row = first_->tensor_index[0];
-    if (row < static_cast<int64_t>(rows.seq.size())) {
-      first_->sequence = rows.seq[row];
-      first_->token = rows.position[row];
-      first_->token_meaning = "query position";
-      if (static_cast<size_t>(rows.seq[row]) < sequence_ids_.size()) first_->sequence_id = sequence_ids_[rows.seq[row]];
+void locate_row(const PrefillAttentionOp& op, int64_t row, DiffReport& r) {
+  for (size_t b = 0; b + 1 < op.q_indptr.size(); ++b)
+    if (row >= op.q_indptr[b] && row < op.q_indptr[b + 1]) {
+      r.sequence = static_cast<int32_t>(b);
+      r.token = prefill_position(op.seq_lens[b], op.q_indptr[b], op.q_indptr[b + 1], row);
+      r.token_meaning = "query position";
     }
-  }
+}
+void locate_row(const MlaAttentionOp& op, int64_t row, DiffReport& r) {
+  const MlaRows rows = make_mla_rows(op);
+  if (row >= static_cast<int64_t>(rows.seq.size())) return;
+  r.sequence = rows.seq[row];
+  r.token = rows.position[row];
+  r.token_meaning = "query position";
 }
 
-void DifferentialBackend::run_partial_copy(const KvPools& pools, const PartialCopyOp& op) {
-  for (int s = 0; s < 2; ++s) backends_[s]->partial_copy(translate(pools, s), op);
-  ++counters_.ops;
-  compare_pools("partial_copy", pools, PoolKind::primary, TokenMap{});
-}
+}  // namespace
 
-void DifferentialBackend::run_copy_blocks(const KvPools& pools, const CopyBlocksOp& op) {
-  for (int s = 0; s < 2; ++s) backends_[s]->copy_blocks(translate(pools, s), op);
-  ++counters_.ops;
-  compare_pools("copy_blocks", pools, PoolKind::primary, TokenMap{});
-}
-
-void DifferentialBackend::run_move_blocks(const KvPools& pools, const MoveBlocksOp& op, bool to_secondary) {
+template <OpId id>
+void DifferentialBackend::run_op(const KvPools& pools, const OpOf<id>& op) {
+  using Traits = OpTraits<id>;
   for (int s = 0; s < 2; ++s) {
-    const KvPools t = translate(pools, s);
-    if (to_secondary)
-      backends_[s]->offload(t, op);
-    else
-      backends_[s]->onboard(t, op);
+    OpOf<id> o = op;
+    for (const auto& t : Traits::tensors) o.*t.member = translate(op.*t.member, s);
+    call_op<id>(*backends_[s], translate(pools, s), o);
   }
   ++counters_.ops;
-  compare_pools(to_secondary ? "offload" : "onboard", pools, to_secondary ? PoolKind::secondary : PoolKind::primary,
-                TokenMap{});
+  const char* name = op_name(id).data();  // a string literal: NUL-terminated
+  if constexpr (Traits::pool_write != PoolWrite::none)
+    compare_pools(name, pools, Traits::pool_write == PoolWrite::primary ? PoolKind::primary : PoolKind::secondary,
+                  token_map(op));
+  const bool had = first_.has_value();
+  for (const auto& t : Traits::tensors)
+    if (t.access == Access::write) compare_tensor(name, t.name, op.*t.member);
+  if (!had && first_ && !first_->tensor_index.empty()) {
+    locate_row(op, first_->tensor_index[0], *first_);
+    if (first_->sequence >= 0 && static_cast<size_t>(first_->sequence) < sequence_ids_.size())
+      first_->sequence_id = sequence_ids_[first_->sequence];
+  }
 }
+
+#define KVSIM_DIFF_RUN(name, Op, validate, form) \
+  void DifferentialBackend::run_##name(KVSIM_OP_PARAMS(Op, form)) { run_op<OpId::name>(KVSIM_OP_POOLS(form), op); }
+KVSIM_OPS(KVSIM_DIFF_RUN)
+#undef KVSIM_DIFF_RUN
 
 }  // namespace kvsim

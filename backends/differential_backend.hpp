@@ -97,18 +97,7 @@ class DifferentialBackend final : public Backend {
   };
 
  protected:
-  void run_append_paged(const KvPools&, const AppendPagedOp&) override;
-  void run_reshape_and_cache(const KvPools&, const ReshapeAndCacheOp&) override;
-  void run_qkv_preprocess_write(const KvPools&, const QkvPreprocessOp&) override;
-  void run_append_mla(const KvPools&, const AppendMlaOp&) override;
-  void run_indexer_k_scatter(const IndexerKScatterOp&) override;
-  void run_gather_paged(const KvPools&, const GatherPagedOp&) override;
-  void run_decode_attention(const KvPools&, const DecodeAttentionOp&) override;
-  void run_prefill_attention(const KvPools&, const PrefillAttentionOp&) override;
-  void run_mla_attention(const KvPools&, const MlaAttentionOp&) override;
-  void run_partial_copy(const KvPools&, const PartialCopyOp&) override;
-  void run_copy_blocks(const KvPools&, const CopyBlocksOp&) override;
-  void run_move_blocks(const KvPools&, const MoveBlocksOp&, bool to_secondary) override;
+  KVSIM_BACKEND_OP_OVERRIDES
 
  private:
   struct Allocation {
@@ -123,6 +112,9 @@ class DifferentialBackend final : public Backend {
   KvPools translate(const KvPools& pools, int side) const;
   TensorView translate(TensorView t, int side) const;
 
+  // Runs op `id` on both sides and compares what it may write (op_list.hpp's traits).
+  template <OpId id>
+  void run_op(const KvPools& pools, const OpOf<id>& op);
   void compare_pools(const char* op, const KvPools& pools, PoolKind kind, const TokenMap& map);
   void compare_tensor(const char* op, const char* name, const TensorView& t);
   // Reads [p, p + bytes) from both sides; returns the first differing byte or -1.

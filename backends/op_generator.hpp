@@ -18,26 +18,11 @@
 
 namespace kvsim {
 
-enum class GeneratedOp : uint8_t {
-  append_paged,
-  reshape_and_cache,
-  qkv_preprocess_write,
-  append_mla,
-  indexer_k_scatter,
-  gather_paged,
-  decode_attention,
-  prefill_attention,
-  partial_copy,
-  copy_blocks,
-  offload,
-  onboard,
-};
-inline constexpr GeneratedOp kGeneratedOps[] = {
-    GeneratedOp::append_paged,     GeneratedOp::reshape_and_cache, GeneratedOp::qkv_preprocess_write,
-    GeneratedOp::append_mla,       GeneratedOp::indexer_k_scatter, GeneratedOp::gather_paged,
-    GeneratedOp::decode_attention, GeneratedOp::prefill_attention, GeneratedOp::partial_copy,
-    GeneratedOp::copy_blocks,      GeneratedOp::offload,           GeneratedOp::onboard};
-std::string_view generated_op_name(GeneratedOp op);
+// The ops the generator draws: the op list's ids whose traits say `generated`
+// (op_list.hpp), in list order.
+using GeneratedOp = OpId;
+inline constexpr auto kGeneratedOps = kGeneratedOpIds;
+constexpr std::string_view generated_op_name(GeneratedOp op) { return op_name(op); }
 
 // Whether an op can run on pools of geometry g (kv_factor, dtype, head count).
 bool op_supports_geometry(GeneratedOp op, const PoolGeometry& g);

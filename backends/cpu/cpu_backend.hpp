@@ -27,22 +27,13 @@ class CpuBackend final : public Backend {
   void fill(void* dst, uint8_t byte, size_t bytes) override;
 
  protected:
-  void run_append_paged(const KvPools&, const AppendPagedOp&) override;
-  void run_reshape_and_cache(const KvPools&, const ReshapeAndCacheOp&) override;
-  void run_qkv_preprocess_write(const KvPools&, const QkvPreprocessOp&) override;
-  void run_append_mla(const KvPools&, const AppendMlaOp&) override;
-  void run_indexer_k_scatter(const IndexerKScatterOp&) override;
-  void run_gather_paged(const KvPools&, const GatherPagedOp&) override;
-  void run_decode_attention(const KvPools&, const DecodeAttentionOp&) override;
-  void run_prefill_attention(const KvPools&, const PrefillAttentionOp&) override;
-  void run_mla_attention(const KvPools&, const MlaAttentionOp&) override;
-  void run_partial_copy(const KvPools&, const PartialCopyOp&) override;
-  void run_copy_blocks(const KvPools&, const CopyBlocksOp&) override;
-  void run_move_blocks(const KvPools&, const MoveBlocksOp&, bool to_secondary) override;
+  KVSIM_BACKEND_OP_OVERRIDES
   void run_copy(void* dst, const void* src, size_t bytes) override;  // parallel memcpy in the arena
   void run_fma_probe(float* out, int64_t lanes, int32_t steps) override;  // lanes spread over the arena
 
  private:
+  // offload (primary -> secondary) and onboard (secondary -> primary).
+  void move_blocks(const KvPools& pools, const MoveBlocksOp& op, bool to_secondary);
   // oneTBB caps workers at the core count; a request for more threads than
   // cores (e.g. 3 on a 2-core CI machine) raises the cap so the requested
   // concurrency is real and the thread-count determinism tests mean something.

@@ -73,7 +73,10 @@ void CpuBackend::run_copy_blocks(const KvPools& pools, const CopyBlocksOp& op) {
   });
 }
 
-void CpuBackend::run_move_blocks(const KvPools& pools, const MoveBlocksOp& op, bool to_secondary) {
+void CpuBackend::run_offload(const KvPools& pools, const MoveBlocksOp& op) { move_blocks(pools, op, /*to_secondary=*/true); }
+void CpuBackend::run_onboard(const KvPools& pools, const MoveBlocksOp& op) { move_blocks(pools, op, /*to_secondary=*/false); }
+
+void CpuBackend::move_blocks(const KvPools& pools, const MoveBlocksOp& op, bool to_secondary) {
   if (op.primary.empty()) return;
   const PoolKind src = to_secondary ? PoolKind::primary : PoolKind::secondary;
   const PoolKind dst = to_secondary ? PoolKind::secondary : PoolKind::primary;

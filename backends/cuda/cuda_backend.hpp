@@ -67,24 +67,15 @@ class CudaBackend final : public Backend {
   void begin_kernels();
 
  protected:
-  void run_append_paged(const KvPools&, const AppendPagedOp&) override;
-  void run_reshape_and_cache(const KvPools&, const ReshapeAndCacheOp&) override;
-  void run_qkv_preprocess_write(const KvPools&, const QkvPreprocessOp&) override;
-  void run_append_mla(const KvPools&, const AppendMlaOp&) override;
-  void run_indexer_k_scatter(const IndexerKScatterOp&) override;
-  void run_gather_paged(const KvPools&, const GatherPagedOp&) override;
-  void run_decode_attention(const KvPools&, const DecodeAttentionOp&) override;
-  void run_prefill_attention(const KvPools&, const PrefillAttentionOp&) override;
-  void run_mla_attention(const KvPools&, const MlaAttentionOp&) override;
-  void run_partial_copy(const KvPools&, const PartialCopyOp&) override;
-  void run_copy_blocks(const KvPools&, const CopyBlocksOp&) override;
-  void run_move_blocks(const KvPools&, const MoveBlocksOp&, bool to_secondary) override;
+  KVSIM_BACKEND_OP_OVERRIDES
   void run_copy(void* dst, const void* src, size_t bytes) override;  // device to device
   void run_fma_probe(float* out, int64_t lanes, int32_t steps) override;  // one thread per lane
   void run_begin() override;
   double run_end(double host_seconds) override;
 
  private:
+  // offload (primary -> secondary) and onboard (secondary -> primary).
+  void move_blocks(const KvPools& pools, const MoveBlocksOp& op, bool to_secondary);
   bool is_pinned(const void* p) const;
 
   int device_ = 0;

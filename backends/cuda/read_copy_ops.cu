@@ -139,7 +139,10 @@ void CudaBackend::run_copy_blocks(const KvPools& pools, const CopyBlocksOp& op) 
   finish(kOp);
 }
 
-void CudaBackend::run_move_blocks(const KvPools& pools, const MoveBlocksOp& op, bool to_secondary) {
+void CudaBackend::run_offload(const KvPools& pools, const MoveBlocksOp& op) { move_blocks(pools, op, /*to_secondary=*/true); }
+void CudaBackend::run_onboard(const KvPools& pools, const MoveBlocksOp& op) { move_blocks(pools, op, /*to_secondary=*/false); }
+
+void CudaBackend::move_blocks(const KvPools& pools, const MoveBlocksOp& op, bool to_secondary) {
   const char* kOp = to_secondary ? "offload" : "onboard";
   if (op.primary.empty()) return;
   const PoolGeometry& g = pools.geometry;

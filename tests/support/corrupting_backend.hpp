@@ -28,64 +28,29 @@ class CorruptingBackend final : public Backend {
   void fill(void* dst, uint8_t byte, size_t bytes) override { cpu_.fill(dst, byte, bytes); }
 
  protected:
-  void corrupt(const char* op, const KvPools* pools, const TensorView* out) {
+  void corrupt(std::string_view op, const KvPools* pools, const TensorView* out) {
     if (corrupt_op != op || corruptions <= 0) return;
     --corruptions;
     if (pools && pool_byte >= 0) pools->bytes(PoolKind::primary)[pool_byte] ^= 0xFF;
     if (out && out_byte >= 0) static_cast<uint8_t*>(out->data)[out_byte] ^= 0xFF;
   }
-  void run_append_paged(const KvPools& p, const AppendPagedOp& o) override {
-    cpu_.append_paged(p, o);
-    corrupt("append_paged", &p, nullptr);
+  // After op `id`, its primary pool (if it writes a pool) and its first
+  // written tensor (op_list.hpp's traits).
+  template <OpId id>
+  void run_then_corrupt(const KvPools& p, const OpOf<id>& o) {
+    call_op<id>(cpu_, p, o);
+    const TensorView* out = nullptr;
+    for (const auto& t : OpTraits<id>::tensors)
+      if (!out && t.access == Access::write) out = &(o.*t.member);
+    corrupt(op_name(id), OpTraits<id>::pool_write != PoolWrite::none ? &p : nullptr, out);
   }
-  void run_reshape_and_cache(const KvPools& p, const ReshapeAndCacheOp& o) override {
-    cpu_.reshape_and_cache(p, o);
-    corrupt("reshape_and_cache", &p, nullptr);
-  }
-  void run_qkv_preprocess_write(const KvPools& p, const QkvPreprocessOp& o) override {
-    cpu_.qkv_preprocess_write(p, o);
-    corrupt("qkv_preprocess_write", &p, &o.q_out);
-  }
-  void run_append_mla(const KvPools& p, const AppendMlaOp& o) override {
-    cpu_.append_mla(p, o);
-    corrupt("append_mla", &p, nullptr);
-  }
-  void run_indexer_k_scatter(const IndexerKScatterOp& o) override {
-    cpu_.indexer_k_scatter(o);
-    corrupt("indexer_k_scatter", nullptr, &o.cache);
-  }
-  void run_gather_paged(const KvPools& p, const GatherPagedOp& o) override {
-    cpu_.gather_paged(p, o);
-    corrupt("gather_paged", nullptr, &o.out);
-  }
-  void run_decode_attention(const KvPools& p, const DecodeAttentionOp& o) override {
-    cpu_.decode_attention(p, o);
-    corrupt("decode_attention", nullptr, &o.out);
-  }
-  void run_prefill_attention(const KvPools& p, const PrefillAttentionOp& o) override {
-    cpu_.prefill_attention(p, o);
-    corrupt("prefill_attention", nullptr, &o.out);
-  }
-  void run_mla_attention(const KvPools& p, const MlaAttentionOp& o) override {
-    cpu_.mla_attention(p, o);
-    corrupt("mla_attention", nullptr, &o.out);
-  }
-  void run_partial_copy(const KvPools& p, const PartialCopyOp& o) override {
-    cpu_.partial_copy(p, o);
-    corrupt("partial_copy", &p, nullptr);
-  }
-  void run_copy_blocks(const KvPools& p, const CopyBlocksOp& o) override {
-    cpu_.copy_blocks(p, o);
-    corrupt("copy_blocks", &p, nullptr);
-  }
-  void run_move_blocks(const KvPools& p, const MoveBlocksOp& o, bool to_secondary) override {
-    to_secondary ? cpu_.offload(p, o) : cpu_.onboard(p, o);
-    corrupt(to_secondary ? "offload" : "onboard", &p, nullptr);
-  }
+#define KVSIM_CORRUPTING_RUN(name, Op, validate, form) \
+  void run_##name(KVSIM_OP_PARAMS(Op, form)) override { run_then_corrupt<OpId::name>(KVSIM_OP_POOLS(form), op); }
+  KVSIM_OPS(KVSIM_CORRUPTING_RUN)
+#undef KVSIM_CORRUPTING_RUN
 
  private:
   CpuBackend cpu_{2};
 };
-
 
 }  // namespace kvsim::testing

@@ -1,0 +1,242 @@
+// The op list: every op of contract §5 written once. The Backend entry points
+// and pure virtuals (backend.hpp), their definitions (backend.cpp), every
+// backend's overrides (KVSIM_BACKEND_OP_OVERRIDES), the op ids and names, the
+// differential backend's translate-and-compare and the corrupting test
+// backend are generated from KVSIM_OPS and the per-op traits below. Adding an
+// op: its line in KVSIM_OPS, its OpTraits, core's descriptor and work items,
+// and each backend's run_<name> (docs/architecture.md, "A new op").
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <string_view>
+#include <type_traits>
+
+#include <kvsim/core.hpp>
+#include <kvsim/core/ops/attention.hpp>
+#include <kvsim/core/ops/mla_attention.hpp>
+#include <kvsim/core/ops/qkv_preprocess.hpp>
+#include <kvsim/core/ops/read_copy_ops.hpp>
+#include <kvsim/core/ops/write_ops.hpp>
+
+// X(name, Op, validate, form):
+//   name     the entry point Backend::name(...) and the implementation run_name(...)
+//   Op       core's descriptor
+//   validate core's host validation, called with the same arguments before run_name
+//   form     pools:   name(const KvPools& pools, const Op& op)
+//            tensors: name(const Op& op) (the op touches no pool)
+// The order is the generator's draw order (op_generator.cpp): appending keeps
+// every generated sequence, and so every `kvsim diff --generated` count, as it is.
+#define KVSIM_OPS(X)                                                         \
+  X(append_paged, AppendPagedOp, validate_append_paged, pools)               \
+  X(reshape_and_cache, ReshapeAndCacheOp, validate_reshape_and_cache, pools) \
+  X(qkv_preprocess_write, QkvPreprocessOp, validate_qkv_preprocess, pools)   \
+  X(append_mla, AppendMlaOp, validate_append_mla, pools)                     \
+  X(indexer_k_scatter, IndexerKScatterOp, validate_indexer_k_scatter, tensors) \
+  X(gather_paged, GatherPagedOp, validate_gather_paged, pools)               \
+  X(decode_attention, DecodeAttentionOp, validate_decode_attention, pools)   \
+  X(prefill_attention, PrefillAttentionOp, validate_prefill_attention, pools) \
+  X(mla_attention, MlaAttentionOp, validate_mla_attention, pools)            \
+  X(partial_copy, PartialCopyOp, validate_partial_copy, pools)               \
+  X(copy_blocks, CopyBlocksOp, validate_copy_blocks, pools)                  \
+  X(offload, MoveBlocksOp, validate_move_blocks, pools)                      \
+  X(onboard, MoveBlocksOp, validate_move_blocks, pools)
+
+// An op's parameter list and argument list by its form.
+#define KVSIM_OP_PARAMS_pools(Op) const ::kvsim::KvPools &pools, const Op &op
+#define KVSIM_OP_PARAMS_tensors(Op) const Op &op
+#define KVSIM_OP_ARGS_pools pools, op
+#define KVSIM_OP_ARGS_tensors op
+#define KVSIM_OP_POOLS_pools pools
+#define KVSIM_OP_POOLS_tensors ::kvsim::KvPools{}
+#define KVSIM_OP_PARAMS(Op, form) KVSIM_OP_PARAMS_##form(Op)
+#define KVSIM_OP_ARGS(form) KVSIM_OP_ARGS_##form
+// The pools an op runs on (an empty KvPools for a tensors-form op).
+#define KVSIM_OP_POOLS(form) KVSIM_OP_POOLS_##form
+
+// Every backend's implementations, declared in its class: KVSIM_BACKEND_OP_OVERRIDES
+// (then define run_<name> for each op of KVSIM_OPS).
+#define KVSIM_DECLARE_RUN_OVERRIDE(name, Op, validate, form) void run_##name(KVSIM_OP_PARAMS(Op, form)) override;
+#define KVSIM_BACKEND_OP_OVERRIDES KVSIM_OPS(KVSIM_DECLARE_RUN_OVERRIDE)
+
+namespace kvsim {
+
+enum class OpId : uint8_t {
+#define KVSIM_OP_ID(name, ...) name,
+  KVSIM_OPS(KVSIM_OP_ID)
+#undef KVSIM_OP_ID
+};
+
+inline constexpr OpId kOpIds[] = {
+#define KVSIM_OP_ID(name, ...) OpId::name,
+    KVSIM_OPS(KVSIM_OP_ID)
+#undef KVSIM_OP_ID
+};
+
+constexpr std::string_view op_name(OpId id) {
+  switch (id) {
+#define KVSIM_OP_NAME(name, ...) \
+  case OpId::name: return #name;
+    KVSIM_OPS(KVSIM_OP_NAME)
+#undef KVSIM_OP_NAME
+  }
+  return "?";
+}
+
+// ---- per-op traits: what an op reads and writes, beyond its pools' geometry.
+//   Op          the descriptor (from KVSIM_OPS)
+//   pool_write  the pool whose bytes the op may write (none: it only reads pools)
+//   tensors     its TensorView members: read (inputs) or write (outputs, which
+//               the differential backend compares after the op, in this order)
+//   generated   drawn by the op generator (`kvsim diff --generated`, the
+//               differential sweeps); mla_attention has its own fixture
+enum class Access : uint8_t { read, write };
+enum class PoolWrite : uint8_t { none, primary, secondary };
+
+template <class Op>
+struct TensorField {
+  const char* name;
+  TensorView Op::*member;
+  Access access;
+};
+
+template <OpId>
+struct OpTraits;
+
+template <OpId id>
+using OpOf = typename OpTraits<id>::Op;
+
+template <>
+struct OpTraits<OpId::append_paged> {
+  using Op = AppendPagedOp;
+  static constexpr PoolWrite pool_write = PoolWrite::primary;
+  static constexpr std::array<TensorField<Op>, 2> tensors{{{"k", &Op::k, Access::read}, {"v", &Op::v, Access::read}}};
+  static constexpr bool generated = true;
+};
+
+template <>
+struct OpTraits<OpId::reshape_and_cache> {
+  using Op = ReshapeAndCacheOp;
+  static constexpr PoolWrite pool_write = PoolWrite::primary;
+  static constexpr std::array<TensorField<Op>, 2> tensors{
+      {{"key", &Op::key, Access::read}, {"value", &Op::value, Access::read}}};
+  static constexpr bool generated = true;
+};
+
+template <>
+struct OpTraits<OpId::qkv_preprocess_write> {
+  using Op = QkvPreprocessOp;
+  static constexpr PoolWrite pool_write = PoolWrite::primary;
+  static constexpr std::array<TensorField<Op>, 4> tensors{{{"qkv", &Op::qkv, Access::read},
+                                                           {"bias", &Op::bias, Access::read},
+                                                           {"q_out", &Op::q_out, Access::write},
+                                                           {"cos_sin", &Op::cos_sin, Access::read}}};
+  static constexpr bool generated = true;
+};
+
+template <>
+struct OpTraits<OpId::append_mla> {
+  using Op = AppendMlaOp;
+  static constexpr PoolWrite pool_write = PoolWrite::primary;
+  static constexpr std::array<TensorField<Op>, 2> tensors{
+      {{"ckv", &Op::ckv, Access::read}, {"kpe", &Op::kpe, Access::read}}};
+  static constexpr bool generated = true;
+};
+
+template <>
+struct OpTraits<OpId::indexer_k_scatter> {
+  using Op = IndexerKScatterOp;
+  static constexpr PoolWrite pool_write = PoolWrite::none;
+  static constexpr std::array<TensorField<Op>, 3> tensors{{{"k_fp8", &Op::k_fp8, Access::read},
+                                                           {"k_scale", &Op::k_scale, Access::read},
+                                                           {"cache", &Op::cache, Access::write}}};
+  static constexpr bool generated = true;
+};
+
+template <>
+struct OpTraits<OpId::gather_paged> {
+  using Op = GatherPagedOp;
+  static constexpr PoolWrite pool_write = PoolWrite::none;
+  static constexpr std::array<TensorField<Op>, 1> tensors{{{"out", &Op::out, Access::write}}};
+  static constexpr bool generated = true;
+};
+
+template <>
+struct OpTraits<OpId::decode_attention> {
+  using Op = DecodeAttentionOp;
+  static constexpr PoolWrite pool_write = PoolWrite::none;
+  static constexpr std::array<TensorField<Op>, 2> tensors{{{"q", &Op::q, Access::read}, {"out", &Op::out, Access::write}}};
+  static constexpr bool generated = true;
+};
+
+template <>
+struct OpTraits<OpId::prefill_attention> {
+  using Op = PrefillAttentionOp;
+  static constexpr PoolWrite pool_write = PoolWrite::none;
+  static constexpr std::array<TensorField<Op>, 2> tensors{{{"q", &Op::q, Access::read}, {"out", &Op::out, Access::write}}};
+  static constexpr bool generated = true;
+};
+
+template <>
+struct OpTraits<OpId::mla_attention> {
+  using Op = MlaAttentionOp;
+  static constexpr PoolWrite pool_write = PoolWrite::none;
+  static constexpr std::array<TensorField<Op>, 2> tensors{{{"q", &Op::q, Access::read}, {"out", &Op::out, Access::write}}};
+  static constexpr bool generated = false;
+};
+
+template <>
+struct OpTraits<OpId::partial_copy> {
+  using Op = PartialCopyOp;
+  static constexpr PoolWrite pool_write = PoolWrite::primary;
+  static constexpr std::array<TensorField<Op>, 0> tensors{};
+  static constexpr bool generated = true;
+};
+
+template <>
+struct OpTraits<OpId::copy_blocks> {
+  using Op = CopyBlocksOp;
+  static constexpr PoolWrite pool_write = PoolWrite::primary;
+  static constexpr std::array<TensorField<Op>, 0> tensors{};
+  static constexpr bool generated = true;
+};
+
+template <>
+struct OpTraits<OpId::offload> {
+  using Op = MoveBlocksOp;
+  static constexpr PoolWrite pool_write = PoolWrite::secondary;
+  static constexpr std::array<TensorField<Op>, 0> tensors{};
+  static constexpr bool generated = true;
+};
+
+template <>
+struct OpTraits<OpId::onboard> {
+  using Op = MoveBlocksOp;
+  static constexpr PoolWrite pool_write = PoolWrite::primary;
+  static constexpr std::array<TensorField<Op>, 0> tensors{};
+  static constexpr bool generated = true;
+};
+
+// The traits' descriptor agrees with the list's (a mismatch fails to compile).
+#define KVSIM_OP_CHECK(name, Op, ...) \
+  static_assert(std::is_same_v<OpOf<OpId::name>, Op>, "OpTraits<" #name "> names another descriptor");
+KVSIM_OPS(KVSIM_OP_CHECK)
+#undef KVSIM_OP_CHECK
+
+// The ops the generator draws, in list order.
+inline constexpr auto kGeneratedOpIds = [] {
+  constexpr size_t n = (size_t{0}
+#define KVSIM_OP_COUNT(name, ...) +(OpTraits<OpId::name>::generated ? 1 : 0)
+                        KVSIM_OPS(KVSIM_OP_COUNT)
+#undef KVSIM_OP_COUNT
+  );
+  std::array<OpId, n> ids{};
+  size_t i = 0;
+#define KVSIM_OP_PICK(name, ...) \
+  if (OpTraits<OpId::name>::generated) ids[i++] = OpId::name;
+  KVSIM_OPS(KVSIM_OP_PICK)
+#undef KVSIM_OP_PICK
+  return ids;
+}();
+
+}  // namespace kvsim
