@@ -106,116 +106,67 @@ struct OpTraits;
 template <OpId id>
 using OpOf = typename OpTraits<id>::Op;
 
-template <>
-struct OpTraits<OpId::append_paged> {
-  using Op = AppendPagedOp;
-  static constexpr PoolWrite pool_write = PoolWrite::primary;
-  static constexpr std::array<TensorField<Op>, 2> tensors{{{"k", &Op::k, Access::read}, {"v", &Op::v, Access::read}}};
-  static constexpr bool generated = true;
-};
-
-template <>
-struct OpTraits<OpId::reshape_and_cache> {
-  using Op = ReshapeAndCacheOp;
-  static constexpr PoolWrite pool_write = PoolWrite::primary;
-  static constexpr std::array<TensorField<Op>, 2> tensors{
-      {{"key", &Op::key, Access::read}, {"value", &Op::value, Access::read}}};
-  static constexpr bool generated = true;
-};
-
-template <>
-struct OpTraits<OpId::qkv_preprocess_write> {
-  using Op = QkvPreprocessOp;
-  static constexpr PoolWrite pool_write = PoolWrite::primary;
-  static constexpr std::array<TensorField<Op>, 4> tensors{{{"qkv", &Op::qkv, Access::read},
-                                                           {"bias", &Op::bias, Access::read},
-                                                           {"q_out", &Op::q_out, Access::write},
-                                                           {"cos_sin", &Op::cos_sin, Access::read}}};
-  static constexpr bool generated = true;
-};
-
-template <>
-struct OpTraits<OpId::append_mla> {
-  using Op = AppendMlaOp;
-  static constexpr PoolWrite pool_write = PoolWrite::primary;
-  static constexpr std::array<TensorField<Op>, 2> tensors{
-      {{"ckv", &Op::ckv, Access::read}, {"kpe", &Op::kpe, Access::read}}};
-  static constexpr bool generated = true;
-};
-
-template <>
-struct OpTraits<OpId::indexer_k_scatter> {
-  using Op = IndexerKScatterOp;
-  static constexpr PoolWrite pool_write = PoolWrite::none;
-  static constexpr std::array<TensorField<Op>, 3> tensors{{{"k_fp8", &Op::k_fp8, Access::read},
-                                                           {"k_scale", &Op::k_scale, Access::read},
-                                                           {"cache", &Op::cache, Access::write}}};
-  static constexpr bool generated = true;
-};
-
-template <>
-struct OpTraits<OpId::gather_paged> {
-  using Op = GatherPagedOp;
-  static constexpr PoolWrite pool_write = PoolWrite::none;
-  static constexpr std::array<TensorField<Op>, 1> tensors{{{"out", &Op::out, Access::write}}};
-  static constexpr bool generated = true;
-};
-
-template <>
-struct OpTraits<OpId::decode_attention> {
-  using Op = DecodeAttentionOp;
-  static constexpr PoolWrite pool_write = PoolWrite::none;
-  static constexpr std::array<TensorField<Op>, 2> tensors{{{"q", &Op::q, Access::read}, {"out", &Op::out, Access::write}}};
-  static constexpr bool generated = true;
-};
-
-template <>
-struct OpTraits<OpId::prefill_attention> {
-  using Op = PrefillAttentionOp;
-  static constexpr PoolWrite pool_write = PoolWrite::none;
-  static constexpr std::array<TensorField<Op>, 2> tensors{{{"q", &Op::q, Access::read}, {"out", &Op::out, Access::write}}};
-  static constexpr bool generated = true;
-};
-
-template <>
-struct OpTraits<OpId::mla_attention> {
-  using Op = MlaAttentionOp;
-  static constexpr PoolWrite pool_write = PoolWrite::none;
-  static constexpr std::array<TensorField<Op>, 2> tensors{{{"q", &Op::q, Access::read}, {"out", &Op::out, Access::write}}};
-  static constexpr bool generated = false;
-};
-
-template <>
-struct OpTraits<OpId::partial_copy> {
-  using Op = PartialCopyOp;
-  static constexpr PoolWrite pool_write = PoolWrite::primary;
+// The common part of every OpTraits: an op with no tensors unless it says.
+template <class OpType, PoolWrite kPoolWrite, bool kGenerated = true>
+struct OpTraitsOf {
+  using Op = OpType;
+  static constexpr PoolWrite pool_write = kPoolWrite;
+  static constexpr bool generated = kGenerated;
   static constexpr std::array<TensorField<Op>, 0> tensors{};
-  static constexpr bool generated = true;
 };
+template <class Op, size_t n>
+using Tensors = std::array<TensorField<Op>, n>;
+inline constexpr Access kRead = Access::read, kWrite = Access::write;
 
 template <>
-struct OpTraits<OpId::copy_blocks> {
-  using Op = CopyBlocksOp;
-  static constexpr PoolWrite pool_write = PoolWrite::primary;
-  static constexpr std::array<TensorField<Op>, 0> tensors{};
-  static constexpr bool generated = true;
+struct OpTraits<OpId::append_paged> : OpTraitsOf<AppendPagedOp, PoolWrite::primary> {
+  static constexpr Tensors<Op, 2> tensors{{{"k", &Op::k, kRead}, {"v", &Op::v, kRead}}};
 };
-
 template <>
-struct OpTraits<OpId::offload> {
-  using Op = MoveBlocksOp;
-  static constexpr PoolWrite pool_write = PoolWrite::secondary;
-  static constexpr std::array<TensorField<Op>, 0> tensors{};
-  static constexpr bool generated = true;
+struct OpTraits<OpId::reshape_and_cache> : OpTraitsOf<ReshapeAndCacheOp, PoolWrite::primary> {
+  static constexpr Tensors<Op, 2> tensors{{{"key", &Op::key, kRead}, {"value", &Op::value, kRead}}};
 };
-
 template <>
-struct OpTraits<OpId::onboard> {
-  using Op = MoveBlocksOp;
-  static constexpr PoolWrite pool_write = PoolWrite::primary;
-  static constexpr std::array<TensorField<Op>, 0> tensors{};
-  static constexpr bool generated = true;
+struct OpTraits<OpId::qkv_preprocess_write> : OpTraitsOf<QkvPreprocessOp, PoolWrite::primary> {
+  static constexpr Tensors<Op, 4> tensors{{{"qkv", &Op::qkv, kRead},
+                                           {"bias", &Op::bias, kRead},
+                                           {"q_out", &Op::q_out, kWrite},
+                                           {"cos_sin", &Op::cos_sin, kRead}}};
 };
+template <>
+struct OpTraits<OpId::append_mla> : OpTraitsOf<AppendMlaOp, PoolWrite::primary> {
+  static constexpr Tensors<Op, 2> tensors{{{"ckv", &Op::ckv, kRead}, {"kpe", &Op::kpe, kRead}}};
+};
+template <>
+struct OpTraits<OpId::indexer_k_scatter> : OpTraitsOf<IndexerKScatterOp, PoolWrite::none> {
+  static constexpr Tensors<Op, 3> tensors{
+      {{"k_fp8", &Op::k_fp8, kRead}, {"k_scale", &Op::k_scale, kRead}, {"cache", &Op::cache, kWrite}}};
+};
+template <>
+struct OpTraits<OpId::gather_paged> : OpTraitsOf<GatherPagedOp, PoolWrite::none> {
+  static constexpr Tensors<Op, 1> tensors{{{"out", &Op::out, kWrite}}};
+};
+template <>
+struct OpTraits<OpId::decode_attention> : OpTraitsOf<DecodeAttentionOp, PoolWrite::none> {
+  static constexpr Tensors<Op, 2> tensors{{{"q", &Op::q, kRead}, {"out", &Op::out, kWrite}}};
+};
+template <>
+struct OpTraits<OpId::prefill_attention> : OpTraitsOf<PrefillAttentionOp, PoolWrite::none> {
+  static constexpr Tensors<Op, 2> tensors{{{"q", &Op::q, kRead}, {"out", &Op::out, kWrite}}};
+};
+// Not generated: MLA attention has its own fixture (tests/support/mla_attention_fixture.hpp).
+template <>
+struct OpTraits<OpId::mla_attention> : OpTraitsOf<MlaAttentionOp, PoolWrite::none, /*generated=*/false> {
+  static constexpr Tensors<Op, 2> tensors{{{"q", &Op::q, kRead}, {"out", &Op::out, kWrite}}};
+};
+template <>
+struct OpTraits<OpId::partial_copy> : OpTraitsOf<PartialCopyOp, PoolWrite::primary> {};
+template <>
+struct OpTraits<OpId::copy_blocks> : OpTraitsOf<CopyBlocksOp, PoolWrite::primary> {};
+template <>
+struct OpTraits<OpId::offload> : OpTraitsOf<MoveBlocksOp, PoolWrite::secondary> {};
+template <>
+struct OpTraits<OpId::onboard> : OpTraitsOf<MoveBlocksOp, PoolWrite::primary> {};
 
 // The traits' descriptor agrees with the list's (a mismatch fails to compile).
 #define KVSIM_OP_CHECK(name, Op, ...) \
