@@ -148,11 +148,11 @@ struct OpTraits<OpId::gather_paged> : OpTraitsOf<GatherPagedOp, PoolWrite::none>
 };
 template <>
 struct OpTraits<OpId::decode_attention> : OpTraitsOf<DecodeAttentionOp, PoolWrite::none> {
-  static constexpr Tensors<Op, 2> tensors{{{"q", &Op::q, kRead}, {"out", &Op::out, kWrite}}};
+  static constexpr Tensors<Op, 3> tensors{{{"q", &Op::q, kRead}, {"out", &Op::out, kWrite}, {"lse", &Op::lse, kWrite}}};
 };
 template <>
 struct OpTraits<OpId::prefill_attention> : OpTraitsOf<PrefillAttentionOp, PoolWrite::none> {
-  static constexpr Tensors<Op, 2> tensors{{{"q", &Op::q, kRead}, {"out", &Op::out, kWrite}}};
+  static constexpr Tensors<Op, 3> tensors{{{"q", &Op::q, kRead}, {"out", &Op::out, kWrite}, {"lse", &Op::lse, kWrite}}};
 };
 // Not generated: MLA attention has its own fixture (tests/support/mla_attention_fixture.hpp).
 template <>
