@@ -473,10 +473,11 @@ void run_reference(tbb::task_arena& arena, const AttentionArgs& a, const std::ve
                         for (int64_t i = r.rows().begin(); i < r.rows().end(); ++i) {
                           const auto [seq, position] = rows[i];
                           const KeyList keys = make_key_list(position, a.window, a.pools.geometry.page_divider());
-                          const int64_t need = attention_scratch_floats(a.group, a.pools.geometry.head_dim, keys.size());
+                          const int64_t need =
+                              attention_order_scratch_floats(a.order, a.group, a.pools.geometry.head_dim, keys.size());
                           if (static_cast<int64_t>(buf.size()) < need) buf.resize(need);
                           for (int32_t h = r.cols().begin(); h < r.cols().end(); ++h)
-                            attend_query(a, seq, position, i, h, buf.data());
+                            attend_query_in_order(a, seq, position, i, h, buf.data());
                         }
                       });
   });
@@ -513,8 +514,10 @@ Isa selected_isa() {
 
 void run_attention_rows(tbb::task_arena& arena, const AttentionArgs& a,
                         const std::vector<std::pair<int32_t, int64_t>>& rows, Isa isa) {
-  if (isa == Isa::reference || !isa_available(isa)) {
-    if (isa == Isa::reference) return run_reference(arena, a, rows);
+  // The mma order runs core's attend_query_mma itself (the SIMD kernels are
+  // the fp32 order's).
+  if (isa == Isa::reference || !isa_available(isa) || a.order == AttentionOrder::mma) {
+    if (isa == Isa::reference || a.order == AttentionOrder::mma) return run_reference(arena, a, rows);
     isa = Isa::portable;
   }
   const Plan plan = make_plan(a, isa);
@@ -543,8 +546,9 @@ namespace {
 
 AttentionArgs make_args(const KvPools& pools, int32_t layer, const TensorView& q, const TensorView& out,
                         const int32_t* table, int32_t max_blocks, const AttentionScales& scales,
-                        const WindowMapping& window, const TensorView& lse) {
+                        const WindowMapping& window, const TensorView& lse, AttentionOrder order) {
   AttentionArgs a;
+  a.order = order;
   a.pools = pools;
   a.layer = layer;
   a.q = q;
@@ -562,7 +566,7 @@ AttentionArgs make_args(const KvPools& pools, int32_t layer, const TensorView& q
 
 void CpuBackend::run_decode_attention(const KvPools& pools, const DecodeAttentionOp& op) {
   const AttentionArgs a = make_args(pools, op.layer, op.q, op.out, op.block_table.data(), op.max_blocks_per_seq,
-                                    op.scales, op.window, op.lse);
+                                    op.scales, op.window, op.lse, op.order);
   std::vector<std::pair<int32_t, int64_t>> rows;
   for (size_t b = 0; b < op.seq_lens.size(); ++b) rows.emplace_back(static_cast<int32_t>(b), op.seq_lens[b] - 1);
   cpu_attention::run_attention_rows(arena_, a, rows, cpu_attention::selected_isa());
@@ -570,7 +574,7 @@ void CpuBackend::run_decode_attention(const KvPools& pools, const DecodeAttentio
 
 void CpuBackend::run_prefill_attention(const KvPools& pools, const PrefillAttentionOp& op) {
   const AttentionArgs a = make_args(pools, op.layer, op.q, op.out, op.block_table.data(), op.max_blocks_per_seq,
-                                    op.scales, op.window, op.lse);
+                                    op.scales, op.window, op.lse, op.order);
   std::vector<std::pair<int32_t, int64_t>> rows;
   for (size_t b = 0; b + 1 < op.q_indptr.size(); ++b)
     for (int32_t i = op.q_indptr[b]; i < op.q_indptr[b + 1]; ++i)

@@ -118,15 +118,8 @@ __global__ void __launch_bounds__(kGeneralWarps * kWarp)
     if (lane == 0) s[j] = masked ? canon::neg_inf() : dot * score_scale;
   }
   __syncwarp();
-  float m = canon::neg_inf();
-  for (int32_t j = lane * canon::kLaneRun; j < (lane + 1) * canon::kLaneRun && j < count; ++j) m = s[j] > m ? s[j] : m;
-  m = warp_ordered_max(m, lane);
-  float run = 0.0f;
-  for (int32_t j = lane * canon::kLaneRun; j < (lane + 1) * canon::kLaneRun && j < count; ++j) {
-    s[j] = canon::probability(s[j], m);
-    run = run + s[j];
-  }
-  const float l = warp_butterfly_sum(run);
+  float m, l;
+  warp_partition_softmax(s, count, lane, m, l);
   __syncwarp();
 
   // P.V: every key of the partition, masked ones included (p = 0).
@@ -354,8 +347,12 @@ void launch_plan(const AttentionPlan& plan, cudaStream_t stream) {
   if (plan.rows == 0 || plan.parts == 0) return;
   const RowTables rt{plan.row_seq, plan.row_position, plan.row_part_base, plan.part_row};
   bool done = false;
-  if (plan.path == AttentionPath::bulk) done = launch_bulk_wide(plan, stream) || launch_bulk_byte(plan, stream);
-  if (plan.path == AttentionPath::staged)
+  if (plan.args.order == AttentionOrder::mma) {  // the mma order has one kernel, whatever path was asked
+    launch_mma_partitions(plan, stream);
+    done = true;
+  }
+  if (!done && plan.path == AttentionPath::bulk) done = launch_bulk_wide(plan, stream) || launch_bulk_byte(plan, stream);
+  if (!done && plan.path == AttentionPath::staged)
     done = staged_applies(plan.args.pools, plan.args.q) &&
            (launch_staged_wide(plan, stream) || launch_staged_byte(plan, stream));
   if (!done) {
@@ -385,6 +382,7 @@ void decode_attention(const KvPools& pools, const DecodeAttentionOp& op, cudaStr
   }
   AttentionPlan plan = make_plan("decode_attention", pools, op.layer, op.q, op.out, op.block_table,
                                  op.max_blocks_per_seq, op.scales, op.window, seq, position, stream);
+  set_order(plan, op.order);
   if (kernels_start) KVSIM_CUDA_CHECK("attention timing", cudaEventRecord(kernels_start, stream));  // after the upload
   launch_plan(plan, stream);
   release_plan(plan, stream);
@@ -392,7 +390,7 @@ void decode_attention(const KvPools& pools, const DecodeAttentionOp& op, cudaStr
 
 void prefill_attention(const KvPools& pools, const PrefillAttentionOp& op, cudaStream_t stream,
                        cudaEvent_t kernels_start) {
-  if (prefill_tiled_applies(pools, op.q, op.window)) return prefill_attention_tiled(pools, op, stream, kernels_start);
+  if (op.order == AttentionOrder::fp32 && prefill_tiled_applies(pools, op.q, op.window)) return prefill_attention_tiled(pools, op, stream, kernels_start);
   std::vector<int32_t> seq, position;
   for (size_t b = 0; b + 1 < op.q_indptr.size(); ++b)
     for (int32_t i = op.q_indptr[b]; i < op.q_indptr[b + 1]; ++i) {
@@ -401,6 +399,7 @@ void prefill_attention(const KvPools& pools, const PrefillAttentionOp& op, cudaS
     }
   AttentionPlan plan = make_plan("prefill_attention", pools, op.layer, op.q, op.out, op.block_table,
                                  op.max_blocks_per_seq, op.scales, op.window, seq, position, stream);
+  set_order(plan, op.order);
   if (kernels_start) KVSIM_CUDA_CHECK("attention timing", cudaEventRecord(kernels_start, stream));  // after the upload
   launch_plan(plan, stream);
   release_plan(plan, stream);

@@ -23,7 +23,10 @@ namespace kvsim::cuda {
 // bulk: the staged path's shapes (rows up to 1024 bytes), one warp per
 // (query row, KV head, partition), K/V tiles brought by cp.async.bulk into a
 // per-warp ring (attention_bulk.cuh); fewest instructions per key.
-enum class AttentionPath { general, staged, bulk };
+// mma: the mma order's kernel (attention_mma.cu), the only path of an op in
+// that order (args.order == mma); any dtype the order is offered for, any
+// layout, head dim and group.
+enum class AttentionPath { general, staged, bulk, mma };
 
 // Resources of the bulk kernel a plan launches (benchmark report).
 struct KernelInfo {
@@ -95,6 +98,14 @@ bool launch_staged_byte(const AttentionPlan& plan, cudaStream_t stream);
 // kernel's resources (nothing is launched).
 bool launch_bulk_wide(const AttentionPlan& plan, cudaStream_t stream, KernelInfo* info = nullptr);
 bool launch_bulk_byte(const AttentionPlan& plan, cudaStream_t stream, KernelInfo* info = nullptr);
+// The mma order's partition kernel (attention_mma.cu): m_p, l_p, acc_p of
+// every (row, partition, query head) into the plan's scratch.
+void launch_mma_partitions(const AttentionPlan& plan, cudaStream_t stream);
+// Sets the plan's arithmetic order (mma: the mma path).
+inline void set_order(AttentionPlan& plan, AttentionOrder order) {
+  plan.args.order = order;
+  if (order == AttentionOrder::mma) plan.path = AttentionPath::mma;
+}
 // The staged path's conditions (rows <= 256 bytes) hold for this geometry.
 bool staged_applies(const KvPools& pools, const TensorView& q);
 void release_plan(AttentionPlan& plan, cudaStream_t stream);

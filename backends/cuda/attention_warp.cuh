@@ -40,6 +40,21 @@ __device__ __forceinline__ float warp_ordered_max(float m, int lane) {
   return m;
 }
 
+// The canonical softmax of one partition's scores s[0, count) by a warp: lane
+// runs of canon::kLaneRun keys for the ordered max, then s[j] becomes p_j and
+// the runs' sums meet in the butterfly. Returns (m, l) in every lane.
+__device__ __forceinline__ void warp_partition_softmax(float* s, int32_t count, int lane, float& m, float& l) {
+  m = canon::neg_inf();
+  for (int32_t j = lane * canon::kLaneRun; j < (lane + 1) * canon::kLaneRun && j < count; ++j) m = s[j] > m ? s[j] : m;
+  m = warp_ordered_max(m, lane);
+  float run = 0.0f;
+  for (int32_t j = lane * canon::kLaneRun; j < (lane + 1) * canon::kLaneRun && j < count; ++j) {
+    s[j] = canon::probability(s[j], m);
+    run = run + s[j];
+  }
+  l = warp_butterfly_sum(run);
+}
+
 // Exact fp32 values of stored codes (per-tensor scales applied by the caller),
 // a 32-bit word (4 / kBytes codes) at a time with core's decoders:
 //  * decode: every value bit-exact, NaN payloads included;

@@ -373,10 +373,12 @@ struct DecodeFixture final : PatternPoolFixture {
   Mirrored q;
   BackendBuffer out;
   std::vector<int32_t> seq_lens;
+  AttentionOrder order;
   DecodeAttentionOp op;
 
-  DecodeFixture(Backend& b, const PoolGeometry& geometry, int32_t q_heads, int32_t sequences, int32_t context)
-      : PatternPoolFixture(b, geometry, 31), hq(q_heads),
+  DecodeFixture(Backend& b, const PoolGeometry& geometry, int32_t q_heads, int32_t sequences, int32_t context,
+                AttentionOrder attention_order)
+      : PatternPoolFixture(b, geometry, 31), hq(q_heads), order(attention_order),
         batch(sequences, context, geometry.tokens_per_block, geometry.primary_blocks, 15) {
     q = Mirrored(be, random_floats(CacheDtype::bf16, static_cast<int64_t>(sequences) * hq * g.head_dim, 6));
     out = BackendBuffer(be, static_cast<size_t>(sequences) * hq * g.head_dim * 2);
@@ -392,6 +394,7 @@ struct DecodeFixture final : PatternPoolFixture {
     o.block_table = table;
     o.max_blocks_per_seq = batch.pages_per_seq;
     o.scales = attention_scales(g.dtype);
+    o.order = order;
     return o;
   }
   double run() override {
@@ -427,20 +430,25 @@ struct DecodeFixture final : PatternPoolFixture {
   }
 };
 
-Case decode_case(CacheDtype cache, int32_t page, int32_t q_heads, int32_t sequences, int32_t context) {
+// The order's name in a configuration: nothing for fp32 (today's names), " mma".
+std::string order_text(AttentionOrder order) { return order == AttentionOrder::mma ? " mma" : ""; }
+
+Case decode_case(CacheDtype cache, int32_t page, int32_t q_heads, int32_t sequences, int32_t context,
+                 AttentionOrder order = AttentionOrder::fp32) {
   const int32_t H = 8, D = 128;
   const PoolGeometry g = make_geometry(cache, BlockLayout::hnd, page, H, D,
                                        static_cast<int64_t>(sequences) * ((context + page - 1) / page) + 8);
   Case c;
   c.op = "decode_attention";
   c.config = dtype_text(cache) + " hnd P" + std::to_string(page) + " GQA" + std::to_string(q_heads) + ":8 D128 B" +
-             std::to_string(sequences) + " ctx" + std::to_string(context);
+             std::to_string(sequences) + " ctx" + std::to_string(context) + order_text(order);
   c.params = {{"cache", dtype_name(cache)}, {"layout", "hnd"}, {"page", page}, {"q_heads", q_heads},
               {"kv_heads", H}, {"head_dim", D}, {"batch", sequences}, {"context", context}, {"q_dtype", "bf16"}};
+  if (order == AttentionOrder::mma) c.params["order"] = "mma";
   c.bytes = kv_cache_bytes(g, static_cast<double>(sequences) * context) +
             2.0 * sequences * q_heads * D * 2;  // bf16 q read, bf16 out written
   c.items = sequences;
-  c.prepare = [=](Backend& be) { return std::make_unique<DecodeFixture>(be, g, q_heads, sequences, context); };
+  c.prepare = [=](Backend& be) { return std::make_unique<DecodeFixture>(be, g, q_heads, sequences, context, order); };
   return c;
 }
 
@@ -452,10 +460,11 @@ struct PrefillFixture final : PatternPoolFixture {
   Mirrored q;
   BackendBuffer out;
   std::vector<int32_t> q_indptr, seq_lens;
+  AttentionOrder order;
   PrefillAttentionOp op;
 
-  PrefillFixture(Backend& b, const PoolGeometry& geometry, int32_t q_heads, int32_t tokens)
-      : PatternPoolFixture(b, geometry, 41), hq(q_heads),
+  PrefillFixture(Backend& b, const PoolGeometry& geometry, int32_t q_heads, int32_t tokens, AttentionOrder attention_order)
+      : PatternPoolFixture(b, geometry, 41), hq(q_heads), order(attention_order),
         batch(1, tokens, geometry.tokens_per_block, geometry.primary_blocks, 16) {
     q = Mirrored(be, random_floats(CacheDtype::bf16, static_cast<int64_t>(tokens) * hq * g.head_dim, 7));
     out = BackendBuffer(be, q.host.size());
@@ -474,6 +483,7 @@ struct PrefillFixture final : PatternPoolFixture {
     o.block_table = table;
     o.max_blocks_per_seq = batch.pages_per_seq;
     o.scales = attention_scales(g.dtype);
+    o.order = order;
     return o;
   }
   double run() override {
@@ -505,19 +515,20 @@ struct PrefillFixture final : PatternPoolFixture {
   }
 };
 
-Case prefill_case(CacheDtype cache, int32_t q_heads, int32_t tokens) {
+Case prefill_case(CacheDtype cache, int32_t q_heads, int32_t tokens, AttentionOrder order = AttentionOrder::fp32) {
   const int32_t H = 8, D = 128, page = 16;
   const PoolGeometry g = make_geometry(cache, BlockLayout::hnd, page, H, D, (tokens + page - 1) / page + 8);
   Case c;
   c.op = "prefill_attention";
   c.config = dtype_text(cache) + " hnd P16 GQA" + std::to_string(q_heads) + ":8 D128 causal " +
-             std::to_string(tokens) + " tokens";
+             std::to_string(tokens) + " tokens" + order_text(order);
   c.params = {{"cache", dtype_name(cache)}, {"layout", "hnd"}, {"page", page}, {"q_heads", q_heads},
               {"kv_heads", H}, {"head_dim", D}, {"tokens", tokens}, {"q_dtype", "bf16"}};
+  if (order == AttentionOrder::mma) c.params["order"] = "mma";
   c.bytes = kv_cache_bytes(g, tokens) + 2.0 * tokens * q_heads * D * 2;
   c.items = tokens;
   c.flops = 4.0 * D * q_heads * (static_cast<double>(tokens) * (tokens + 1) / 2);  // causal: key count p + 1
-  c.prepare = [=](Backend& be) { return std::make_unique<PrefillFixture>(be, g, q_heads, tokens); };
+  c.prepare = [=](Backend& be) { return std::make_unique<PrefillFixture>(be, g, q_heads, tokens, order); };
   return c;
 }
 
@@ -891,6 +902,10 @@ std::vector<Case> make_suite(const SuiteOptions& o) {
   cases.push_back(decode_case(fp8, 16, 32, 256, 32768));
   cases.push_back(prefill_case(bf16, 32, 16384));
   cases.push_back(prefill_case(bf16, 32, 65536));
+  // The mma order (issue 20): the rows its speed targets name.
+  cases.push_back(decode_case(bf16, 16, 32, 64, 8192, AttentionOrder::mma));
+  cases.push_back(decode_case(fp8, 16, 32, 64, 8192, AttentionOrder::mma));
+  cases.push_back(prefill_case(bf16, 32, 16384, AttentionOrder::mma));
   cases.push_back(block_copy_case(bf16, 16, 4096, 0));
   cases.push_back(block_copy_case(bf16, 64, 1024, 0));
   cases.push_back(block_copy_case(bf16, 16, 64, 8));

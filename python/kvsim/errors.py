@@ -12,6 +12,7 @@ NAMES = [
     "non_monotone_indptr", "indices_size_mismatch", "block_out_of_range", "last_page_len_out_of_range",
     "position_beyond_sequence", "write_through_bad_page", "slot_beyond_pool", "shared_block_write",
     "secondary_not_onboarded", "bad_global_scale", "bad_window", "shape_mismatch", "bad_argument", "bad_scenario",
+    "unsupported_attention_order",
 ]
 
 

@@ -241,6 +241,7 @@ class Runner final : public BlockMover {
       scales_.v_global_scale = s.cache.v_global_scale;
     }
     scales_.sm_scale = sm_scale_;
+    order_ = s.attention.order;
     if (s.cache.write_path == WritePath::qkv_preprocess && s.model.rope != RopeStyle::none) {
       rotary_dim_ = s.model.rotary_dim > 0 ? s.model.rotary_dim : s.model.head_dim;
       int64_t max_len = 1;
@@ -386,6 +387,7 @@ class Runner final : public BlockMover {
   std::vector<BackendBuffer> pool_memory_;  // shared [pages, 2, ...] allocations
   WindowMapping write_map_, read_map_;  // the current layer's group's
   AttentionScales scales_;
+  AttentionOrder order_ = AttentionOrder::fp32;
   float sm_scale_ = 1.0f;
   bool past_len_zero_ = false, k_scale_for_v_ = false, stale_bad_page_ = false, zero_v_tail_ = true;
   bool short_block_table_ = false, offload_drops_scales_ = false;
@@ -1040,6 +1042,7 @@ void Runner::attend(int32_t layer, const std::vector<Entry>& es, size_t first, s
     op.max_blocks_per_seq = columns;
     op.scales = sc;
     op.window = read_map_;
+    op.order = order_;
   };
   if (decode) {
     DecodeAttentionOp op;

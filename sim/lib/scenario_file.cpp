@@ -4,6 +4,7 @@
 // Scenario::key_locations, so scenarios built in C++ get the same checks.
 #include "kvsim/sim/scenario_file.hpp"
 
+#include <kvsim/core/ops/attention.hpp>
 #include <kvsim/core/splitmix64.hpp>
 
 #include "kvsim/sim/model_presets.hpp"
@@ -380,6 +381,18 @@ void parse_window(Scenario& s, const toml::table& t) {
   sec.read("one_more_block", s.window.one_more_block);
 }
 
+void parse_attention(Scenario& s, const toml::table& t) {
+  Section sec(s, t, "attention.", {"order"});
+  sec.read_name<AttentionOrder>(
+      "order", s.attention.order,
+      [](std::string_view n) -> std::optional<AttentionOrder> {
+        if (n == "fp32") return AttentionOrder::fp32;
+        if (n == "mma") return AttentionOrder::mma;
+        return std::nullopt;
+      },
+      {"fp32", "mma"});
+}
+
 void parse_layers(Scenario& s, const toml::table& t) {
   Section sec(s, t, "layers.", {"windows", "sinks", "allocation", "rule", "one_more_block"});
   LayersSpec& l = s.layers;
@@ -496,8 +509,9 @@ void parse_expect(Scenario& s, const toml::table& t) {
   sec.read_names<Fault>("must_catch", e.must_catch, parse_fault, fault_names());
 }
 
-const std::vector<std::string_view> kTopLevelKeys = {"model",   "mla",    "cache",   "window", "layers", "reuse",
-                                                     "scheduler", "indexer", "recurrent", "prefix", "request", "faults", "expect"};
+const std::vector<std::string_view> kTopLevelKeys = {"model",     "mla",     "cache",     "window", "layers",
+                                                     "attention", "reuse",   "scheduler", "indexer", "recurrent",
+                                                     "prefix",    "request", "faults",    "expect"};
 
 // ------------------------------------------------------------------ checks
 
@@ -1010,11 +1024,20 @@ void check_expectations(const Scenario& s, const Checker& c) {
 
 }  // namespace
 
+void check_attention(const Scenario& s, const Checker& c) {
+  if (s.attention.order == AttentionOrder::fp32) return;
+  c.require(!s.mla.enabled, "attention.order",
+            "expected fp32 with MLA (mla_attention has one order; mma applies to decode/prefill attention)");
+  c.core_check("attention.order",
+               [&] { kvsim::detail::validate_attention_order(pool_geometry(s), s.attention.order, "attention"); });
+}
+
 void check_scenario(const Scenario& s) {
   const Checker c(s);
   check_mla(s, c);  // first: an MLA width explains a wrong head_dim better than head_dim's range
   check_model(s, c);
   check_cache(s, c);
+  check_attention(s, c);
   check_window(s, c);
   check_layers(s, c);
   check_reuse_and_scheduler(s, c);
@@ -1060,7 +1083,7 @@ Scenario parse_scenario(std::string_view toml_text, const std::string& source_na
   using Parser = void (*)(Scenario&, const toml::table&);
   const std::pair<std::string_view, Parser> sections[] = {
       {"model", parse_model},   {"cache", parse_cache},         {"window", parse_window}, {"layers", parse_layers},
-      {"reuse", parse_reuse},
+      {"attention", parse_attention}, {"reuse", parse_reuse},
       {"scheduler", parse_scheduler}, {"indexer", parse_indexer}, {"recurrent", parse_recurrent}, {"faults", parse_faults}, {"expect", parse_expect}};
   for (const auto& [name, parse] : sections)
     if (const toml::node* n = root.get(name)) {

@@ -66,11 +66,13 @@ int check_against_oracle(Backend& cpu, const AttentionCase& c) {
   REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
   const std::vector<uint8_t> got = dev.download_out(p);
   INFO(c.describe());
-  INFO("path " << (cuda::choose_path(dev.placed.pools, q_view(p, dev.placed.q)) == cuda::AttentionPath::staged ? "staged" : "general"));
+  INFO("path " << (c.order == AttentionOrder::mma ? "mma"
+                   : cuda::choose_path(dev.placed.pools, q_view(p, dev.placed.q)) == cuda::AttentionPath::staged ? "staged"
+                                                                                                                  : "general"));
   INFO("first difference: " << first_difference(p, want, got));
   CHECK(want == got);
   const cuda::AttentionPath chosen = cuda::choose_path(dev.placed.pools, q_view(p, dev.placed.q));
-  if (chosen == cuda::AttentionPath::general) return 1;
+  if (chosen == cuda::AttentionPath::general || c.order == AttentionOrder::mma) return 1;  // mma: one kernel
 
   // The same op forced through the other kernels.
   std::vector<int32_t> seq, position;
@@ -244,22 +246,26 @@ TEST_CASE("DecodeAttentionNanTailIsEquivalentToRef: a NaN in the last page's V t
   }
 }
 
-TEST_CASE("OneTokenPrefillIsEquivalentToDecodeOnTheGpu") {
+TEST_CASE("OneTokenPrefillIsEquivalentToDecodeOnTheGpu (both orders)") {
   SKIP_WITHOUT_GPU();
-  AttentionCase c;
-  c.dtype = CacheDtype::bf16;
-  c.layout = BlockLayout::hnd;
-  c.seq_lens = {700, 3, 1025};
-  c.out_dtype = CacheDtype::fp32;
-  const AttentionProblem decode = make_problem(c);
-  c.chunk = {1, 1, 1};
-  const AttentionProblem prefill = make_problem(c);
-  REQUIRE(decode.q == prefill.q);
-  DeviceProblem d1(decode), d2(prefill);
-  cuda::decode_attention(d1.placed.pools, decode_op(decode, d1.placed), nullptr);
-  cuda::prefill_attention(d2.placed.pools, prefill_op(prefill, d2.placed), nullptr);
-  REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
-  CHECK(d1.download_out(decode) == d2.download_out(prefill));
+  for (AttentionOrder order : {AttentionOrder::fp32, AttentionOrder::mma}) {
+    AttentionCase c;
+    c.order = order;
+    c.dtype = CacheDtype::bf16;
+    c.layout = BlockLayout::hnd;
+    c.seq_lens = {700, 3, 1025};
+    c.out_dtype = CacheDtype::fp32;
+    const AttentionProblem decode = make_problem(c);
+    c.chunk = {1, 1, 1};
+    const AttentionProblem prefill = make_problem(c);
+    REQUIRE(decode.q == prefill.q);
+    DeviceProblem d1(decode), d2(prefill);
+    cuda::decode_attention(d1.placed.pools, decode_op(decode, d1.placed), nullptr);
+    cuda::prefill_attention(d2.placed.pools, prefill_op(prefill, d2.placed), nullptr);
+    REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+    INFO("order " << attention_order_name(order));
+    CHECK(d1.download_out(decode) == d2.download_out(prefill));
+  }
 }
 
 // Inf and NaN codes inside attended K and V rows (not only the V tail): the
@@ -475,4 +481,61 @@ TEST_CASE("PrefillTiledNanTailAndSpecialsAreTheOracles: NaN and Inf codes reach 
     CHECK(nans > 0);  // the specials do reach the output
     check_against_oracle(*cpu, c);
   }
+}
+
+// ---------------------------------------------------------------- the mma order
+// attention_mma.cu's tensor-core kernel against core's attend_query_mma (the
+// mma.sync model) on the CPU, byte for byte: the sampled product of every
+// axis with the cache dtypes the order is offered for, GQA beyond 16 heads
+// per KV head (blocks of 16 rows), NaN tails and Inf/NaN codes.
+namespace {
+constexpr CacheDtype kMmaDtypes[] = {CacheDtype::bf16, CacheDtype::fp16, CacheDtype::fp8_e4m3, CacheDtype::fp8_e5m2,
+                                     CacheDtype::int8};
+AttentionCase mma_case(int i, bool prefill) {
+  AttentionCase c = sampled_case(i, prefill);
+  c.order = AttentionOrder::mma;
+  c.dtype = pick(kMmaDtypes, i, 2, 0);
+  return c;
+}
+}  // namespace
+
+TEST_CASE("MmaOrderDecodeAttentionIsEquivalentToRef over a sampled product of every axis") {
+  SKIP_WITHOUT_GPU();
+  auto cpu = make_backend("cpu");
+  for (int i = 0; i < 32; ++i) check_against_oracle(*cpu, mma_case(i, false));
+}
+
+TEST_CASE("MmaOrderPrefillAttentionIsEquivalentToRef over a sampled product of every axis") {
+  SKIP_WITHOUT_GPU();
+  auto cpu = make_backend("cpu");
+  for (int i = 0; i < 12; ++i) check_against_oracle(*cpu, mma_case(i, true));
+}
+
+TEST_CASE("MmaOrderWideGroupsNanTailAndSpecialsAreEquivalentToRef") {
+  SKIP_WITHOUT_GPU();
+  auto cpu = make_backend("cpu");
+  int i = 0;
+  for (CacheDtype dtype : kMmaDtypes)
+    for (int32_t G : {8, 20, 32}) {
+      AttentionCase c;
+      c.order = AttentionOrder::mma;
+      c.dtype = dtype;
+      c.group = G;
+      c.kv_heads = 1 + i % 2;
+      c.head_dim = i % 3 == 0 ? 80 : 128;
+      c.page = i % 2 ? 16 : 7;
+      c.layout = i % 2 ? BlockLayout::hnd : BlockLayout::nhd;
+      c.seq_lens = {1, 300, 17, 530};
+      c.out_dtype = i % 2 ? CacheDtype::bf16 : CacheDtype::fp32;
+      c.q_dtype = i % 3 == 1 ? CacheDtype::bf16 : CacheDtype::fp32;
+      c.nan_tail = i % 4 == 1;
+      c.special_every = i % 4 == 2 ? 20000 : 0;
+      c.seed = 900 + i;
+      check_against_oracle(*cpu, c);
+      if (i % 3 == 0) {
+        c.chunk = {1, 37, 17, 5};
+        check_against_oracle(*cpu, c);
+      }
+      ++i;
+    }
 }

@@ -37,6 +37,7 @@ struct AttentionCase {
   // code of the cache dtype (fp32/fp16/bf16/e4m3/e5m2; none in int8/nvfp4).
   int32_t special_every = 0;
   uint32_t seed = 1;
+  AttentionOrder order = AttentionOrder::fp32;
 
   std::string describe() const {
     std::string s = std::string(dtype_name(dtype)) + " " + std::string(layout_name(layout)) + " " +
@@ -45,7 +46,8 @@ struct AttentionCase {
                     " q=" + std::string(dtype_name(q_dtype)) + " out=" + std::string(dtype_name(out_dtype)) +
                     " window=" + std::to_string(window) + "/" + std::to_string(sinks) + (one_more_block ? "+1" : "") +
                     (nan_tail ? " nan-tail" : "") +
-                    (special_every ? " inf/nan every " + std::to_string(special_every) : "") + " lens=";
+                    (special_every ? " inf/nan every " + std::to_string(special_every) : "") + " order " +
+                    attention_order_name(order) + " lens=";
     for (int32_t l : seq_lens) s += std::to_string(l) + ",";
     if (!chunk.empty()) {
       s += " chunks=";
@@ -249,6 +251,7 @@ inline DecodeAttentionOp decode_op(const AttentionProblem& p, const PlacedProble
   op.max_blocks_per_seq = p.max_blocks;
   op.scales = p.attention_scales;
   op.window = p.window;
+  op.order = p.c.order;
   return op;
 }
 
@@ -263,6 +266,7 @@ inline PrefillAttentionOp prefill_op(const AttentionProblem& p, const PlacedProb
   op.max_blocks_per_seq = p.max_blocks;
   op.scales = p.attention_scales;
   op.window = p.window;
+  op.order = p.c.order;
   return op;
 }
 

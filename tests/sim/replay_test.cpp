@@ -565,3 +565,25 @@ TEST_CASE("BLAKE2b-128 matches Python's hashlib.blake2b(digest_size=16)") {
   CHECK(blake2b_128(m.data(), m.size()).word[0] == 0xc5a06561281bc807ull);
   CHECK(blake2b_128(m.data(), m.size()).word[1] == 0x12c4f571453ff6eeull);
 }
+
+TEST_CASE("replay: the mma attention order keeps every invariant, and its outputs are not the fp32 order's") {
+  // scenarios/orders/ asks for the order (kvsim diff runs them on the GPU; with every invariant
+  // they take minutes on the CPU, so the replays here are the small scenario's).
+  for (const char* name : {"mma_chunked_prefill_reuse", "mma_fp8_e4m3"})
+    CHECK(load_scenario_file(std::string(KVSIM_SOURCE_DIR) + "/scenarios/orders/" + name + ".toml").attention.order ==
+          AttentionOrder::mma);
+  for (int32_t P : {1, 7, 17}) {
+    Scenario s = small(P);
+    s.attention.order = AttentionOrder::mma;
+    if (P == 17) {  // an fp8 cache, its codes decoded exactly to bf16 operands
+      s.cache.dtype = CacheDtype::fp8_e4m3;
+      s.cache.k_scale = 0.25;
+      s.cache.v_scale = 0.3;
+    }
+    INFO("P = " << P);
+    const ScenarioReport r = replay(s, cpu());
+    all_hold(r, {Invariant::chunking, Invariant::layout, Invariant::dense, Invariant::batch});
+    s.attention.order = AttentionOrder::fp32;
+    CHECK(replay(s, cpu()).content_hash != r.content_hash);
+  }
+}

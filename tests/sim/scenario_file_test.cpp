@@ -382,6 +382,18 @@ TEST_CASE("names from a closed vocabulary: dtype, layout, placement, write path,
         BlockLayout::split_x);
 }
 
+TEST_CASE("[attention] order: fp32 (default) or mma; mma only where core offers it") {
+  CHECK(parse_scenario(kOneRequest, "t.toml").attention.order == AttentionOrder::fp32);
+  CHECK(parse_scenario("[attention]\norder = \"mma\"\n" + kOneRequest, "t.toml").attention.order == AttentionOrder::mma);
+  check_rejected("[attention]\norder = \"tf32\"\n" + kOneRequest, "2:9: attention.order", "expected one of fp32, mma");
+  check_rejected("[attention]\nmode = \"mma\"\n" + kOneRequest, "2:1: attention.mode", "order");
+  check_rejected("[model]\ninput_dtype = \"fp32\"\n[cache]\ndtype = \"fp32\"\n[attention]\norder = \"mma\"\n" + kOneRequest,
+                 "6:9: attention.order",
+                 "unsupported_attention_order: attention: attention order mma is not offered for a fp32 cache");
+  check_rejected("[cache]\ndtype = \"nvfp4\"\n[attention]\norder = \"mma\"\n" + kOneRequest, "4:9: attention.order",
+                 "not offered for a nvfp4 cache");
+}
+
 TEST_CASE("prompts: missing prefixes, duplicates, tokens and generated together") {
   check_rejected("[[request]]\nprefixes = [\"nope\"]\n", "2:12: request[0].prefixes",
                  "expected the name of a [[prefix]] (none defined), got \"nope\"");

@@ -32,6 +32,7 @@ enum class ErrorCode {
   bad_scenario,              // a scenario file that is malformed or asks for impossible settings
   bad_trace,                 // a request trace file that is malformed (FILE:LINE: field)
   bad_event_stream,          // a KV-event stream that cannot be read (FILE:LINE or FILE:byte N: field)
+  unsupported_attention_order, // attention order mma asked of a cache dtype it is not offered for
   insufficient_memory,       // a replay whose estimated peak exceeds the backend's free memory (or disk for a spill)
 };
 
@@ -58,6 +59,7 @@ constexpr std::string_view error_name(ErrorCode c) {
     case ErrorCode::bad_scenario: return "bad_scenario";
     case ErrorCode::bad_trace: return "bad_trace";
     case ErrorCode::bad_event_stream: return "bad_event_stream";
+    case ErrorCode::unsupported_attention_order: return "unsupported_attention_order";
     case ErrorCode::insufficient_memory: return "insufficient_memory";
   }
   return "unknown";

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include <kvsim/core.hpp>
+#include <kvsim/core/attention_mma.hpp>
 #include <kvsim/core/rope.hpp>
 
 #include "invariant_table.hpp"
@@ -208,6 +209,13 @@ struct Expectations {
   std::vector<Fault> must_catch;       // faults switched on must be caught by their invariant
 };
 
+// [attention]: the arithmetic order of every decode/prefill attention op
+// (docs/canonical-arithmetic.md): fp32 (today's CUDA-core order) or mma
+// (tensor-core inner products, offered for bf16/fp16/fp8/int8 caches).
+struct AttentionSpec {
+  AttentionOrder order = AttentionOrder::fp32;
+};
+
 struct Scenario {
   std::string name;         // file stem
   std::string description;  // the file's header comment: what it teaches, which engine it models
@@ -216,6 +224,7 @@ struct Scenario {
   MlaSpec mla;
   CacheSpec cache;
   WindowSpec window;
+  AttentionSpec attention;
   ReuseSpec reuse;
   SchedulerSpec scheduler;
   LayersSpec layers;

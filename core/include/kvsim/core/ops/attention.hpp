@@ -9,6 +9,7 @@
 #include <string>
 
 #include "../attention_math.hpp"
+#include "../attention_mma.hpp"
 #include "../cache_io.hpp"
 #include "../page_table.hpp"
 #include "../tensor.hpp"
@@ -40,6 +41,7 @@ struct DecodeAttentionOp {
   AttentionScales scales;
   WindowMapping window;
   TensorView lse;  // optional [batch, Hq] fp32: each query head's natural-log LSE (attention_math.hpp)
+  AttentionOrder order = AttentionOrder::fp32;  // arithmetic order (mma: offered for some cache dtypes)
 };
 
 // Causal attention for a chunk of new tokens: query i of sequence b (i in
@@ -56,6 +58,7 @@ struct PrefillAttentionOp {
   AttentionScales scales;
   WindowMapping window;
   TensorView lse;  // optional [nnz, Hq] fp32: each query head's natural-log LSE
+  AttentionOrder order = AttentionOrder::fp32;  // arithmetic order (mma: offered for some cache dtypes)
 };
 
 // ---------------------------------------------------------------- key list
@@ -113,6 +116,7 @@ struct AttentionArgs {
   int32_t max_blocks_per_seq = 0;
   AttentionScales scales;
   WindowMapping window;
+  AttentionOrder order = AttentionOrder::fp32;
   int32_t group = 1;  // query heads per KV head
   TensorView lse;     // optional [rows, Hq] fp32 (empty: not written)
 };
@@ -171,6 +175,61 @@ KVSIM_HD constexpr int64_t attention_scratch_floats(int32_t group, int32_t head_
          + static_cast<int64_t>(head_dim);             // merged O
 }
 
+// The merge of both orders: per query head of the group, M = max m_p, then
+// L and O folded in partition order, out = (O / L) * v_scale, and the LSE
+// when asked for.
+KVSIM_HD inline void merge_partitions(const AttentionArgs& a, int64_t row, int32_t kv_head, int64_t parts,
+                                      const float* part_m, const float* part_l, const float* part_acc, float* merged) {
+  using namespace canon;
+  const int32_t D = a.pools.geometry.head_dim;
+  for (int32_t g = 0; g < a.group; ++g) {
+    float global_max = neg_inf();
+    for (int64_t part = 0; part < parts; ++part)
+      global_max = part_m[g * parts + part] > global_max ? part_m[g * parts + part] : global_max;
+    float L = 0.0f;
+    for (int32_t d = 0; d < D; ++d) merged[d] = 0.0f;
+    for (int64_t part = 0; part < parts; ++part) {
+      const float w = merge_weight(part_m[g * parts + part], global_max);
+      L = fma_f32(part_l[g * parts + part], w, L);
+      const float* acc = part_acc + (static_cast<int64_t>(g) * parts + part) * D;
+      for (int32_t d = 0; d < D; ++d) merged[d] = fma_f32(acc[d], w, merged[d]);
+    }
+    for (int32_t d = 0; d < D; ++d) {
+      const float o = (merged[d] / L) * a.scales.v_scale;
+      store_float(a.out.data, a.out.dtype, a.out.offset(row, kv_head * a.group + g, d), o);
+    }
+    store_lse(a, row, kv_head * a.group + g, global_max, L);
+  }
+}
+
+// Scores of one partition's keys for the group's query heads (both orders):
+// -inf for a masked key, else score(g) * scale after load(slot) brought the
+// key's K row.
+template <class LoadRow, class Score>
+KVSIM_HD inline void partition_scores(const AttentionArgs& a, const KeyList& keys, int64_t first, int32_t count,
+                                      float score_scale, float* s, LoadRow load, Score score) {
+  for (int32_t j = 0; j < count; ++j) {
+    bool masked = false;
+    const int64_t slot = keys.slot(first + j, a.window, masked);
+    if (!masked) load(slot);
+    for (int32_t g = 0; g < a.group; ++g)
+      s[g * canon::kPartitionSize + j] = masked ? canon::neg_inf() : score(g) * score_scale;
+  }
+}
+
+// Max, probabilities and sum of one partition's scores for each query head of
+// the group (the canonical steps; both orders).
+KVSIM_HD inline void partition_softmax(int32_t G, int32_t count, int64_t parts, int64_t part, const float* s, float* p,
+                                       float* part_m, float* part_l) {
+  using namespace canon;
+  for (int32_t g = 0; g < G; ++g) {
+    const float m = partition_max(s + g * kPartitionSize, count);
+    for (int32_t j = 0; j < count; ++j) p[g * kPartitionSize + j] = probability(s[g * kPartitionSize + j], m);
+    part_m[g * parts + part] = m;
+    part_l[g * parts + part] = partition_sum(p + g * kPartitionSize, count);
+  }
+}
+
 // One query token (sequence seq, absolute position `position`, row `row` of
 // q/out) against KV head kv_head, for the group of query heads sharing it.
 KVSIM_HD inline void attend_query(const AttentionArgs& a, int32_t seq, int64_t position, int64_t row, int32_t kv_head,
@@ -200,23 +259,12 @@ KVSIM_HD inline void attend_query(const AttentionArgs& a, int32_t seq, int64_t p
   for (int64_t part = 0; part < parts; ++part) {
     const int64_t first = part * kPartitionSize;
     const int32_t count = static_cast<int32_t>(n - first < kPartitionSize ? n - first : kPartitionSize);
-    // Scores.
-    for (int32_t j = 0; j < count; ++j) {
-      bool masked = false;
-      const int64_t slot = keys.slot(first + j, a.window, masked);
-      if (!masked) load_head_row(a, seq, slot, 0, kv_head, krow);
-      for (int32_t g = 0; g < G; ++g)
-        s[g * kPartitionSize + j] = masked ? neg_inf() : dot(q + g * D, krow, D) * score_scale;
-    }
+    partition_scores(
+        a, keys, first, count, score_scale, s, [&](int64_t slot) { load_head_row(a, seq, slot, 0, kv_head, krow); },
+        [&](int32_t g) { return dot(q + g * D, krow, D); });
     // Max, probabilities, sum.
-    for (int32_t g = 0; g < G; ++g) {
-      const float m = partition_max(s + g * kPartitionSize, count);
-      for (int32_t j = 0; j < count; ++j) p[g * kPartitionSize + j] = probability(s[g * kPartitionSize + j], m);
-      part_m[g * parts + part] = m;
-      part_l[g * parts + part] = partition_sum(p + g * kPartitionSize, count);
-      float* acc = part_acc + (static_cast<int64_t>(g) * parts + part) * D;
-      for (int32_t d = 0; d < D; ++d) acc[d] = 0.0f;
-    }
+    partition_softmax(G, count, parts, part, s, p, part_m, part_l);
+    for (int64_t i = 0; i < static_cast<int64_t>(G) * D; ++i) part_acc[(i / D * parts + part) * D + i % D] = 0.0f;
     // P.V: every key of the partition, masked ones included (p = 0).
     for (int32_t j = 0; j < count; ++j) {
       bool masked = false;
@@ -229,25 +277,112 @@ KVSIM_HD inline void attend_query(const AttentionArgs& a, int32_t seq, int64_t p
       }
     }
   }
-  // Merge in partition order.
-  for (int32_t g = 0; g < G; ++g) {
-    float global_max = neg_inf();
-    for (int64_t part = 0; part < parts; ++part)
-      global_max = part_m[g * parts + part] > global_max ? part_m[g * parts + part] : global_max;
-    float L = 0.0f;
-    for (int32_t d = 0; d < D; ++d) merged[d] = 0.0f;
-    for (int64_t part = 0; part < parts; ++part) {
-      const float w = merge_weight(part_m[g * parts + part], global_max);
-      L = fma_f32(part_l[g * parts + part], w, L);
-      const float* acc = part_acc + (static_cast<int64_t>(g) * parts + part) * D;
-      for (int32_t d = 0; d < D; ++d) merged[d] = fma_f32(acc[d], w, merged[d]);
+  merge_partitions(a, row, kv_head, parts, part_m, part_l, part_acc, merged);
+}
+
+// Scratch floats attend_query_mma needs for `num_keys` keys (operand codes
+// are kept as 32-bit words in the same buffer).
+KVSIM_HD constexpr int64_t attention_mma_scratch_floats(int32_t group, int32_t head_dim, int64_t num_keys) {
+  const int64_t parts = (num_keys + canon::kPartitionSize - 1) / canon::kPartitionSize;
+  return static_cast<int64_t>(group) * head_dim                              // q codes
+         + static_cast<int64_t>(1 + mma_order::kKeysPerStep) * head_dim      // k codes, 8 rows of v codes
+         + static_cast<int64_t>(group) * canon::kPartitionSize * 4           // scores, p, hi, lo
+         + static_cast<int64_t>(group) * parts * (2 + head_dim)              // m_p, l_p, acc_p
+         + static_cast<int64_t>(head_dim);                                   // merged O
+}
+
+// The operand codes of one head row of K (kv = 0) or V (kv = 1) at a cache slot.
+KVSIM_HD inline void load_head_row_codes(const AttentionArgs& a, int32_t seq, int64_t slot, int32_t kv, int32_t head,
+                                         uint32_t* row) {
+  const PoolGeometry& g = a.pools.geometry;
+  const TableSlot at = table_slot(g, a.block_table, a.max_blocks_per_seq, seq, slot);
+  const uint8_t* pool = a.pools.bytes(PoolKind::primary);
+  for (int32_t d = 0; d < g.head_dim; ++d)
+    row[d] = mma_order::load_cache_operand(pool, g.dtype,
+                                           element_offset(a.pools.strides[0], at.block, a.layer, kv, head, at.entry, d));
+}
+
+// attend_query in the mma order (docs/canonical-arithmetic.md, "The mma
+// order"): the same keys, partitions, softmax and merge; q.k and P.V are
+// chains of modelled mma.sync instructions (attention_mma.hpp).
+KVSIM_HD inline void attend_query_mma(const AttentionArgs& a, int32_t seq, int64_t position, int64_t row,
+                                      int32_t kv_head, float* scratch) {
+  using namespace canon;
+  using mma_order::kKeysPerStep;
+  const int32_t D = a.pools.geometry.head_dim;
+  const int32_t G = a.group;
+  const mma::Operand f = mma_order::operand_for(a.pools.geometry.dtype);
+  const KeyList keys = make_key_list(position, a.window, a.pools.geometry.page_divider());
+  const int64_t n = keys.size();
+  const int64_t parts = (n + kPartitionSize - 1) / kPartitionSize;
+  const float score_scale = a.scales.sm_scale * a.scales.k_scale;
+
+  uint32_t* q = reinterpret_cast<uint32_t*>(scratch);
+  uint32_t* krow = q + static_cast<int64_t>(G) * D;
+  uint32_t* vrows = krow + D;                                         // [kKeysPerStep][D]
+  float* s = reinterpret_cast<float*>(vrows + kKeysPerStep * D);      // [G][kPartitionSize]
+  float* p = s + static_cast<int64_t>(G) * kPartitionSize;            // [G][kPartitionSize]
+  uint32_t* hi = reinterpret_cast<uint32_t*>(p + static_cast<int64_t>(G) * kPartitionSize);
+  uint32_t* lo = hi + static_cast<int64_t>(G) * kPartitionSize;
+  float* part_m = reinterpret_cast<float*>(lo + static_cast<int64_t>(G) * kPartitionSize);
+  float* part_l = part_m + static_cast<int64_t>(G) * parts;
+  float* part_acc = part_l + static_cast<int64_t>(G) * parts;
+  float* merged = part_acc + static_cast<int64_t>(G) * parts * D;
+
+  for (int32_t g = 0; g < G; ++g)
+    for (int32_t d = 0; d < D; ++d)
+      q[g * D + d] = mma_order::operand_code(f, load_float(a.q.data, a.q.dtype, a.q.offset(row, kv_head * G + g, d)));
+
+  for (int64_t part = 0; part < parts; ++part) {
+    const int64_t first = part * kPartitionSize;
+    const int32_t count = static_cast<int32_t>(n - first < kPartitionSize ? n - first : kPartitionSize);
+    partition_scores(
+        a, keys, first, count, score_scale, s, [&](int64_t slot) { load_head_row_codes(a, seq, slot, 0, kv_head, krow); },
+        [&](int32_t g) { return mma_order::score_chain(f, q + g * D, krow, D); });
+    partition_softmax(G, count, parts, part, s, p, part_m, part_l);
+    // Keys past the partition's end are zeros in the last group of 8.
+    const int32_t padded = (count + kKeysPerStep - 1) / kKeysPerStep * kKeysPerStep;
+    for (int32_t g = 0; g < G; ++g)
+      for (int32_t j = 0; j < padded; ++j) {
+        const mma_order::SplitProbability sp =
+            j < count ? mma_order::split_probability(f, p[g * kPartitionSize + j]) : mma_order::SplitProbability{0u, 0u};
+        hi[g * kPartitionSize + j] = sp.hi;
+        lo[g * kPartitionSize + j] = sp.lo;
+      }
+    for (int64_t i = 0; i < static_cast<int64_t>(G) * D; ++i) part_acc[(i / D * parts + part) * D + i % D] = 0.0f;
+    // P.V: every key of the partition, masked ones included (p = 0), 8 per instruction.
+    for (int32_t j0 = 0; j0 < count; j0 += kKeysPerStep) {
+      for (int32_t i = 0; i < kKeysPerStep; ++i) {
+        bool masked = false;
+        if (j0 + i < count) {
+          load_head_row_codes(a, seq, keys.slot(first + j0 + i, a.window, masked), 1, kv_head, vrows + i * D);
+        } else {
+          for (int32_t d = 0; d < D; ++d) vrows[i * D + d] = 0u;
+        }
+      }
+      for (int32_t d = 0; d < D; ++d) {
+        uint32_t v[kKeysPerStep];
+        for (int32_t i = 0; i < kKeysPerStep; ++i) v[i] = vrows[i * D + d];
+        for (int32_t g = 0; g < G; ++g) {
+          float* acc = part_acc + (static_cast<int64_t>(g) * parts + part) * D + d;
+          *acc = mma_order::pv_step(f, hi + g * kPartitionSize + j0, lo + g * kPartitionSize + j0, v, *acc);
+        }
+      }
     }
-    for (int32_t d = 0; d < D; ++d) {
-      const float o = (merged[d] / L) * a.scales.v_scale;
-      store_float(a.out.data, a.out.dtype, a.out.offset(row, kv_head * G + g, d), o);
-    }
-    store_lse(a, row, kv_head * G + g, global_max, L);
   }
+  merge_partitions(a, row, kv_head, parts, part_m, part_l, part_acc, merged);
+}
+
+// The op's order: attend_query or attend_query_mma, and its scratch.
+KVSIM_HD constexpr int64_t attention_order_scratch_floats(AttentionOrder o, int32_t group, int32_t head_dim,
+                                                          int64_t num_keys) {
+  return o == AttentionOrder::mma ? attention_mma_scratch_floats(group, head_dim, num_keys)
+                                  : attention_scratch_floats(group, head_dim, num_keys);
+}
+KVSIM_HD inline void attend_query_in_order(const AttentionArgs& a, int32_t seq, int64_t position, int64_t row,
+                                           int32_t kv_head, float* scratch) {
+  if (a.order == AttentionOrder::mma) return attend_query_mma(a, seq, position, row, kv_head, scratch);
+  attend_query(a, seq, position, row, kv_head, scratch);
 }
 
 // Position of prefill query row i of sequence b.
@@ -301,6 +436,17 @@ inline void validate_lse_output(const TensorView& lse, int64_t rows, int64_t hea
   if (lse.rank != 2 || lse.dtype != CacheDtype::fp32 || lse.shape[0] != rows || lse.shape[1] != heads)
     fail(ErrorCode::shape_mismatch, std::string(op) + ": lse must be [" + std::to_string(rows) + ", " +
                                         std::to_string(heads) + "] fp32");
+}
+
+// The mma order is offered for the cache dtypes whose codes are exact values
+// of a 16-bit operand type (mma_order::offered_for).
+inline void validate_attention_order(const PoolGeometry& g, AttentionOrder order, const char* op) {
+  if (order != AttentionOrder::fp32 && order != AttentionOrder::mma)
+    fail(ErrorCode::bad_argument, std::string(op) + ": unknown attention order " + std::to_string(static_cast<int>(order)));
+  if (order == AttentionOrder::mma && !mma_order::offered_for(g.dtype))
+    fail(ErrorCode::unsupported_attention_order,
+         std::string(op) + ": attention order mma is not offered for a " + std::string(dtype_name(g.dtype)) +
+             " cache: rule: mma needs bf16, fp16, fp8_e4m3, fp8_e5m2 or int8 codes (exact 16-bit operands)");
 }
 
 // The block table of an attention op: [batch, max_blocks] entries, every
@@ -359,6 +505,7 @@ inline void validate_decode_attention(const KvPools& pools, const DecodeAttentio
                                     op.seq_lens, op.block_table, op.max_blocks_per_seq, op.scales, op.window,
                                     "decode_attention");
   detail::validate_lse_output(op.lse, static_cast<int64_t>(op.seq_lens.size()), op.q.shape[1], "decode_attention");
+  detail::validate_attention_order(pools.geometry, op.order, "decode_attention");
 }
 
 inline void validate_prefill_attention(const KvPools& pools, const PrefillAttentionOp& op) {
@@ -366,6 +513,7 @@ inline void validate_prefill_attention(const KvPools& pools, const PrefillAttent
   detail::validate_attention_common(pools, op.layer, op.q, op.out, op.q_indptr.back(), op.seq_lens, op.block_table,
                                     op.max_blocks_per_seq, op.scales, op.window, "prefill_attention");
   detail::validate_lse_output(op.lse, op.q_indptr.back(), op.q.shape[1], "prefill_attention");
+  detail::validate_attention_order(pools.geometry, op.order, "prefill_attention");
 }
 
 }  // namespace kvsim
