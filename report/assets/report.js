@@ -97,9 +97,20 @@
     sc.head_dim + ', ' + sc.dtype + ' ' + sc.layout;
 
   // ---------------------------------------------------------------- pools
-  // One grid per primary pool; with a single pool placed per_layer, one grid per layer (each layer
+  // One grid per primary pool; placed per_layer, one grid per layer of each pool (each pool layer
   // has its own region of the pool; the block ids, hence the owners, are the same in every layer).
-  const perLayer = NP === 1 && sc.placement === 'per_layer' && sc.layers > 1 && NB * sc.layers <= 8192;
+  // Pool layer i serves layer i of every KV cache group drawing from that pool (vLLM's hybrid
+  // manager: one pool shared by the groups; TensorRT-LLM VSWA: a pool per window size). Beyond
+  // 8192 drawn blocks the layers of a pool share one grid, its label listing them (aggregated).
+  function poolLayers(p) {
+    const users = groups.map((G, g) => [G, g]).filter(([G]) => G.pool === p && G.layers.length);
+    if (!users.length) return [...Array(p === 0 ? sc.layers : 1).keys()].map((l) => 'layer ' + l);
+    const n = Math.max(...users.map(([G]) => G.layers.length));
+    return [...Array(n).keys()].map((i) => users.filter(([G]) => i < G.layers.length)
+      .map(([G, g]) => 'layer ' + G.layers[i] + (users.length > 1 ? ' (group ' + g + ')' : '')).join(', '));
+  }
+  const layerGrids = sc.placement === 'per_layer' ? [...Array(NP).keys()].reduce((n, p) => n + poolLayers(p).length, 0) : NP;
+  const perLayer = sc.placement === 'per_layer' && layerGrids > NP && NB * layerGrids <= 8192;
   const cols = Math.min(64, Math.max(8, Math.ceil(Math.sqrt(NB * 2))));
   const cell = NB <= 128 ? 22 : NB <= 1024 ? 14 : 10;
   const grids = [];  // {pool, rects}; the first grid of each pool is the one blockRect() names
@@ -107,11 +118,15 @@
   const secRects = [];
   (function () {
     const specs = [];
-    if (perLayer) for (let l = 0; l < sc.layers; ++l) specs.push([0, 'primary pool, layer ' + l + ' (per_layer placement)']);
+    if (perLayer) for (let p = 0; p < NP; ++p) poolLayers(p).forEach((served, i) =>
+      specs.push([p, (NP > 1 ? 'primary pool ' + p : 'primary pool') + ', pool layer ' + i + ': ' + served +
+        ' (per_layer placement)']));
     else for (let p = 0; p < NP; ++p) {
       const users = groups.map((G, g) => [G, g]).filter(([G]) => G.pool === p).map(([, g]) => groupText(g));
+      const shared = sc.placement === 'per_layer' && poolLayers(p).length > 1
+        ? '; its ' + poolLayers(p).length + ' per_layer layers share this grid (same owners in each)' : '';
       specs.push([p, (NP > 1 ? 'primary pool ' + p : 'primary pool') + (groups.length > 1 ? ': ' + users.join('; ') :
-        sc.layers > 1 ? ' (' + sc.placement + ')' : '')]);
+        sc.layers > 1 ? ' (' + sc.placement + ')' : '') + shared]);
     }
     const rowsP = Math.ceil(NB / cols), rowsS = NS ? Math.ceil(NS / cols) : 0;
     const gridH = rowsP * cell + 22;

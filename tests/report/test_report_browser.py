@@ -22,6 +22,9 @@ import cdp
 HERE = pathlib.Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
 FREE, CACHED, RESERVED = -1, -2, -3
+# Test scenarios beside the built-in ones: a 2,048-block, 530-step replay (large pages stay
+# usable) and TensorRT-LLM VSWA placed per_layer (one grid per layer of each of its two pools).
+EXTRA = ["large_pool", "vswa_per_layer"]
 
 
 def replay_json(page_path):
@@ -74,7 +77,7 @@ def browser():
 def report_dir(request, tmp_path_factory):
     kvsim = request.config.getoption("--kvsim")
     out = tmp_path_factory.mktemp("report")
-    scenarios = sorted(str(p) for p in (ROOT / "scenarios").glob("*.toml")) + [str(HERE / "large_pool.toml")]
+    scenarios = sorted(str(p) for p in (ROOT / "scenarios").glob("*.toml")) + [str(HERE / f"{n}.toml") for n in EXTRA]
     run = subprocess.run([kvsim, "run", "--report", str(out)] + scenarios, capture_output=True, text=True)
     assert run.returncode == 0, run.stdout + run.stderr
     return out
@@ -87,7 +90,7 @@ def screenshot_dir(request):
 
 
 def scenario_names():
-    return sorted(p.stem for p in (ROOT / "scenarios").glob("*.toml")) + ["large_pool"]
+    return sorted(p.stem for p in (ROOT / "scenarios").glob("*.toml")) + EXTRA
 
 
 def dom_state(page):
@@ -103,7 +106,13 @@ def dom_state(page):
         tables[t.dataset.request + ':' + t.dataset.group] = [...t.querySelectorAll('span.entry')].map(e => +e.dataset.block);
       const invariants = [...document.querySelectorAll('#invariants tr.invariant')]
         .map(r => [r.dataset.invariant, r.querySelector('td.status').textContent]);
-      return {blocks, legend, tables, invariants, frame: +document.body.dataset.frame,
+      const byGrid = new Map();
+      for (const r of document.querySelectorAll('rect.block.primary')) {
+        if (!byGrid.has(r.dataset.grid)) byGrid.set(r.dataset.grid, [+r.dataset.grid, +r.dataset.pool, []]);
+        byGrid.get(r.dataset.grid)[2].push(+r.dataset.owner);
+      }
+      const grids = [...byGrid.values()];
+      return {blocks, legend, tables, invariants, grids, frame: +document.body.dataset.frame,
               secondary: document.querySelectorAll('rect.block.secondary').length,
               rings: document.querySelectorAll('#window svg.ring').length,
               nodes: document.querySelectorAll('#tree circle.node').length,
@@ -112,8 +121,28 @@ def dom_state(page):
     })()""")
 
 
+def expected_grids(doc):
+    """Grids per primary pool: placed per_layer, one per pool layer (layer i of every KV cache group
+    of that pool), unless that would draw more than 8192 blocks; else one."""
+    sc, pools = doc["scenario"], doc["pools"]
+    def layers_of(p):
+        users = [g for g in doc["groups"] if g["pool"] == p and g["layers"]]
+        return max(len(g["layers"]) for g in users) if users else (sc["layers"] if p == 0 else 1)
+    per_pool = {p: layers_of(p) if sc["placement"] == "per_layer" else 1 for p in range(pools)}
+    total = sum(per_pool.values())
+    if total > pools and sc["primary_blocks"] * total <= 8192:
+        return per_pool
+    return {p: 1 for p in range(pools)}
+
+
 def check_frame(doc, state, frame):
     assert state["frame"] == frame
+    grids = {}
+    for grid, pool, owners in state["grids"]:
+        grids.setdefault(pool, []).append(owners)
+    assert {p: len(g) for p, g in grids.items()} == expected_grids(doc), "one grid per pool layer (per_layer)"
+    for pool, gs in grids.items():
+        assert all(g == gs[0] for g in gs), f"pool {pool}: every layer's grid shows the same owners"
     want = owners_at(doc, frame)
     assert len(state["blocks"]) == len(want), "one rect per primary block of every pool"
     for pool, block, owner, fill in state["blocks"]:
