@@ -32,6 +32,14 @@ std::optional<int64_t> find_number(const std::string& text, const std::string& w
   return std::nullopt;
 }
 
+// The KV cache group holding model layer `layer`, and the layer's index in that group's pool.
+std::pair<int32_t, int32_t> group_of_layer(const std::vector<sim::KvGroup>& groups, int32_t layer) {
+  for (size_t g = 0; g < groups.size(); ++g)
+    for (size_t i = 0; i < groups[g].layers.size(); ++i)
+      if (groups[g].layers[i] == layer) return {static_cast<int32_t>(g), static_cast<int32_t>(i)};
+  return {0, layer};
+}
+
 }  // namespace
 
 std::optional<Locus> parse_locus(const std::string& detail) {
@@ -49,6 +57,8 @@ std::optional<Locus> parse_locus(const std::string& detail) {
   l.dim = static_cast<int32_t>(find_number(detail, "dim").value_or(-1));
   if (std::regex_search(detail, m, std::regex(": out ([^,]+), Eigen double ([^,]+),")))
     l.values = {{"the op's output", m[1]}, {"Eigen double reference", m[2]}};
+  else if (std::regex_search(detail, m, std::regex(": out ([^,]+), bf16 ([^)]+)\\)")))
+    l.values = {{"this run (quantized cache)", m[1]}, {"the same run with a bf16 cache", m[2]}};
   else if (std::regex_search(detail, m, std::regex("differs from (.+?): .*: ([^ ]+) vs ([^ ]+)$")))
     l.values = {{"this run", m[2]}, {std::string(m[1]), m[3]}};
   else if (std::regex_search(detail, m, std::regex("is NaN")))
@@ -78,8 +88,16 @@ std::string path_svg(const sim::Explanation& e, int32_t kv, const std::string& t
       {"element", kv_name + " element offset", std::to_string(t->element), sim::terms_formula(t->terms)},
       {"byte", "byte", std::to_string(t->byte), sim::byte_formula(t->element, t->byte, bits_per_element(e.g.dtype))},
   };
+  // With an engine preset (core/engine_presets.hpp) the element also has an offset inside the
+  // engine's own tensor: written under the path, beside the values.
+  std::vector<std::pair<std::string, std::string>> lines = values;
+  if (!t->tensor.empty())
+    lines.insert(lines.begin(), {"in the engine's tensor " + t->tensor,
+                                 "element " + std::to_string(t->tensor_element) + " (= " + std::to_string(t->element) +
+                                     " - tensor base " + std::to_string(t->tensor_base) + "), byte " +
+                                     std::to_string(t->tensor_byte)});
   const int row = 52, top = 34, box_w = 190;
-  const int height = top + static_cast<int>(stages.size()) * row + 24 * static_cast<int>(values.size()) + 10;
+  const int height = top + static_cast<int>(stages.size()) * row + 24 * static_cast<int>(lines.size()) + 10;
   std::string s = "<svg xmlns=\"http://www.w3.org/2000/svg\" class=\"path\" width=\"980\" height=\"" +
                   std::to_string(height) + "\" viewBox=\"0 0 980 " + std::to_string(height) +
                   "\" font-family=\"sans-serif\" font-size=\"12\">\n";
@@ -103,7 +121,7 @@ std::string path_svg(const sim::Explanation& e, int32_t kv, const std::string& t
            "\" stroke=\"#555\" marker-end=\"url(#arrow)\"/>\n";
   }
   int y = top + static_cast<int>(stages.size()) * row + 8;
-  for (const auto& [label, value] : values) {
+  for (const auto& [label, value] : lines) {
     s += "<text class=\"value\" x=\"8\" y=\"" + std::to_string(y) + "\"><tspan font-weight=\"bold\">" +
          xml_escape(label) + ":</tspan> " + xml_escape(value) + "</text>\n";
     y += 24;
@@ -117,7 +135,7 @@ std::optional<sim::Explanation> explain_locus(const sim::Scenario& s, const Repl
                                               int64_t& frame) {
   const int32_t r = rec.request_index(l.request);
   if (r < 0) return std::nullopt;
-  frame = rec.frame_of(r, l.position);
+  frame = l.frame >= 0 ? l.frame : rec.frame_of(r, l.position);
   if (frame < 0) return std::nullopt;
   const int32_t D = s.model.head_dim;
   int32_t q_head = l.head, dim = l.dim;
@@ -128,13 +146,7 @@ std::optional<sim::Explanation> explain_locus(const sim::Scenario& s, const Repl
   }
   // The layer's KV cache group: its table, its pool (and the layer's index in that pool), its window.
   const std::vector<sim::KvGroup> groups = sim::kv_groups(s);
-  int32_t group = 0, layer_in_pool = l.layer;
-  for (size_t g = 0; g < groups.size(); ++g)
-    for (size_t i = 0; i < groups[g].layers.size(); ++i)
-      if (groups[g].layers[i] == l.layer) {
-        group = static_cast<int32_t>(g);
-        layer_in_pool = static_cast<int32_t>(i);
-      }
+  const auto [group, layer_in_pool] = group_of_layer(groups, l.layer);
   const sim::KvGroup& kg = groups.at(static_cast<size_t>(group));
   sim::ExplainRequest q;
   q.geometry = sim::kv_pool_geometry(s, groups, kg.pool);
@@ -189,6 +201,23 @@ DrawnPath difference_path(const sim::Scenario& s, const ReplayRecorder& rec, con
   std::optional<sim::Explanation> e;
   if (!l.request.empty() && l.position >= 0 && l.dim >= 0 && (d.token_meaning == "token position" || d.token_meaning == "query position"))
     e = explain_locus(s, rec, l, frame);
+  // A cache slot of a window ring: the token it holds after the op's step is the newest position
+  // the ring maps onto it (core's WindowMapping::cache_token, the mapping the ops use).
+  if (!e && !l.request.empty() && l.position >= 0 && l.dim >= 0 && d.token_meaning.rfind("cache slot", 0) == 0 &&
+      p.frame >= 0) {
+    const int32_t r = rec.request_index(l.request);
+    const auto [group, layer_in_pool] = group_of_layer(sim::kv_groups(s), layer);
+    (void)layer_in_pool;
+    const WindowMapping& w = rec.window(group);
+    int64_t token = r < 0 ? -1 : rec.length_at(p.frame, r) - 1;
+    while (token >= 0 && w.cache_token(token) != d.token) --token;
+    if (token >= 0) {
+      l.position = token;
+      l.frame = p.frame;
+      e = explain_locus(s, rec, l, frame);
+      if (e && e->cache_token != d.token) e.reset();  // the drawing must end where the difference is
+    }
+  }
   if (e) {
     p.svg = path_svg(*e, kv, p.title, values);
     return p;

@@ -209,4 +209,13 @@ std::vector<int32_t> ReplayRecorder::table_at(int64_t frame, int32_t request, in
   return t;
 }
 
+int64_t ReplayRecorder::length_at(int64_t frame, int32_t request) const {
+  int64_t len = 0;
+  const json& frames = doc_.at("frames");
+  for (int64_t i = 0; i <= frame && i < static_cast<int64_t>(frames.size()); ++i)
+    for (const json& row : frames[static_cast<size_t>(i)].at("r"))
+      if (row[0].get<int32_t>() == request) len = row[1].get<int64_t>();
+  return len;
+}
+
 }  // namespace kvsim::report

@@ -86,6 +86,17 @@ Comparison compare_outputs(const RunRecord& test, const RunRecord& reference,
   return c;
 }
 
+namespace {
+// " at attention of request R, layer L, position P, element E: out A, bf16 B" (the report draws its path).
+std::string worst_at(const QuantizationError& q) {
+  if (q.worst_element < 0) return "";
+  char buf[96];
+  std::snprintf(buf, sizeof buf, ", element %lld: out %.9g, bf16 %.9g", static_cast<long long>(q.worst_element),
+                q.worst_value, q.worst_reference);
+  return " at " + describe(q.worst) + buf;
+}
+}  // namespace
+
 double quantization_bound(CacheDtype t) {
   switch (t) {
     case CacheDtype::fp8_e4m3: return 0.125;
@@ -116,7 +127,13 @@ QuantizationError quantization_error(const RunRecord& test, const RunRecord& ref
       const double d = static_cast<double>(a) - b;
       num += d * d;
       den += static_cast<double>(b) * b;
-      q.max_abs = std::max(q.max_abs, std::fabs(d));
+      if (std::fabs(d) > q.max_abs) {
+        q.max_abs = std::fabs(d);
+        q.worst = x.key;
+        q.worst_element = static_cast<int64_t>(i);
+        q.worst_value = a;
+        q.worst_reference = b;
+      }
     }
   });
   // Both runs must have kept their attention rows (ReplayOptions::spill_attention).
@@ -367,7 +384,7 @@ ScenarioReport replay(const Scenario& s, Backend& backend, const ReplayOptions& 
           return Outcome{q.compared > 0, !(q.rel_rms <= bound),
                          "relative RMS error against bf16 " + format_double(q.rel_rms) + (q.rel_rms <= bound ? " <= " : " > ") +
                              "bound " + format_double(bound) + " over " + std::to_string(q.compared) +
-                             " outputs (max |diff| " + format_double(q.max_abs) + ")"};
+                             " outputs (max |diff| " + format_double(q.max_abs) + worst_at(q) + ")"};
         }, spilled);
       }
       if (wanted(Invariant::batch) && s.requests.size() >= 2) {

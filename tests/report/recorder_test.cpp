@@ -178,6 +178,17 @@ TEST_CASE("invariant findings are located") {
   CHECK(l->dim == 5);
   CHECK(l->values[0].second == "-0.78125");
   CHECK_FALSE(report::parse_locus("relative RMS error against bf16 0.999 > bound 0.125 over 92 outputs"));
+  // The quantization invariant names its largest difference, which the report draws.
+  const auto q = report::parse_locus(
+      "relative RMS error against bf16 0.999 > bound 0.125 over 92 outputs (max |diff| 2.71 at attention output of "
+      "request a, layer 0, position 3, element 439: out -5.20307112, bf16 -2.49589324)");
+  REQUIRE(q);
+  CHECK(q->request == "a");
+  CHECK(q->position == 3);
+  CHECK(q->element == 439);
+  REQUIRE(q->values.size() == 2);
+  CHECK(q->values[0].second == "-5.20307112");
+  CHECK(q->values[1].second == "-2.49589324");
 }
 
 TEST_CASE("a caught fault is drawn as its path with core's numbers") {
@@ -259,6 +270,53 @@ int run_kvsim(const std::string& args, const std::string& diff_candidate = "") {
 }
 }  // namespace
 
+TEST_CASE("a difference at a window ring's cache slot is drawn as the path of the token that slot holds") {
+  // A byte of a ring block flipped after the first qkv_preprocess_write: the differential backend
+  // names the element by its cache slot (the op's table is the ring's); the drawing follows the
+  // newest token core's WindowMapping maps onto that slot, and ends at the differing element.
+  const sim::Scenario s = sim::load_scenario_file(builtin("window_cyclic_sinks_bubble"));
+  const PoolGeometry g = sim::pool_geometry(s);
+  const PoolStrides strides = contiguous_strides(g);
+  bool drawn = false;
+  for (int64_t block = 0; block < 6 && !drawn; ++block) {
+    CAPTURE(block);
+    auto candidate = std::make_unique<testing::CorruptingBackend>();
+    candidate->corrupt_op = "qkv_preprocess_write";
+    candidate->pool_byte = element_byte_offset(element_offset(strides, block, 0, 0, 1, 3, 5), g.dtype);
+    candidate->corruptions = 1;
+    DifferentialBackend diff(make_backend("cpu"), std::move(candidate));
+    report::ReplayRecorder rec;
+    report::FirstDifferenceOp first_op;
+    sim::ReplayOptions o;
+    o.comparison_invariants = false;
+    o.observer = &rec;
+    o.before_op = [&](const sim::OpContext& c) {
+      first_op.before_op(c, diff);
+      diff.set_context("step " + std::to_string(c.step), c.sequence_ids);
+    };
+    sim::replay(s, diff, o);
+    if (!diff.first_difference() || diff.first_difference()->token_meaning.rfind("cache slot", 0) != 0 ||
+        diff.first_difference()->sequence_id.empty())
+      continue;
+    const DiffReport& d = *diff.first_difference();
+    REQUIRE(d.pool_at);
+    const report::DrawnPath p = report::difference_path(s, rec, d, first_op.op().step, first_op.op().layer);
+    REQUIRE(p.svg.find("class=\"stage stage-token\"") != std::string::npos);
+    CHECK(p.svg.find("data-stage=\"slot\" data-value=\"" + std::to_string(d.token) + "\"") != std::string::npos);
+    CHECK(p.svg.find("data-stage=\"block\" data-value=\"" + std::to_string(d.pool_at->block) + "\"") != std::string::npos);
+    const int64_t element = element_offset(strides, d.pool_at->block, d.pool_at->layer, d.pool_at->kv, d.pool_at->head,
+                                           d.pool_at->entry, d.pool_at->dim);
+    CHECK(p.svg.find("data-stage=\"element\" data-value=\"" + std::to_string(element) + "\"") != std::string::npos);
+    // The token drawn is one the ring maps onto the differing slot.
+    const size_t at = p.svg.find("data-stage=\"token\" data-value=\"") + std::string("data-stage=\"token\" data-value=\"").size();
+    const int64_t token = std::stoll(p.svg.substr(at));
+    CHECK(rec.window(0).cache_token(token) == d.token);
+    CHECK(p.svg.find(d.reference_hex) != std::string::npos);
+    drawn = true;
+  }
+  CHECK(drawn);
+}
+
 TEST_CASE("kvsim run --report writes a page per scenario and an index") {
   const auto dir = std::filesystem::temp_directory_path() / "kvsim_report_cli_test";
   std::filesystem::remove_all(dir);
@@ -289,6 +347,40 @@ TEST_CASE("kvsim explain --svg draws the explained token's path; an unwritable f
   CHECK(text.find("data-stage=\"block\" data-value=\"2\"") != std::string::npos);
   std::filesystem::remove(svg);
   CHECK(run_kvsim("explain --page-size 16 --block-table 0 --token 3 --svg /nonexistent-folder/x.svg") == 2);
+}
+
+TEST_CASE("kvsim explain --engine PRESET --svg draws the path through the engine's strides and its tensor's offset") {
+  // vLLM's split-x cache (vllm-paged): K element of layer 1, KV head 1, dim 9 of token 6 in
+  // block 3 (table 5, 3), with the strides core's engine_layout gives; and its offset inside
+  // key_cache[layer 1], which is the element offset less the tensor's first element.
+  const auto svg = std::filesystem::temp_directory_path() / "kvsim_report_explain_engine.svg";
+  std::filesystem::remove(svg);
+  const std::string geometry = "--engine vllm-paged --dtype fp16 --kv-heads 2 --head-dim 16 --page-size 4 --layers 2";
+  CHECK(run_kvsim("explain " + geometry + " --block-table 5,3 --token 6 --layer 1 --head 1 --dim 9 --svg " + svg.string()) == 0);
+  std::ifstream in(svg);
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  sim::ExplainRequest q;
+  q.geometry.layers = 2;
+  q.geometry.kv_heads = 2;
+  q.geometry.head_dim = 16;
+  q.geometry.tokens_per_block = 4;
+  q.geometry.dtype = CacheDtype::fp16;
+  q.geometry.primary_blocks = 64;  // kvsim explain's default pool
+  q.engine = *parse_engine("vllm-paged");
+  q.block_table = {5, 3};
+  q.token = 6;
+  q.layer = 1;
+  q.head = 1;
+  q.dim = 9;
+  const sim::Explanation e = sim::explain(q);
+  const sim::TensorOffsets& k = e.tensors.front();
+  CHECK(k.tensor == "key_cache[layer 1]");
+  CHECK(text.find("data-stage=\"block\" data-value=\"3\"") != std::string::npos);
+  CHECK(text.find("data-stage=\"element\" data-value=\"" + std::to_string(k.element) + "\"") != std::string::npos);
+  CHECK(text.find("in the engine's tensor key_cache[layer 1]:</tspan> element " + std::to_string(k.tensor_element)) !=
+        std::string::npos);
+  CHECK(k.tensor_element == k.element - k.tensor_base);
+  std::filesystem::remove(svg);
 }
 
 TEST_CASE("kvsim diff --report writes the pages of the scenarios it compared") {

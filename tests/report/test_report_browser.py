@@ -212,7 +212,7 @@ def test_report_page(name, browser, report_dir, request):
 def test_fault_pages_draw_paths(report_dir):
     """A caught fault whose finding names a request and position is drawn as its path."""
     drawn = {p.stem for p in report_dir.glob("fault_*.html") if replay_json(p)["paths"]}
-    assert {"fault_past_len_zero", "fault_reused_block_mismatch", "fault_stale_bad_page",
+    assert {"fault_k_scale_for_v", "fault_past_len_zero", "fault_reused_block_mismatch", "fault_stale_bad_page",
             "fault_v_tail_not_zeroed", "fault_window_mismatch"} <= drawn
 
 

@@ -52,6 +52,10 @@ class ReplayRecorder final : public sim::StepObserver {
   int32_t request_index(const std::string& id) const;
   // Request `request`'s page table of `group` as of frame `frame` (replaying the changes).
   std::vector<int32_t> table_at(int64_t frame, int32_t request, int32_t group = 0) const;
+  // Tokens in the cache of request `request` after frame `frame` (0 before its first).
+  int64_t length_at(int64_t frame, int32_t request) const;
+  // The window mapping of KV cache group `group` (core's, as the block manager uses it).
+  const WindowMapping& window(int32_t group) const { return windows_.at(static_cast<size_t>(group)); }
 
  private:
   nlohmann::json doc_;

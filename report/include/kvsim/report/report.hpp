@@ -37,6 +37,7 @@ struct Locus {
   bool head_is_kv = false;
   int32_t dim = -1;
   std::vector<std::pair<std::string, std::string>> values;  // ("this run", "-1.75"), ("reference", "-0.20")
+  int64_t frame = -1;    // the frame whose tables to use; -1 = the frame that computed `position`
 };
 std::optional<Locus> parse_locus(const std::string& detail);
 

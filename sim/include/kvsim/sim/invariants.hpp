@@ -52,6 +52,10 @@ struct QuantizationError {
   int64_t compared = 0;
   double rel_rms = 0.0;
   double max_abs = 0.0;
+  // Where the largest |diff| is (the first such element): the row, the element, both values.
+  OutputKey worst;
+  int64_t worst_element = -1;
+  float worst_value = 0.0f, worst_reference = 0.0f;
 };
 QuantizationError quantization_error(const RunRecord& test, const RunRecord& bf16_reference);
 
