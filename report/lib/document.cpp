@@ -201,21 +201,35 @@ DrawnPath difference_path(const sim::Scenario& s, const ReplayRecorder& rec, con
   std::optional<sim::Explanation> e;
   if (!l.request.empty() && l.position >= 0 && l.dim >= 0 && (d.token_meaning == "token position" || d.token_meaning == "query position"))
     e = explain_locus(s, rec, l, frame);
-  // A cache slot of a window ring: the token it holds after the op's step is the newest position
-  // the ring maps onto it (core's WindowMapping::cache_token, the mapping the ops use).
-  if (!e && !l.request.empty() && l.position >= 0 && l.dim >= 0 && d.token_meaning.rfind("cache slot", 0) == 0 &&
-      p.frame >= 0) {
-    const int32_t r = rec.request_index(l.request);
-    const auto [group, layer_in_pool] = group_of_layer(sim::kv_groups(s), layer);
-    (void)layer_in_pool;
+  // The pool element's cache slot in a request's table (a window ring's slot, or slot = position):
+  // the token it holds after the op's step is the newest position the group's mapping puts there
+  // (core's WindowMapping::cache_token, the mapping the ops use). The drawing must end at that slot.
+  const auto [group, layer_in_pool] = group_of_layer(sim::kv_groups(s), layer);
+  (void)layer_in_pool;
+  auto draw_slot = [&](int32_t r, int64_t slot) {
     const WindowMapping& w = rec.window(group);
-    int64_t token = r < 0 ? -1 : rec.length_at(p.frame, r) - 1;
-    while (token >= 0 && w.cache_token(token) != d.token) --token;
-    if (token >= 0) {
-      l.position = token;
-      l.frame = p.frame;
-      e = explain_locus(s, rec, l, frame);
-      if (e && e->cache_token != d.token) e.reset();  // the drawing must end where the difference is
+    int64_t token = rec.length_at(p.frame, r) - 1;
+    while (token >= 0 && w.cache_token(token) != slot) --token;
+    if (token < 0) return;
+    Locus at = l;
+    at.request = rec.data().at("requests")[static_cast<size_t>(r)].at("id");
+    at.position = token;
+    at.frame = p.frame;
+    e = explain_locus(s, rec, at, frame);
+    if (e && e->cache_token != slot) e.reset();
+  };
+  if (!e && !l.request.empty() && l.position >= 0 && l.dim >= 0 && d.token_meaning.rfind("cache slot", 0) == 0 &&
+      p.frame >= 0 && rec.request_index(l.request) >= 0)
+    draw_slot(rec.request_index(l.request), d.token);
+  // Located by the op's slot mapping only (vLLM reshape_and_cache: an input row, no request): the
+  // request whose recorded table at that step holds the block, at page j, holds slot j * P + entry.
+  if (!e && d.pool_at && l.dim >= 0 && p.frame >= 0) {
+    const int64_t P = s.cache.page_size;
+    const int32_t n = static_cast<int32_t>(rec.data().at("requests").size());
+    for (int32_t r = 0; r < n && !e; ++r) {
+      const std::vector<int32_t> table = rec.table_at(p.frame, r, group);
+      for (size_t j = 0; j < table.size() && !e; ++j)
+        if (table[j] == d.pool_at->block) draw_slot(r, static_cast<int64_t>(j) * P + d.pool_at->entry);
     }
   }
   if (e) {

@@ -317,6 +317,46 @@ TEST_CASE("a difference at a window ring's cache slot is drawn as the path of th
   CHECK(drawn);
 }
 
+TEST_CASE("a difference located only by vLLM's slot mapping is drawn through the request whose table holds the block") {
+  // reshape_and_cache names an input row, not a request: the page finds the request whose
+  // recorded table at that step holds the differing block and draws the token in that slot.
+  const sim::Scenario s = sim::load_scenario_file(builtin("write_path_reshape_and_cache_split_x"));
+  const PoolGeometry g = sim::pool_geometry(s);
+  const PoolStrides strides = contiguous_strides(g);
+  bool drawn = false;
+  for (int64_t block = 0; block < 6 && !drawn; ++block) {
+    CAPTURE(block);
+    auto candidate = std::make_unique<testing::CorruptingBackend>();
+    candidate->corrupt_op = "reshape_and_cache";
+    candidate->pool_byte = element_byte_offset(element_offset(strides, block, 0, 0, 0, 1, 2), g.dtype);
+    candidate->corruptions = 1;
+    DifferentialBackend diff(make_backend("cpu"), std::move(candidate));
+    report::ReplayRecorder rec;
+    report::FirstDifferenceOp first_op;
+    sim::ReplayOptions o;
+    o.comparison_invariants = false;
+    o.observer = &rec;
+    o.before_op = [&](const sim::OpContext& c) {
+      first_op.before_op(c, diff);
+      diff.set_context("step " + std::to_string(c.step), c.sequence_ids);
+    };
+    sim::replay(s, diff, o);
+    if (!diff.first_difference() || !diff.first_difference()->pool_at) continue;
+    const DiffReport& d = *diff.first_difference();
+    CHECK(d.token_meaning == "input token (slot_mapping row)");
+    const report::DrawnPath p = report::difference_path(s, rec, d, first_op.op().step, first_op.op().layer);
+    if (p.svg.find("class=\"stage stage-token\"") == std::string::npos) continue;  // a block no table holds
+    CHECK(p.svg.find("data-stage=\"block\" data-value=\"" + std::to_string(d.pool_at->block) + "\"") != std::string::npos);
+    const int64_t element = element_offset(strides, d.pool_at->block, d.pool_at->layer, d.pool_at->kv, d.pool_at->head,
+                                           d.pool_at->entry, d.pool_at->dim);
+    if (d.pool_at->kv == 0)
+      CHECK(p.svg.find("data-stage=\"element\" data-value=\"" + std::to_string(element) + "\"") != std::string::npos);
+    CHECK(p.svg.find(d.candidate_hex) != std::string::npos);
+    drawn = true;
+  }
+  CHECK(drawn);
+}
+
 TEST_CASE("kvsim run --report writes a page per scenario and an index") {
   const auto dir = std::filesystem::temp_directory_path() / "kvsim_report_cli_test";
   std::filesystem::remove_all(dir);
