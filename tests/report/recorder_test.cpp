@@ -227,28 +227,58 @@ TEST_CASE("a page is self-contained: nothing is fetched") {
   CHECK(page.find("</script>", data) + 9 == page.find("\n<script>", data));
 }
 
-TEST_CASE("a difference between backends is drawn as its path, both values under it") {
-  const sim::Scenario s = sim::load_scenario_file(builtin("prefix_reuse_partial_copy"));
-  auto candidate = std::make_unique<testing::CorruptingBackend>();
-  candidate->corrupt_op = "qkv_preprocess_write";
-  candidate->pool_byte = 2 * 1024 * 3 + 70;  // somewhere in block 3: written by the first prefill
-  candidate->corruptions = 1;
-  DifferentialBackend diff(make_backend("cpu"), std::move(candidate));
+namespace {
+// One scenario replayed on the CPU against a CPU that flips one pool byte after the first `op`,
+// recorded as kvsim diff --report records it.
+struct CorruptedDiff {
   report::ReplayRecorder rec;
   report::FirstDifferenceOp first_op;
+  std::optional<DiffReport> difference;
+};
+void replay_corrupted(const sim::Scenario& s, const std::string& op, int64_t pool_byte, CorruptedDiff& out) {
+  auto candidate = std::make_unique<testing::CorruptingBackend>();
+  candidate->corrupt_op = op;
+  candidate->pool_byte = pool_byte;
+  candidate->corruptions = 1;
+  DifferentialBackend diff(make_backend("cpu"), std::move(candidate));
   sim::ReplayOptions o;
   o.comparison_invariants = false;
-  o.observer = &rec;
+  o.observer = &out.rec;
   o.before_op = [&](const sim::OpContext& c) {
-    first_op.before_op(c, diff);
+    out.first_op.before_op(c, diff);
     diff.set_context("step " + std::to_string(c.step), c.sequence_ids);
   };
   sim::replay(s, diff, o);
-  REQUIRE(diff.first_difference());
-  const DiffReport& d = *diff.first_difference();
+  out.difference = diff.first_difference();
+}
+
+// Tries a byte of element (layer 0, kv, head, entry, dim) in blocks 0..5 of scenario `name` until
+// `drawn(scenario, run)` accepts the difference (checking it); true if one did.
+template <class Drawn>
+bool some_block_drawn(const std::string& name, const std::string& op, int32_t kv, int32_t head, int32_t entry,
+                      int32_t dim, Drawn drawn) {
+  const sim::Scenario s = sim::load_scenario_file(builtin(name));
+  const PoolGeometry g = sim::pool_geometry(s);
+  const PoolStrides strides = contiguous_strides(g);
+  for (int64_t block = 0; block < 6; ++block) {
+    CAPTURE(block);
+    CorruptedDiff run;
+    replay_corrupted(s, op, element_byte_offset(element_offset(strides, block, 0, kv, head, entry, dim), g.dtype), run);
+    if (run.difference && drawn(s, run)) return true;
+  }
+  return false;
+}
+}  // namespace
+
+TEST_CASE("a difference between backends is drawn as its path, both values under it") {
+  const sim::Scenario s = sim::load_scenario_file(builtin("prefix_reuse_partial_copy"));
+  CorruptedDiff run;
+  replay_corrupted(s, "qkv_preprocess_write", 2 * 1024 * 3 + 70, run);  // somewhere in block 3: written by the first prefill
+  REQUIRE(run.difference);
+  const DiffReport& d = *run.difference;
   REQUIRE(d.pool_at);
-  CHECK(first_op.op().op == "qkv_preprocess_write");
-  const report::DrawnPath p = report::difference_path(s, rec, d, first_op.op().step, first_op.op().layer);
+  CHECK(run.first_op.op().op == "qkv_preprocess_write");
+  const report::DrawnPath p = report::difference_path(s, run.rec, d, run.first_op.op().step, run.first_op.op().layer);
   CHECK(p.frame == 0);
   // The path ends at the differing element: its block and, through core's element_offset, its byte.
   CHECK(p.svg.find("data-stage=\"block\" data-value=\"" + std::to_string(d.pool_at->block) + "\"") != std::string::npos);
@@ -274,33 +304,13 @@ TEST_CASE("a difference at a window ring's cache slot is drawn as the path of th
   // A byte of a ring block flipped after the first qkv_preprocess_write: the differential backend
   // names the element by its cache slot (the op's table is the ring's); the drawing follows the
   // newest token core's WindowMapping maps onto that slot, and ends at the differing element.
-  const sim::Scenario s = sim::load_scenario_file(builtin("window_cyclic_sinks_bubble"));
-  const PoolGeometry g = sim::pool_geometry(s);
-  const PoolStrides strides = contiguous_strides(g);
-  bool drawn = false;
-  for (int64_t block = 0; block < 6 && !drawn; ++block) {
-    CAPTURE(block);
-    auto candidate = std::make_unique<testing::CorruptingBackend>();
-    candidate->corrupt_op = "qkv_preprocess_write";
-    candidate->pool_byte = element_byte_offset(element_offset(strides, block, 0, 0, 1, 3, 5), g.dtype);
-    candidate->corruptions = 1;
-    DifferentialBackend diff(make_backend("cpu"), std::move(candidate));
-    report::ReplayRecorder rec;
-    report::FirstDifferenceOp first_op;
-    sim::ReplayOptions o;
-    o.comparison_invariants = false;
-    o.observer = &rec;
-    o.before_op = [&](const sim::OpContext& c) {
-      first_op.before_op(c, diff);
-      diff.set_context("step " + std::to_string(c.step), c.sequence_ids);
-    };
-    sim::replay(s, diff, o);
-    if (!diff.first_difference() || diff.first_difference()->token_meaning.rfind("cache slot", 0) != 0 ||
-        diff.first_difference()->sequence_id.empty())
-      continue;
-    const DiffReport& d = *diff.first_difference();
+  CHECK(some_block_drawn("window_cyclic_sinks_bubble", "qkv_preprocess_write", 0, 1, 3, 5,
+                         [](const sim::Scenario& s, const CorruptedDiff& run) {
+    const DiffReport& d = *run.difference;
+    if (d.token_meaning.rfind("cache slot", 0) != 0 || d.sequence_id.empty()) return false;
     REQUIRE(d.pool_at);
-    const report::DrawnPath p = report::difference_path(s, rec, d, first_op.op().step, first_op.op().layer);
+    const PoolStrides strides = contiguous_strides(sim::pool_geometry(s));
+    const report::DrawnPath p = report::difference_path(s, run.rec, d, run.first_op.op().step, run.first_op.op().layer);
     REQUIRE(p.svg.find("class=\"stage stage-token\"") != std::string::npos);
     CHECK(p.svg.find("data-stage=\"slot\" data-value=\"" + std::to_string(d.token) + "\"") != std::string::npos);
     CHECK(p.svg.find("data-stage=\"block\" data-value=\"" + std::to_string(d.pool_at->block) + "\"") != std::string::npos);
@@ -308,53 +318,33 @@ TEST_CASE("a difference at a window ring's cache slot is drawn as the path of th
                                            d.pool_at->entry, d.pool_at->dim);
     CHECK(p.svg.find("data-stage=\"element\" data-value=\"" + std::to_string(element) + "\"") != std::string::npos);
     // The token drawn is one the ring maps onto the differing slot.
-    const size_t at = p.svg.find("data-stage=\"token\" data-value=\"") + std::string("data-stage=\"token\" data-value=\"").size();
-    const int64_t token = std::stoll(p.svg.substr(at));
-    CHECK(rec.window(0).cache_token(token) == d.token);
+    const std::string token_stage = "data-stage=\"token\" data-value=\"";
+    const int64_t token = std::stoll(p.svg.substr(p.svg.find(token_stage) + token_stage.size()));
+    CHECK(run.rec.window(0).cache_token(token) == d.token);
     CHECK(p.svg.find(d.reference_hex) != std::string::npos);
-    drawn = true;
-  }
-  CHECK(drawn);
+    return true;
+  }));
 }
 
 TEST_CASE("a difference located only by vLLM's slot mapping is drawn through the request whose table holds the block") {
   // reshape_and_cache names an input row, not a request: the page finds the request whose
   // recorded table at that step holds the differing block and draws the token in that slot.
-  const sim::Scenario s = sim::load_scenario_file(builtin("write_path_reshape_and_cache_split_x"));
-  const PoolGeometry g = sim::pool_geometry(s);
-  const PoolStrides strides = contiguous_strides(g);
-  bool drawn = false;
-  for (int64_t block = 0; block < 6 && !drawn; ++block) {
-    CAPTURE(block);
-    auto candidate = std::make_unique<testing::CorruptingBackend>();
-    candidate->corrupt_op = "reshape_and_cache";
-    candidate->pool_byte = element_byte_offset(element_offset(strides, block, 0, 0, 0, 1, 2), g.dtype);
-    candidate->corruptions = 1;
-    DifferentialBackend diff(make_backend("cpu"), std::move(candidate));
-    report::ReplayRecorder rec;
-    report::FirstDifferenceOp first_op;
-    sim::ReplayOptions o;
-    o.comparison_invariants = false;
-    o.observer = &rec;
-    o.before_op = [&](const sim::OpContext& c) {
-      first_op.before_op(c, diff);
-      diff.set_context("step " + std::to_string(c.step), c.sequence_ids);
-    };
-    sim::replay(s, diff, o);
-    if (!diff.first_difference() || !diff.first_difference()->pool_at) continue;
-    const DiffReport& d = *diff.first_difference();
+  CHECK(some_block_drawn("write_path_reshape_and_cache_split_x", "reshape_and_cache", 0, 0, 1, 2,
+                         [](const sim::Scenario& s, const CorruptedDiff& run) {
+    const DiffReport& d = *run.difference;
+    if (!d.pool_at) return false;
     CHECK(d.token_meaning == "input token (slot_mapping row)");
-    const report::DrawnPath p = report::difference_path(s, rec, d, first_op.op().step, first_op.op().layer);
-    if (p.svg.find("class=\"stage stage-token\"") == std::string::npos) continue;  // a block no table holds
+    const report::DrawnPath p = report::difference_path(s, run.rec, d, run.first_op.op().step, run.first_op.op().layer);
+    if (p.svg.find("class=\"stage stage-token\"") == std::string::npos) return false;  // a block no table holds
     CHECK(p.svg.find("data-stage=\"block\" data-value=\"" + std::to_string(d.pool_at->block) + "\"") != std::string::npos);
+    const PoolStrides strides = contiguous_strides(sim::pool_geometry(s));
     const int64_t element = element_offset(strides, d.pool_at->block, d.pool_at->layer, d.pool_at->kv, d.pool_at->head,
                                            d.pool_at->entry, d.pool_at->dim);
     if (d.pool_at->kv == 0)
       CHECK(p.svg.find("data-stage=\"element\" data-value=\"" + std::to_string(element) + "\"") != std::string::npos);
     CHECK(p.svg.find(d.candidate_hex) != std::string::npos);
-    drawn = true;
-  }
-  CHECK(drawn);
+    return true;
+  }));
 }
 
 TEST_CASE("kvsim run --report writes a page per scenario and an index") {
