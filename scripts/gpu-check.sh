@@ -131,8 +131,8 @@ note "kvsim run --backend cuda (every scenario): rc=$rc ($(( $(date +%s) - t0 ))
 [ $rc -ne 0 ] && tail -12 "$OUT/run-cuda.txt"
 
 # A window of the Mooncake synthetic trace as a scenario (docs/traces.md), with KV contents and
-# every invariant: no one scenario admits all eleven (a window rules out offload, [layers] rules out
-# offload too), so the window replays twice: fp8 + NaN-poisoned pages + an offload tier (every
+# every invariant: no one scenario admits all eleven (a [window] rules out reuse, [layers] rules out
+# reuse.offload), so the window replays twice: fp8 + NaN-poisoned pages + an offload tier (every
 # invariant but window), and fp8 + NaN-poisoned pages + a sliding/full [layers] pair (window).
 t0=$(date +%s)
 trace_window=(--trace traces/mooncake_synthetic_trace.jsonl --requests 56:62 --scale 1/32 --step-ms 100 --kv-dtype fp8_e4m3 --poison-nan)
