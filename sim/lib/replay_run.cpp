@@ -1020,7 +1020,9 @@ void Runner::attend(int32_t layer, const std::vector<Entry>& es, size_t first, s
   const int32_t Hq = s_.model.q_heads, D = g_.head_dim;
   std::vector<Entry> batch(es.begin() + static_cast<std::ptrdiff_t>(first), es.begin() + static_cast<std::ptrdiff_t>(last));
   // vLLM PR #54296: the reader's table lacks the last page.
-  auto [columns, table, seq_lens, q_indptr] = attention_tables(batch, short_block_table_);
+  // Named fields, not a structured binding: clang 14 (Debian 12) cannot capture bindings in `fill`.
+  const AttentionTables tables = attention_tables(batch, short_block_table_);
+  const std::vector<int32_t>& q_indptr = tables.q_indptr;
   const int64_t rows = q_indptr.back();
   const int32_t qb = element_bytes(q_dtype);
   void* q_data = static_cast<uint8_t*>(q_buf.get()) + row0 * Hq * D * qb;
@@ -1037,9 +1039,9 @@ void Runner::attend(int32_t layer, const std::vector<Entry>& es, size_t first, s
     op.layer = pool_layer_of_[layer];
     op.q = qv;
     op.out = ov;
-    op.seq_lens = seq_lens;
-    op.block_table = table;
-    op.max_blocks_per_seq = columns;
+    op.seq_lens = tables.seq_lens;
+    op.block_table = tables.table;
+    op.max_blocks_per_seq = tables.columns;
     op.scales = sc;
     op.window = read_map_;
     op.order = order_;
