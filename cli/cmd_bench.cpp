@@ -10,6 +10,8 @@
 //   kvsim bench --backend cuda          the full suite (GPU-filling sizes)
 //   kvsim bench --list --json           the configurations, for bench/pytorch_baseline.py --cases
 //   kvsim bench --baseline torch.json   adds PyTorch's time per row and kvsim's speed-up over it
+//   kvsim bench --scenario FILE ...     real-size rows: one replay each, wall time, token-layers/s and
+//                                       its split into kernels and host work (docs/benchmarks.md)
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -25,7 +27,9 @@
 
 #include "backends/backend.hpp"
 #include "commands.hpp"
+#include "kvsim/sim/estimate.hpp"
 #include "kvsim/bench/bench.hpp"
+#include "kvsim/sim/scenario_file.hpp"
 #include "numbers.hpp"
 
 namespace kvsim::cli {
@@ -41,6 +45,8 @@ struct BenchOptions {
   std::vector<std::string> only;
   std::string baseline;
   std::string output;  // also write the JSON report here
+  std::vector<std::string> scenarios;  // --scenario FILE: real-size rows instead of the op suite
+  std::string invariants;              // --invariants for those rows; "" = every invariant
   bool list = false;
   bool json = false;
   bool sizes_given = false;
@@ -103,7 +109,103 @@ Baseline load_baseline(const std::string& path) {
   return b;
 }
 
+// The real-size rows: one replay per scenario file and thread count, every
+// part of its wall time (sim::ReplayTimings) printed and in the JSON.
+void run_scenario_rows(const BenchOptions& o) {
+  if (o.list || !o.only.empty() || o.baseline_given || o.sizes_given || !o.suite.empty())
+    fail(ErrorCode::bad_argument, "--scenario replays scenario files; --list, --only, --baseline, --suite, --sequences "
+                                  "and --tokens choose op rows and do not go with it");
+  const std::optional<std::set<sim::Invariant>> selected =
+      o.invariants.empty() ? std::nullopt : parse_invariant_list(o.invariants);
+  std::vector<sim::Scenario> scenarios;
+  for (const std::string& f : o.scenarios) scenarios.push_back(sim::load_scenario_file(f));  // all checked first
+  std::ofstream report;
+  if (!o.output.empty()) {
+    report.open(o.output);
+    if (!report) fail(ErrorCode::bad_argument, "--output " + o.output + ": cannot write the report");
+  }
+  const std::vector<int> threads = o.threads.empty() ? std::vector<int>{machine_threads()} : o.threads;
+  make_backend(o.backend);  // backend_unavailable before any output
+  nlohmann::json out = {{"backend", o.backend},
+                        {"method", "one replay per row with the backend's kernel timing on; wall time on the host "
+                                   "clock, each instant charged to one part (sim::ReplayTimings); peak RSS from "
+                                   "getrusage after the row (the process's peak so far)"},
+                        {"results", nlohmann::json::array()}};
+  if (o.invariants.size()) out["invariants"] = o.invariants;
+  int failed = 0;
+  if (!o.json)
+    std::cout << "scenario                                 thr  runs  token-layers    wall s  token-layers/s  kernels s  "
+                 "host s  host%  peak RSS  invariants\n";
+  for (int t : threads)
+    for (const sim::Scenario& s : scenarios) {
+      auto be = make_backend(o.backend, BackendOptions{t});
+      const bench::ScenarioMeasurement m = bench::measure_scenario(*be, s, selected);
+      const sim::ScenarioReport& r = m.report;
+      const sim::ReplayTimings& tm = r.timings;
+      const int64_t runs = sim::estimate_replay(s, selected).runs;  // its own run and the comparison re-runs
+      std::string verdict;
+      int pass = 0, checked = 0;
+      for (const sim::InvariantReport& i : r.invariants) {
+        if (i.status == sim::InvariantStatus::not_applicable || i.status == sim::InvariantStatus::skipped) continue;
+        ++checked;
+        pass += i.status == sim::InvariantStatus::pass || i.status == sim::InvariantStatus::caught;
+      }
+      verdict = std::to_string(pass) + "/" + std::to_string(checked) + (r.ok ? " ok" : " NOT OK");
+      failed += !r.ok;
+      const double all_token_layers = m.estimated_token_layers;
+      nlohmann::json row = {{"op", "scenario_replay_real"},
+                            {"scenario", s.name},
+                            {"threads", t},
+                            {"runs", runs},
+                            {"token_layers_main", r.counters.token_layers},
+                            {"token_layers_estimated_all_runs", all_token_layers},
+                            {"attention_flops_estimated", m.estimated_flops},
+                            {"wall_seconds", r.total_seconds},
+                            {"main_run_seconds", r.main_seconds},
+                            {"token_layers_per_s", all_token_layers / r.total_seconds},
+                            {"max_rss_bytes", m.max_rss_bytes},
+                            {"ok", r.ok},
+                            {"seconds", {{"kernels", tm.kernels},
+                                         {"op_host", tm.op_host},
+                                         {"inputs", tm.inputs},
+                                         {"transfers", tm.transfers},
+                                         {"scheduling", tm.scheduling},
+                                         {"recording", tm.recording},
+                                         {"dense", tm.dense},
+                                         {"comparisons", tm.comparisons},
+                                         {"other", tm.other}}},
+                            {"host_fraction", tm.host() / tm.total()}};
+      out["results"].push_back(row);
+      if (!o.json) {
+        char line[400];
+        std::snprintf(line, sizeof line, "%-40s %3d %5lld %13.4g %9.2f %15.4g %10.2f %7.2f %5.1f%% %9s  %s\n",
+                      s.name.c_str(), t, static_cast<long long>(runs), all_token_layers, r.total_seconds,
+                      all_token_layers / r.total_seconds, tm.kernels, tm.host(), 100.0 * tm.host() / tm.total(),
+                      sim::format_bytes(m.max_rss_bytes).c_str(), verdict.c_str());
+        std::cout << line;
+        std::snprintf(line, sizeof line,
+                      "    host s: op calls %.2f, inputs %.2f, transfers %.2f, scheduling %.2f, recording %.2f, "
+                      "dense %.2f, comparisons %.2f, other %.2f\n",
+                      tm.op_host, tm.inputs, tm.transfers, tm.scheduling, tm.recording, tm.dense, tm.comparisons,
+                      tm.other);
+        std::cout << line << std::flush;
+      }
+    }
+  if (o.json) std::cout << out.dump(2) << '\n';
+  if (report.is_open()) {
+    report << out.dump(2) << '\n';
+    report.flush();
+    if (!report) fail(ErrorCode::bad_argument, "--output " + o.output + ": cannot write the report");
+  }
+  if (failed > 0) {
+    std::cerr << "kvsim: error: " << failed << " scenario row(s) failed an invariant or an expectation\n";
+    std::exit(1);
+  }
+}
+
 void run_bench(BenchOptions o) {
+  if (!o.scenarios.empty()) return run_scenario_rows(o);
+  if (!o.invariants.empty()) fail(ErrorCode::bad_argument, "--invariants chooses what --scenario rows check");
   for (const std::string& text : o.only)
     if (text.empty()) fail(ErrorCode::bad_argument, "--only = '': empty text: expected part of a configuration name");
   if (o.baseline_given && o.baseline.empty()) fail(ErrorCode::bad_argument, "--baseline = '': empty path");
@@ -302,12 +404,19 @@ void register_bench(CLI::App& app) {
   cmd->add_option("--baseline", opts->baseline,
                   "JSON of bench/pytorch_baseline.py --cases ... --json: adds PyTorch's time and the speed-up per row");
   cmd->add_option("--output", opts->output, "also write the JSON report to this file (the table still prints)");
+  cmd->add_option("--scenario", opts->scenarios,
+                  "real-size rows: replay this scenario file (repeatable; e.g. scenarios/real/*.toml) once per thread "
+                  "count and split its wall time into kernels and host work");
+  cmd->add_option("--invariants", opts->invariants,
+                  "with --scenario: check only these invariants (comma-separated names, or none); default every one");
   cmd->add_flag("--list", opts->list, "print the configurations and exit (with --json: for pytorch_baseline.py --cases)");
   cmd->add_flag("--json", opts->json, "print one JSON object");
   cmd->callback([opts, cmd] {
     opts->sizes_given = cmd->count("--sequences") + cmd->count("--tokens") > 0;
     opts->baseline_given = cmd->count("--baseline") > 0;
     opts->output_given = cmd->count("--output") > 0;
+    if (cmd->count("--invariants") && opts->invariants.empty())
+      fail(ErrorCode::bad_argument, "--invariants = '': empty value: expected none or a comma-separated list of invariants");
     run_bench(*opts);
   });  // BackendUnavailable: main's backend_unavailable, exit 2
 }

@@ -42,26 +42,6 @@ struct RunOptions {
   bool list_invariants = false;
 };
 
-// --invariants: comma-separated names, or "none"; nullopt = all of them.
-std::optional<std::set<sim::Invariant>> parse_invariant_list(const std::string& text) {
-  std::set<sim::Invariant> out;
-  if (text == "none") return out;
-  std::string names;
-  for (std::string_view name : sim::invariant_names()) names += (names.empty() ? "" : ", ") + std::string(name);
-  size_t at = 0;
-  while (at <= text.size()) {
-    const size_t comma = std::min(text.find(',', at), text.size());
-    const std::string name = text.substr(at, comma - at);
-    const auto inv = sim::parse_invariant(name);
-    if (!inv)
-      fail(ErrorCode::bad_argument, "--invariants = '" + text + "': " +
-                                        (name.empty() ? std::string("empty name") : "unknown invariant '" + name + "'") +
-                                        ": expected none or a comma-separated list of " + names);
-    out.insert(*inv);
-    at = comma + 1;
-  }
-  return out;
-}
 
 std::string invariants_cell(const sim::ScenarioReport& r) {
   int passed = 0, applicable = 0, caught = 0, failed = 0, skipped = 0;
@@ -182,6 +162,27 @@ void run(const RunOptions& o) {
 }
 
 }  // namespace
+
+// commands.hpp
+std::optional<std::set<sim::Invariant>> parse_invariant_list(const std::string& text) {
+  std::set<sim::Invariant> out;
+  if (text == "none") return out;
+  std::string names;
+  for (std::string_view name : sim::invariant_names()) names += (names.empty() ? "" : ", ") + std::string(name);
+  size_t at = 0;
+  while (at <= text.size()) {
+    const size_t comma = std::min(text.find(',', at), text.size());
+    const std::string name = text.substr(at, comma - at);
+    const auto inv = sim::parse_invariant(name);
+    if (!inv)
+      fail(ErrorCode::bad_argument, "--invariants = '" + text + "': " +
+                                        (name.empty() ? std::string("empty name") : "unknown invariant '" + name + "'") +
+                                        ": expected none or a comma-separated list of " + names);
+    out.insert(*inv);
+    at = comma + 1;
+  }
+  return out;
+}
 
 void register_run(CLI::App& app) {
   auto opts = std::make_shared<RunOptions>();

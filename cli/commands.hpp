@@ -13,9 +13,13 @@
 //     when an invariant or comparison failed) after printing the report.
 #pragma once
 
+#include <optional>
+#include <set>
 #include <string>
 
 #include <CLI/CLI.hpp>
+
+#include "kvsim/sim/scenario.hpp"
 
 namespace kvsim::cli {
 
@@ -34,6 +38,10 @@ struct ExitStatus {
 struct UnknownSubcommand {
   std::string message;
 };
+
+// --invariants LIST|none (run, bench --scenario): the selected invariants;
+// bad_argument naming an unknown or empty name.
+std::optional<std::set<sim::Invariant>> parse_invariant_list(const std::string& text);
 
 void register_layout(CLI::App& app);
 void register_explain(CLI::App& app);

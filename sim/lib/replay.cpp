@@ -192,12 +192,18 @@ ScenarioReport replay(const Scenario& s, Backend& backend, const ReplayOptions& 
   auto wanted = [&](Invariant inv) { return selection.wanted(inv); };
   const bool compare_quantization = options.comparison_invariants && is_quantized(s.cache.dtype) && !s.mla.enabled &&
                                     wanted(Invariant::quantization);
+  // Every run's time, by part (ReplayTimings); what is left of the wall time is the comparisons'.
+  auto run_timed = [&](const Scenario& scenario, Backend& be, const ReplayOptions& o) {
+    RunRecord r = run_scenario(scenario, be, o);
+    rep.timings += r.timings;
+    return r;
+  };
   ReplayOptions main_options = options;
   main_options.record_outputs = options.comparison_invariants && selection.any_comparison();
   main_options.dense_check = options.dense_check && selected(Invariant::dense);
   main_options.write_check = options.write_check && selected(Invariant::write);
   main_options.spill_attention = compare_quantization;
-  const RunRecord main = run_scenario(s, backend, main_options);
+  const RunRecord main = run_timed(s, backend, main_options);
   rep.counters = main.counters;
   rep.content_hash = main.content_hash;
   rep.main_seconds = main.seconds;
@@ -271,6 +277,7 @@ ScenarioReport replay(const Scenario& s, Backend& backend, const ReplayOptions& 
       ReplayOptions inner;
       inner.comparison_invariants = false;
       inner.dense_check = false;
+      inner.content_hash = false;
       inner.write_check = false;
       // The records keep digests, not bytes: a difference is named by running
       // both scenarios once more, keeping only the first differing row.
@@ -280,7 +287,7 @@ ScenarioReport replay(const Scenario& s, Backend& backend, const ReplayOptions& 
         if (c.differing_key && !c.located) {
           ReplayOptions capture = inner;
           capture.capture = c.differing_key;
-          const RunRecord a = run_scenario(s, backend, capture), b = run_scenario(changed, backend, capture);
+          const RunRecord a = run_timed(s, backend, capture), b = run_timed(changed, backend, capture);
           if (a.captured && b.captured) c.first_difference = describe_difference(*c.differing_key, *a.captured, *b.captured);
         }
         return from_comparison(c, what);
@@ -288,7 +295,7 @@ ScenarioReport replay(const Scenario& s, Backend& backend, const ReplayOptions& 
       auto rerun = [&](const Scenario& changed, Invariant inv, const std::function<Outcome(const RunRecord&)>& judge,
                        const ReplayOptions& o) {
         try {
-          settle(inv, judge(run_scenario(changed, backend, o)));
+          settle(inv, judge(run_timed(changed, backend, o)));
         } catch (const ValidationError& e) {
           settle(inv, {false, false, std::string("the comparison run was rejected: ") + e.what()});
         }
@@ -366,7 +373,7 @@ ScenarioReport replay(const Scenario& s, Backend& backend, const ReplayOptions& 
           c.cache.engine.reset();
           const std::string what = std::string(layout_name(layout)) + " " + std::string(placement_name(placement));
           try {
-            merge(total, compare(c, run_scenario(c, backend, inner), what));
+            merge(total, compare(c, run_timed(c, backend, inner), what));
           } catch (const ValidationError& e) {
             merge(total, {false, false, what + " rejected: " + e.what()});
           }
@@ -397,7 +404,7 @@ ScenarioReport replay(const Scenario& s, Backend& backend, const ReplayOptions& 
                                                                  {&alone, "request " + s.requests.front().id + " alone"}};
         for (const auto& [c, what] : runs) {
           try {
-            merge(total, compare(*c, run_scenario(*c, backend, inner), what));
+            merge(total, compare(*c, run_timed(*c, backend, inner), what));
           } catch (const ValidationError& e) {
             merge(total, {false, false, what + " rejected: " + e.what()});
           }
@@ -471,6 +478,7 @@ ScenarioReport replay(const Scenario& s, Backend& backend, const ReplayOptions& 
                                          std::string(invariant_status_name(status_of(invariant_for(f)))));
   }
   rep.total_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  rep.timings.comparisons = std::max(0.0, rep.total_seconds - rep.timings.total());
   rep.ok = rep.expectation_failures.empty();
   for (const InvariantReport& r : rep.invariants) rep.ok = rep.ok && r.status != InvariantStatus::fail;
   return rep;

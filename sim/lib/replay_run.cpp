@@ -12,8 +12,11 @@
 #include <unistd.h>
 
 #include <Eigen/Dense>
+#include <tbb/blocked_range.h>
+#include <tbb/parallel_for.h>
 
 #include <algorithm>
+#include <array>
 #include <array>
 #include <chrono>
 #include <cmath>
@@ -84,9 +87,13 @@ std::vector<uint8_t> SpillFile::read(int64_t offset, size_t bytes) const {
 }
 
 void record(RunRecord& r, const OutputKey& key, const void* data, size_t bytes) {
+  record(r, key, blake2b_128(data, bytes), data, bytes);
+}
+
+void record(RunRecord& r, const OutputKey& key, const Digest128& digest, const void* data, size_t bytes) {
   RecordedOutput o;
   o.key = key;
-  o.digest = blake2b_128(data, bytes);
+  o.digest = digest;
   o.bytes = static_cast<uint32_t>(bytes);
   if (r.spill && r.spill_kinds[static_cast<int>(key.kind)]) o.spill_offset = r.spill->append(data, bytes);
   if (r.capture_key && *r.capture_key == key) {
@@ -153,6 +160,27 @@ void put_value(std::vector<uint8_t>& buf, CacheDtype t, int64_t i, float x, floa
     case CacheDtype::nvfp4: break;  // never an input dtype
   }
 }
+
+// Runs body(i) for i in [0, n) on oneTBB's threads. Each i writes only its
+// own elements, so the result is the same bytes in any order.
+template <class Body>
+void parallel_rows(int64_t n, const Body& body) {
+  tbb::parallel_for(tbb::blocked_range<int64_t>(0, n, 8), [&](const tbb::blocked_range<int64_t>& r) {
+    for (int64_t i = r.begin(); i != r.end(); ++i) body(i);
+  });
+}
+
+// The synthetic model's per-(tensor, head, dim) hash for every element of one
+// layer (SyntheticModel::dim_seed): made once per layer, then each value costs
+// the position's part of the chain only.
+struct LayerSeeds {
+  std::array<std::vector<uint64_t>, 6> seed;  // by ModelTensor: [head * dims + dim]
+  std::array<int32_t, 6> dims{};
+  uint64_t of(ModelTensor t, int32_t head, int32_t dim) const {
+    const auto i = static_cast<size_t>(t);
+    return seed[i][static_cast<size_t>(head) * dims[i] + dim];
+  }
+};
 
 struct Entry {
   const ScheduledEntry* e;
@@ -249,7 +277,7 @@ class Runner final : public BlockMover {
       const RopeTable t = build_rope_table(rotary_dim_, max_len, s.model.rope_theta);
       rope_rows_ = max_len;
       rope_ = BackendBuffer(be_, t.cos_sin.size() * 4);
-      rope_.upload(t.cos_sin.data(), t.cos_sin.size() * 4);
+      transfer([&] { rope_.upload(t.cos_sin.data(), t.cos_sin.size() * 4); });
     }
     if (s.indexer_k_scatter) {
       indexer_row_ = kIndexerDim + kIndexerScaleBytes;
@@ -280,7 +308,7 @@ class Runner final : public BlockMover {
     op.dst_block = dst;
     op.num_tokens = tokens;
     notify("partial_copy", 0, std::vector<std::string>{});
-    be_.partial_copy(pool_sets_[0], op);
+    op_call([&] { be_.partial_copy(pool_sets_[0], op); });
   }
   void offload(int32_t primary, int32_t secondary) override { move(primary, secondary, true); }
   void onboard(int32_t secondary, int32_t primary) override { move(primary, secondary, false); }
@@ -310,6 +338,7 @@ class Runner final : public BlockMover {
     std::vector<int32_t> seq_lens, cache_lens;
     std::vector<int32_t> indptr{0}, indices, last_page_len;  // the same tables as CSR
     std::vector<StepToken> toks;
+    const LayerSeeds* seeds = nullptr;  // the synthetic model's for this layer
   };
   struct AppendInputs {
     int64_t n = 0;
@@ -366,7 +395,31 @@ class Runner final : public BlockMover {
   // Points pools_, write_map_, read_map_ and group_ at the layer's KV cache group.
   void select_layer(int32_t layer);
   void fill_fresh_pages(const KvPools& p, float value);
-  void record_output(const OutputKey& key, const void* data, size_t bytes);
+  // Output rows of one op, each `bytes` long: digested in parallel (each row
+  // its own digest), recorded in the order given.
+  void record_rows(const std::vector<OutputKey>& keys, const std::vector<const float*>& rows, size_t bytes);
+  void hash_content(const void* data, size_t bytes);
+  const LayerSeeds& layer_seeds(int32_t layer) const;
+  // One backend op; its time goes to kernels, and with the backend's kernel
+  // timing on, the rest of the call (validation, index uploads) to op_host.
+  template <class Run>
+  void op_call(const Run& run) {
+    const auto t0 = std::chrono::steady_clock::now();
+    {
+      Phase p(clock_, &rec_.timings.kernels);
+      run();
+    }
+    if (!be_.kernel_timing()) return;
+    const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const double host = std::max(0.0, wall - be_.last_kernel_seconds());
+    rec_.timings.kernels -= host;
+    rec_.timings.op_host += host;
+  }
+  template <class Copy>
+  void transfer(const Copy& copy) {
+    Phase p(clock_, &rec_.timings.transfers);
+    copy();
+  }
   void hash_final_state();
 
   const Scenario& s_;
@@ -417,7 +470,32 @@ class Runner final : public BlockMover {
   RunRecord rec_;
   uint64_t hash_ = kFnvOffset;
   std::unique_ptr<NpyDump> dump_;
+  mutable std::map<int32_t, LayerSeeds> seeds_;  // by layer, made when first asked for (layer_seeds)
+  PhaseClock clock_{&rec_.timings.other};  // after rec_: it charges rec_.timings
 };
+
+const LayerSeeds& Runner::layer_seeds(int32_t layer) const {
+  auto [it, fresh] = seeds_.try_emplace(layer);
+  if (!fresh) return it->second;
+  LayerSeeds& ls = it->second;
+  const int32_t D = g_.head_dim;
+  const std::pair<int32_t, int32_t> shape[6] = {{s_.model.q_heads, s_.mla.enabled ? s_.mla.d_ckv + s_.mla.d_kpe : D},
+                                                {g_.kv_heads, D},
+                                                {g_.kv_heads, D},
+                                                {1, s_.mla.d_ckv},
+                                                {1, s_.mla.d_kpe},
+                                                {1, kIndexerDim}};
+  for (int t = 0; t < 6; ++t) {
+    const auto [heads, dims] = shape[t];
+    ls.dims[t] = dims;
+    if (!s_.mla.enabled && (t == 3 || t == 4)) continue;
+    ls.seed[t].resize(static_cast<size_t>(heads) * std::max(dims, 0));
+    for (int32_t h = 0; h < heads; ++h)
+      for (int32_t d = 0; d < dims; ++d)
+        ls.seed[t][static_cast<size_t>(h) * dims + d] = model_.dim_seed(static_cast<ModelTensor>(t), layer, h, d);
+  }
+  return ls;
+}
 
 void Runner::allocate_pools() {
   const uint8_t fill = rec_.poisoned ? 0xFF : 0x00;  // 0xFF: NaN in fp32/fp16/bf16/fp8, -max in e2m1 with a NaN scale
@@ -481,7 +559,7 @@ void Runner::fill_fresh_pages(const KvPools& p, float value) {
     const int64_t bytes = p.geometry.pool_bytes(kind);
     auto* base = static_cast<uint8_t*>(p.data[static_cast<int>(kind)]);
     for (int64_t at = 0; base && at < bytes; at += static_cast<int64_t>(chunk.size()))
-      be_.to_backend(base + at, chunk.data(), static_cast<size_t>(std::min<int64_t>(bytes - at, chunk.size())));
+      transfer([&] { be_.to_backend(base + at, chunk.data(), static_cast<size_t>(std::min<int64_t>(bytes - at, chunk.size()))); });
   }
 }
 
@@ -529,13 +607,13 @@ std::vector<uint8_t> Runner::block_bytes(PoolKind kind, int32_t block) {
       const size_t n = static_cast<size_t>(g_.bytes_for(g_.inner_elements()));
       const size_t at = out.size();
       out.resize(at + n);
-      be_.to_host(out.data() + at, static_cast<uint8_t*>(pool_sets_[0].data[k]) + first, n);
+      transfer([&] { be_.to_host(out.data() + at, static_cast<uint8_t*>(pool_sets_[0].data[k]) + first, n); });
       if (g_.has_scale_pool()) {
         const int64_t sfirst = scale_offset(pool_sets_[0].scale_strides[k], block, l, kv, 0, 0, 0);
         const size_t sn = static_cast<size_t>(g_.scale_geometry().inner_elements());
         const size_t sat = out.size();
         out.resize(sat + sn);
-        be_.to_host(out.data() + sat, static_cast<uint8_t*>(pool_sets_[0].scales[k]) + sfirst, sn);
+        transfer([&] { be_.to_host(out.data() + sat, static_cast<uint8_t*>(pool_sets_[0].scales[k]) + sfirst, sn); });
       }
     }
   return out;
@@ -557,9 +635,9 @@ void Runner::move(int32_t primary, int32_t secondary, bool to_secondary) {
   op.secondary = std::span<const int32_t>(&secondary, 1);
   notify(to_secondary ? "offload" : "onboard", 0, std::vector<std::string>{});
   if (to_secondary)
-    be_.offload(pool_sets_[0], op);
+    op_call([&] { be_.offload(pool_sets_[0], op); });
   else
-    be_.onboard(pool_sets_[0], op);
+    op_call([&] { be_.onboard(pool_sets_[0], op); });
   if (to_secondary && offload_drops_scales_ && g_.has_scale_pool()) {
     // vLLM #48412: the offload moved the nvfp4 data but dropped the packed scales.
     const int k = static_cast<int>(PoolKind::secondary);
@@ -596,7 +674,7 @@ void Runner::finish_pending_offloads() {
     op.primary = std::span<const int32_t>(&primary, 1);
     op.secondary = std::span<const int32_t>(&secondary, 1);
     notify("offload", 0, std::vector<std::string>{});
-    be_.offload(pool_sets_[0], op);
+    op_call([&] { be_.offload(pool_sets_[0], op); });
   }
   pending_offloads_.clear();
 }
@@ -625,9 +703,18 @@ std::vector<int32_t> Runner::table_row(const RequestState& r, int32_t columns) c
   return row;
 }
 
-void Runner::record_output(const OutputKey& key, const void* data, size_t bytes) {
+void Runner::record_rows(const std::vector<OutputKey>& keys, const std::vector<const float*>& rows, size_t bytes) {
   if (!opt_.record_outputs) return;
-  record(rec_, key, data, bytes);
+  Phase p(clock_, &rec_.timings.recording);
+  std::vector<Digest128> digests(rows.size());
+  parallel_rows(static_cast<int64_t>(rows.size()), [&](int64_t i) { digests[i] = blake2b_128(rows[i], bytes); });
+  for (size_t i = 0; i < rows.size(); ++i) record(rec_, keys[i], digests[i], rows[i], bytes);
+}
+
+void Runner::hash_content(const void* data, size_t bytes) {
+  if (!opt_.content_hash) return;
+  Phase p(clock_, &rec_.timings.recording);
+  hash_ = fnv1a(hash_, data, bytes);
 }
 
 RunRecord Runner::run() {
@@ -638,6 +725,7 @@ RunRecord Runner::run() {
         rec_.finished = false;
         break;
       }
+      std::optional<Phase> scheduling(std::in_place, clock_, &rec_.timings.scheduling);
       const StepPlan plan = sched_->schedule(step_);
       if (plan.empty()) {
         const int64_t next = sched_->next_arrival(step_);
@@ -645,10 +733,15 @@ RunRecord Runner::run() {
         step_ = next - 1;  // idle until the next arrival
         continue;
       }
+      scheduling.reset();
       execute(plan);
       finish_pending_offloads();
+      scheduling.emplace(clock_, &rec_.timings.scheduling);
       const std::vector<int32_t> finished = sched_->finish_step(plan);
-      for (int32_t i : finished) read_back(reqs_[i]);
+      {
+        Phase read_backs(clock_, &rec_.timings.other);
+        for (int32_t i : finished) read_back(reqs_[i]);
+      }
       sched_->free_finished(finished);
       for (const auto* list : {&plan.prefill, &plan.decode})
         for (const ScheduledEntry& e : *list)
@@ -660,6 +753,7 @@ RunRecord Runner::run() {
       ++rec_.conservation_checks;
       if (!err.empty() && rec_.conservation_violation.empty())
         rec_.conservation_violation = "step " + std::to_string(step_) + ": " + err;
+      scheduling.reset();
       if (opt_.observer) opt_.observer->step_done({step_, &plan, bm_.get(), &reqs_, &sched_->preempted_in_step, err});
       rec_.counters.preemptions = sched_->preemptions;
       rec_.counters.prefill_tokens = sched_->prefill_tokens;
@@ -684,6 +778,7 @@ RunRecord Runner::run() {
   finalize(rec_);
   if (dump_) dump_->write_manifest();
   rec_.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  clock_.stop();
   return std::move(rec_);
 }
 
@@ -721,6 +816,7 @@ Runner::LayerWrite Runner::plan_layer_write(int32_t layer, const std::vector<Ent
   w.layer = layer;
   w.nnz = nnz;
   w.input_dtype = kv_input_dtype(s_);
+  w.seeds = &layer_seeds(layer);
   for (const Entry& e : es)
     w.columns = std::max<int32_t>(w.columns, static_cast<int32_t>(bm_->table(e.r->index, group_).size()));
   for (const Entry& e : es) {
@@ -747,7 +843,7 @@ Runner::LayerWrite Runner::plan_layer_write(int32_t layer, const std::vector<Ent
 }
 
 float Runner::token_value(const LayerWrite& w, ModelTensor t, int32_t head, int32_t dim, const StepToken& k) const {
-  return model_.value(t, w.layer, head, dim, k.position, k.request->hashes[k.position]);
+  return model_.value_from_seed(t, w.seeds->of(t, head, dim), k.position, k.request->hashes[k.position]);
 }
 
 void Runner::cache_slot(const LayerWrite& w, const StepToken& k, int64_t& block, int32_t& entry) const {
@@ -780,13 +876,16 @@ void Runner::upload_model_q(const LayerWrite& w, BackendBuffer& q_buf, CacheDtyp
   const int32_t D = g_.head_dim, Hq = s_.model.q_heads;
   q_dtype = s_.model.input_dtype;
   std::vector<uint8_t> q(static_cast<size_t>(w.nnz * Hq * D * element_bytes(q_dtype)));
-  for (size_t t = 0; t < w.toks.size(); ++t)
-    for (int32_t h = 0; h < Hq; ++h)
-      for (int32_t d = 0; d < D; ++d)
-        put_value(q, q_dtype, (static_cast<int64_t>(t) * Hq + h) * D + d, token_value(w, ModelTensor::q, h, d, w.toks[t]),
-                  1.0f);
+  {
+    Phase inputs(clock_, &rec_.timings.inputs);
+    parallel_rows(static_cast<int64_t>(w.toks.size()), [&](int64_t t) {
+      for (int32_t h = 0; h < Hq; ++h)
+        for (int32_t d = 0; d < D; ++d)
+          put_value(q, q_dtype, (t * Hq + h) * D + d, token_value(w, ModelTensor::q, h, d, w.toks[t]), 1.0f);
+    });
+  }
   q_buf = BackendBuffer(be_, q.size());
-  q_buf.upload(q.data(), q.size());
+  transfer([&] { q_buf.upload(q.data(), q.size()); });
 }
 
 void Runner::write_qkv_preprocess(const LayerWrite& w, const std::vector<Entry>& es, BackendBuffer& q_buf,
@@ -796,8 +895,9 @@ void Runner::write_qkv_preprocess(const LayerWrite& w, const std::vector<Entry>&
   const int32_t in_b = element_bytes(in_t);
   const int64_t width = static_cast<int64_t>(Hq + 2 * H) * D;
   std::vector<uint8_t> qkv(static_cast<size_t>(w.nnz * width * in_b));
-  for (size_t t = 0; t < w.toks.size(); ++t) {
-    const int64_t row = static_cast<int64_t>(t) * width;
+  std::optional<Phase> inputs(std::in_place, clock_, &rec_.timings.inputs);
+  parallel_rows(static_cast<int64_t>(w.toks.size()), [&](int64_t t) {
+    const int64_t row = t * width;
     for (int32_t h = 0; h < Hq; ++h)
       for (int32_t d = 0; d < D; ++d) put_value(qkv, in_t, row + h * D + d, token_value(w, ModelTensor::q, h, d, w.toks[t]), 1);
     for (int32_t h = 0; h < H; ++h)
@@ -805,9 +905,10 @@ void Runner::write_qkv_preprocess(const LayerWrite& w, const std::vector<Entry>&
         put_value(qkv, in_t, row + (Hq + h) * D + d, token_value(w, ModelTensor::k, h, d, w.toks[t]), 1);
         put_value(qkv, in_t, row + (Hq + H + h) * D + d, token_value(w, ModelTensor::v, h, d, w.toks[t]), 1);
       }
-  }
+  });
+  inputs.reset();
   BackendBuffer qkv_b(be_, qkv.size());
-  qkv_b.upload(qkv.data(), qkv.size());
+  transfer([&] { qkv_b.upload(qkv.data(), qkv.size()); });
   q_dtype = in_t;
   q_buf = BackendBuffer(be_, static_cast<size_t>(w.nnz * Hq * D * in_b));
   QkvPreprocessOp op;
@@ -837,7 +938,7 @@ void Runner::write_qkv_preprocess(const LayerWrite& w, const std::vector<Entry>&
   op.nvfp4_global_scale[1] = s_.cache.k_global_scale;
   op.nvfp4_global_scale[2] = s_.cache.v_global_scale;
   notify("qkv_preprocess_write", w.layer, es);
-  be_.qkv_preprocess_write(pools_, op);
+  op_call([&] { be_.qkv_preprocess_write(pools_, op); });
 }
 
 // FlashInfer's append ops take the tokens that reach the cache as two tensors
@@ -862,7 +963,8 @@ Runner::AppendInputs Runner::append_inputs(const LayerWrite& w, bool mla) {
   const int32_t heads = mla ? 1 : H;
   std::vector<uint8_t> a(static_cast<size_t>(in.n * heads * in.a_dim * in_b)),
       b(static_cast<size_t>(in.n * heads * in.b_dim * in_b));
-  for (int64_t i = 0; i < in.n; ++i)
+  std::optional<Phase> inputs(std::in_place, clock_, &rec_.timings.inputs);
+  parallel_rows(in.n, [&](int64_t i) {
     for (int32_t h = 0; h < heads; ++h) {
       for (int32_t d = 0; d < in.a_dim; ++d)
         put_value(a, in_t, (i * heads + h) * in.a_dim + d,
@@ -872,10 +974,12 @@ Runner::AppendInputs Runner::append_inputs(const LayerWrite& w, bool mla) {
                   token_value(w, mla ? ModelTensor::kpe : ModelTensor::v, h, d, *written[i]),
                   mla ? k_code_scale : v_code_scale);
     }
+  });
+  inputs.reset();
   in.a = BackendBuffer(be_, a.size());
   in.b = BackendBuffer(be_, b.size());
-  in.a.upload(a.data(), a.size());
-  in.b.upload(b.data(), b.size());
+  transfer([&] { in.a.upload(a.data(), a.size()); });
+  transfer([&] { in.b.upload(b.data(), b.size()); });
   return in;
 }
 
@@ -899,7 +1003,7 @@ void Runner::write_append_paged(const LayerWrite& w, const std::vector<Entry>& e
   op.k_global_scale = s_.cache.k_global_scale;
   op.v_global_scale = s_.cache.v_global_scale;
   notify("append_paged", w.layer, es);
-  be_.append_paged(pools_, op);
+  op_call([&] { be_.append_paged(pools_, op); });
 }
 
 void Runner::write_append_mla(const LayerWrite& w, const std::vector<Entry>& es) {
@@ -911,7 +1015,7 @@ void Runner::write_append_mla(const LayerWrite& w, const std::vector<Entry>& es)
   op.ckv_global_scale = s_.cache.k_global_scale;
   op.kpe_scale = s_.cache.k_scale;
   notify("append_mla", w.layer, es);
-  be_.append_mla(pools_, op);
+  op_call([&] { be_.append_mla(pools_, op); });
 }
 
 void Runner::write_reshape_and_cache(const LayerWrite& w, const std::vector<Entry>& es) {
@@ -928,16 +1032,19 @@ void Runner::write_reshape_and_cache(const LayerWrite& w, const std::vector<Entr
     slots.push_back(t.reaches ? block * page + entry : -1);
   }
   std::vector<uint8_t> k(static_cast<size_t>(w.nnz * H * D * element_bytes(in_t))), v(k.size());
-  for (size_t t = 0; t < w.toks.size(); ++t)
+  std::optional<Phase> inputs(std::in_place, clock_, &rec_.timings.inputs);
+  parallel_rows(static_cast<int64_t>(w.toks.size()), [&](int64_t t) {
     for (int32_t h = 0; h < H; ++h)
       for (int32_t d = 0; d < D; ++d) {
-        const int64_t i = (static_cast<int64_t>(t) * H + h) * D + d;
+        const int64_t i = (t * H + h) * D + d;
         put_value(k, in_t, i, token_value(w, ModelTensor::k, h, d, w.toks[t]), k_code_scale);
         put_value(v, in_t, i, token_value(w, ModelTensor::v, h, d, w.toks[t]), v_code_scale);
       }
+  });
+  inputs.reset();
   BackendBuffer k_b(be_, k.size()), v_b(be_, v.size());
-  k_b.upload(k.data(), k.size());
-  v_b.upload(v.data(), v.size());
+  transfer([&] { k_b.upload(k.data(), k.size()); });
+  transfer([&] { v_b.upload(v.data(), v.size()); });
   ReshapeAndCacheOp op;
   op.layer = pool_layer_of_[w.layer];
   op.key = contiguous_view(k_b.get(), in_t, {w.nnz, H, D});
@@ -958,7 +1065,7 @@ void Runner::write_reshape_and_cache(const LayerWrite& w, const std::vector<Entr
         for (int32_t kv = 0; kv < 2; ++kv) before[block][kv] = sub_block_bytes(block, pool_layer_of_[w.layer], kv);
   }
   notify("reshape_and_cache", w.layer, es);
-  be_.reshape_and_cache(pools_, op);
+  op_call([&] { be_.reshape_and_cache(pools_, op); });
   if (split_x_unwritten_) leave_split_x_heads_unwritten(pool_layer_of_[w.layer], targets, before);
 }
 
@@ -983,8 +1090,8 @@ void Runner::scatter_indexer_k(const LayerWrite& w, const std::vector<Entry>& es
   const int64_t T = static_cast<int64_t>(map_k.size());
   if (T == 0) return;
   BackendBuffer kb_b(be_, kb.size()), sb_b(be_, sb.size());
-  kb_b.upload(kb.data(), kb.size());
-  sb_b.upload(sb.data(), sb.size());
+  transfer([&] { kb_b.upload(kb.data(), kb.size()); });
+  transfer([&] { sb_b.upload(sb.data(), sb.size()); });
   IndexerKScatterOp op;
   op.k_fp8 = contiguous_view(kb_b.get(), CacheDtype::fp8_e4m3, {T, kIndexerDim});
   op.k_scale = contiguous_view(sb_b.get(), CacheDtype::fp8_e4m3, {T, 4});
@@ -995,7 +1102,7 @@ void Runner::scatter_indexer_k(const LayerWrite& w, const std::vector<Entry>& es
   const int64_t indexer_blocks = indexer_past_cache_ ? g_.primary_blocks / 2 : g_.primary_blocks;
   op.cache = contiguous_view(indexer_[w.layer].get(), CacheDtype::fp8_e4m3, {indexer_blocks, P, 1, indexer_row_});
   notify("indexer_k_scatter", w.layer, es);
-  be_.indexer_k_scatter(op);
+  op_call([&] { be_.indexer_k_scatter(op); });
 }
 
 // An attention op's tables over `batch`: dense rows as wide as the longest
@@ -1050,19 +1157,19 @@ void Runner::attend(int32_t layer, const std::vector<Entry>& es, size_t first, s
     DecodeAttentionOp op;
     fill(op);
     notify("decode_attention", layer, batch);
-    be_.decode_attention(pools_, op);
+    op_call([&] { be_.decode_attention(pools_, op); });
   } else {
     PrefillAttentionOp op;
     fill(op);
     op.q_indptr = q_indptr;
     notify("prefill_attention", layer, batch);
-    be_.prefill_attention(pools_, op);
+    op_call([&] { be_.prefill_attention(pools_, op); });
   }
   std::vector<float> out(static_cast<size_t>(rows * Hq * D));
-  out_b.download(out.data(), out.size() * 4);
+  transfer([&] { out_b.download(out.data(), out.size() * 4); });
   std::vector<uint8_t> q_bytes(static_cast<size_t>(rows * Hq * D * qb));
-  be_.to_host(q_bytes.data(), q_data, q_bytes.size());
-  hash_ = fnv1a(hash_, out.data(), out.size() * 4);
+  transfer([&] { be_.to_host(q_bytes.data(), q_data, q_bytes.size()); });
+  hash_content(out.data(), out.size() * 4);
   const std::string op_name = decode ? "decode_attention" : "prefill_attention";
   if (dump_) {
     const std::string stem = "step" + std::to_string(step_) + "_layer" + std::to_string(layer) + "_" + op_name;
@@ -1072,13 +1179,19 @@ void Runner::attend(int32_t layer, const std::vector<Entry>& es, size_t first, s
                  CacheDtype::fp32);
   }
   const size_t row_elems = static_cast<size_t>(Hq) * D;
+  std::vector<OutputKey> keys;
+  std::vector<const float*> rows_at;
   for (size_t b = 0; b < batch.size(); ++b)
     for (int32_t i = 0; i < batch[b].e->n; ++i) {
-      const int64_t row = q_indptr[b] + i;
+      keys.push_back({batch[b].r->id, layer, OutputKind::attention, batch[b].e->start + i});
+      rows_at.push_back(out.data() + (q_indptr[b] + i) * row_elems);
+    }
+  record_rows(keys, rows_at, row_elems * 4);
+  for (size_t b = 0; b < batch.size() && rec_.poisoned; ++b)
+    for (int32_t i = 0; i < batch[b].e->n; ++i) {
       const int64_t position = batch[b].e->start + i;
-      const float* o = out.data() + row * row_elems;
-      record_output({batch[b].r->id, layer, OutputKind::attention, position}, o, row_elems * 4);
-      if (rec_.poisoned && rec_.nan_found.empty())
+      const float* o = out.data() + (q_indptr[b] + i) * row_elems;
+      if (rec_.nan_found.empty())
         for (size_t k = 0; k < row_elems; ++k)
           if (std::isnan(o[k])) {
             rec_.nan_found = op_name + " at step " + std::to_string(step_) + ", layer " + std::to_string(layer) +
@@ -1088,6 +1201,7 @@ void Runner::attend(int32_t layer, const std::vector<Entry>& es, size_t first, s
           }
     }
   if (!opt_.dense_check) return;
+  Phase dense(clock_, &rec_.timings.dense);
   std::vector<float> q(q_bytes.size() / qb);
   for (size_t i = 0; i < q.size(); ++i) q[i] = load_float(q_bytes.data(), q_dtype, static_cast<int64_t>(i));
   if (opt_.dense_check) check_dense(layer, batch, 0, batch.size(), q, out, Hq);
@@ -1102,16 +1216,20 @@ void Runner::attend_mla(int32_t layer, const std::vector<Entry>& es) {
   const CacheDtype q_dtype = s_.model.input_dtype;
   std::vector<uint8_t> q(static_cast<size_t>(rows * Hq * dq * element_bytes(q_dtype)));
   int64_t r = 0;
+  const LayerSeeds& seeds = layer_seeds(layer);
+  std::optional<Phase> inputs(std::in_place, clock_, &rec_.timings.inputs);
   for (const Entry& e : es)
     for (int32_t i = 0; i < e.e->n; ++i, ++r) {
       const int64_t position = e.e->start + i;
       for (int32_t h = 0; h < Hq; ++h)
         for (int32_t d = 0; d < dq; ++d)
           put_value(q, q_dtype, (r * Hq + h) * dq + d,
-                    model_.value(ModelTensor::q, layer, h, d, position, e.r->hashes[position]), 1.0f);
+                    model_.value_from_seed(ModelTensor::q, seeds.of(ModelTensor::q, h, d), position, e.r->hashes[position]),
+                    1.0f);
     }
+  inputs.reset();
   BackendBuffer q_b(be_, q.size()), out_b(be_, static_cast<size_t>(rows * Hq * d_ckv * 4));
-  q_b.upload(q.data(), q.size());
+  transfer([&] { q_b.upload(q.data(), q.size()); });
   MlaAttentionOp op;
   op.layer = pool_layer_of_[layer];
   op.q = contiguous_view(q_b.get(), q_dtype, {rows, Hq, dq});
@@ -1128,15 +1246,20 @@ void Runner::attend_mla(int32_t layer, const std::vector<Entry>& es) {
   op.ckv_global_scale = s_.cache.k_global_scale;
   op.kpe_scale = s_.cache.k_scale;  // append_mla's kpe_scale
   notify("mla_attention", layer, es);
-  be_.mla_attention(pools_, op);
+  op_call([&] { be_.mla_attention(pools_, op); });
   std::vector<float> out(static_cast<size_t>(rows * Hq * d_ckv));
-  out_b.download(out.data(), out.size() * 4);
-  hash_ = fnv1a(hash_, out.data(), out.size() * 4);
+  transfer([&] { out_b.download(out.data(), out.size() * 4); });
+  hash_content(out.data(), out.size() * 4);
   const size_t row_elems = static_cast<size_t>(Hq) * d_ckv;
+  std::vector<OutputKey> keys;
+  std::vector<const float*> rows_at;
   r = 0;
   for (const Entry& e : es)
-    for (int32_t i = 0; i < e.e->n; ++i, ++r)
-      record_output({e.r->id, layer, OutputKind::attention, e.e->start + i}, out.data() + r * row_elems, row_elems * 4);
+    for (int32_t i = 0; i < e.e->n; ++i, ++r) {
+      keys.push_back({e.r->id, layer, OutputKind::attention, e.e->start + i});
+      rows_at.push_back(out.data() + r * row_elems);
+    }
+  record_rows(keys, rows_at, row_elems * 4);
 }
 
 // dense: each query's output against attention in double (Eigen) over the
@@ -1149,6 +1272,7 @@ void Runner::attend_mla(int32_t layer, const std::vector<Entry>& es) {
 // tests/oracle/attention_test.cpp). Rows whose output holds NaN are left to no_nan.
 void Runner::check_dense(int32_t layer, const std::vector<Entry>& es, size_t first, size_t last,
                          const std::vector<float>& q, const std::vector<float>& out, int32_t hq) {
+  Phase dense(clock_, &rec_.timings.dense);
   const int32_t H = g_.kv_heads, D = g_.head_dim, G = hq / H, P = g_.tokens_per_block;
   int64_t row = 0;
   AttentionScales sc = scales_;
@@ -1180,12 +1304,12 @@ void Runner::check_dense(int32_t layer, const std::vector<Entry>& es, size_t fir
     using RowsXd = Eigen::Matrix<double, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
     std::vector<RowsXd> k_head(static_cast<size_t>(H)), k_abs(static_cast<size_t>(H)), v_head(static_cast<size_t>(H));
     std::vector<Eigen::VectorXd> v_row_max(static_cast<size_t>(H));
-    for (int32_t h = 0; h < H; ++h) {
+    parallel_rows(H, [&](int64_t h) {
       k_head[h] = HeadRows(gathered[0].data() + h * D, slots, D, Eigen::OuterStride<>(H * D)).cast<double>();
       k_abs[h] = k_head[h].cwiseAbs();
       v_head[h] = HeadRows(gathered[1].data() + h * D, slots, D, Eigen::OuterStride<>(H * D)).cast<double>();
       v_row_max[h] = v_head[h].cwiseAbs().rowwise().maxCoeff();
-    }
+    });
     const int32_t n = e.e->n;
     const int32_t stride = n > 16 ? n / 16 : 1;  // up to ~16 query rows per sequence, always the last
     for (int32_t i = 0; i < n; ++i) {
@@ -1201,7 +1325,17 @@ void Runner::check_dense(int32_t layer, const std::vector<Entry>& es, size_t fir
       // Consecutive slots (no window, or a ring that has not wrapped) are one block of rows: no copy.
       bool consecutive = true;
       for (size_t j = 1; j < key_slots.size(); ++j) consecutive = consecutive && key_slots[j] == key_slots[j - 1] + 1;
-      for (int32_t kvh = 0; kvh < H; ++kvh) {
+      // Each KV head's group on its own thread; the findings are merged in
+      // head order, so the first violation named is the sequential one.
+      struct GroupFinding {
+        int64_t checked_rows = 0;
+        double worst_ratio = 0.0;
+        std::string violation;
+      };
+      std::vector<GroupFinding> found(static_cast<size_t>(H));
+      parallel_rows(H, [&](int64_t kvh_index) {
+        const auto kvh = static_cast<int32_t>(kvh_index);
+        GroupFinding& f = found[kvh];
         // The group's query heads whose output holds no NaN (those are no_nan's).
         std::vector<int32_t> heads;
         for (int32_t h = kvh * G; h < (kvh + 1) * G; ++h) {
@@ -1210,7 +1344,7 @@ void Runner::check_dense(int32_t layer, const std::vector<Entry>& es, size_t fir
           for (int32_t d = 0; d < D; ++d) nan = nan || std::isnan(o[d]);
           if (!nan) heads.push_back(h);
         }
-        if (heads.empty()) continue;
+        if (heads.empty()) return;
         Eigen::MatrixXd qd(D, static_cast<Eigen::Index>(heads.size()));
         for (size_t c = 0; c < heads.size(); ++c)
           for (int32_t d = 0; d < D; ++d) qd(d, static_cast<Eigen::Index>(c)) = q[((row + i) * hq + heads[c]) * D + d];
@@ -1240,22 +1374,27 @@ void Runner::check_dense(int32_t layer, const std::vector<Entry>& es, size_t fir
           const float* o = out.data() + ((row + i) * hq + h) * D;
           const double dot_abs = dots.col(static_cast<Eigen::Index>(c)).maxCoeff();
           const double bound = v_max * (1e-5 + 4.0 * D * std::ldexp(1.0, -24) * sm_scale_ * dot_abs) + 1e-30;
-          ++rec_.dense_checked_rows;
+          ++f.checked_rows;
           for (int32_t d = 0; d < D; ++d) {
             const double r = ref(d, static_cast<Eigen::Index>(c));
             const double err = std::fabs(static_cast<double>(o[d]) - r);
             const double ratio = std::isnan(r) ? 1e300 : err / bound;
-            rec_.dense_worst_ratio = std::max(rec_.dense_worst_ratio, ratio);
-            if (ratio > 1.0 && rec_.dense_violation.empty()) {
+            f.worst_ratio = std::max(f.worst_ratio, ratio);
+            if (ratio > 1.0 && f.violation.empty()) {
               char buf[160];
               std::snprintf(buf, sizeof buf, ": out %.9g, Eigen double %.9g, |diff| %.3g > bound %.3g", o[d], r, err,
                             bound);
-              rec_.dense_violation = "step " + std::to_string(step_) + ", layer " + std::to_string(layer) +
-                                     ", request " + e.r->id + ", position " + std::to_string(p) + ", head " +
-                                     std::to_string(h) + ", dim " + std::to_string(d) + buf;
+              f.violation = "step " + std::to_string(step_) + ", layer " + std::to_string(layer) + ", request " +
+                            e.r->id + ", position " + std::to_string(p) + ", head " + std::to_string(h) + ", dim " +
+                            std::to_string(d) + buf;
             }
           }
         }
+      });
+      for (const GroupFinding& f : found) {
+        rec_.dense_checked_rows += f.checked_rows;
+        rec_.dense_worst_ratio = std::max(rec_.dense_worst_ratio, f.worst_ratio);
+        if (rec_.dense_violation.empty()) rec_.dense_violation = f.violation;
       }
     }
     row += n;
@@ -1278,8 +1417,8 @@ std::vector<float> Runner::gather_rows(int32_t layer, int32_t kv, const std::vec
   op.scale = kv == 0 ? sc.k_scale : sc.v_scale;
   op.global_scale = kv == 0 ? sc.k_global_scale : sc.v_global_scale;
   notify("gather_paged", layer, std::vector<std::string>{request_id});
-  be_.gather_paged(pools_, op);
-  gb.download(g.data(), g.size() * 4);
+  op_call([&] { be_.gather_paged(pools_, op); });
+  transfer([&] { gb.download(g.data(), g.size() * 4); });
   return g;
 }
 
@@ -1318,16 +1457,21 @@ void Runner::read_back(RequestState& r) {
       // the sinks) is certainly still there.
       const int64_t recent = static_cast<int64_t>(write_map_.window) - write_map_.sinks;
       const int64_t kept_from = release ? r.final_len - recent : 0;
+      std::vector<OutputKey> keys;
+      std::vector<const float*> rows;
       for (int64_t t = 0; t < r.final_len; ++t) {
         if (!qkv_token_reaches_cache(write_map_, r.final_len, t)) continue;
         if (release && t >= write_map_.sinks && t < kept_from) continue;
         const int64_t slot = write_map_.cache_token(t);
         if (readable[slot / P] == kBadPage) continue;
-        const float* row = g.data() + slot * H * D;
-        record_output({r.id, layer, kv == 0 ? OutputKind::k_cache : OutputKind::v_cache, t}, row,
-                      static_cast<size_t>(H * D) * 4);
-        if (opt_.write_check) check_written_row(layer, kv, r, t, row);
-        hash_ = fnv1a(hash_, row, static_cast<size_t>(H * D) * 4);
+        keys.push_back({r.id, layer, kv == 0 ? OutputKind::k_cache : OutputKind::v_cache, t});
+        rows.push_back(g.data() + slot * H * D);
+      }
+      const size_t row_bytes = static_cast<size_t>(H * D) * 4;
+      record_rows(keys, rows, row_bytes);
+      for (size_t i = 0; i < rows.size(); ++i) {
+        if (opt_.write_check) check_written_row(layer, kv, r, keys[i].position, rows[i]);
+        hash_content(rows[i], row_bytes);
       }
     }
   }
@@ -1337,7 +1481,7 @@ void Runner::read_back(RequestState& r) {
 std::vector<uint8_t> Runner::sub_block_bytes(int64_t block, int32_t pool_layer, int32_t kv) {
   const int64_t first = element_byte_offset(element_offset(pools_.strides[0], block, pool_layer, kv, 0, 0, 0), g_.dtype);
   std::vector<uint8_t> out(static_cast<size_t>(g_.bytes_for(g_.inner_elements())));
-  be_.to_host(out.data(), static_cast<uint8_t*>(pools_.data[0]) + first, out.size());
+  transfer([&] { be_.to_host(out.data(), static_cast<uint8_t*>(pools_.data[0]) + first, out.size()); });
   return out;
 }
 
@@ -1360,7 +1504,7 @@ void Runner::leave_split_x_heads_unwritten(int32_t pool_layer, const std::vector
             std::memcpy(now.data() + e * eb, old[kv].data() + e * eb, static_cast<size_t>(eb));
           }
       }
-      be_.to_backend(static_cast<uint8_t*>(pools_.data[0]) + element_byte_offset(base, g_.dtype), now.data(), now.size());
+      transfer([&] { be_.to_backend(static_cast<uint8_t*>(pools_.data[0]) + element_byte_offset(base, g_.dtype), now.data(), now.size()); });
     }
 }
 
@@ -1392,6 +1536,7 @@ bool Runner::expected_row(int32_t layer, int32_t kv, const RequestState& r, int6
   out.assign(static_cast<size_t>(H) * D, 0.0f);
   std::vector<uint8_t> in(4);
   std::vector<float> x(static_cast<size_t>(D));
+  const LayerSeeds& seeds = layer_seeds(layer);
   for (int32_t h = 0; h < H; ++h) {
     for (int32_t d = 0; d < D; ++d) {
       ModelTensor which = kv == 0 ? ModelTensor::k : ModelTensor::v;
@@ -1400,7 +1545,8 @@ bool Runner::expected_row(int32_t layer, int32_t kv, const RequestState& r, int6
         which = d < s_.mla.d_ckv ? ModelTensor::ckv : ModelTensor::kpe;
         dim = d < s_.mla.d_ckv ? d : d - s_.mla.d_ckv;
       }
-      put_value(in, in_t, 0, model_.value(which, layer, h, dim, t, r.hashes[t]), code_scale);  // the input as uploaded
+      put_value(in, in_t, 0, model_.value_from_seed(which, seeds.of(which, h, dim), t, r.hashes[t]),
+                code_scale);  // the input as uploaded
       if (cache == CacheDtype::nvfp4) {
         x[d] = load_float(in.data(), in_t, 0);
         continue;
@@ -1454,7 +1600,7 @@ void Runner::check_written_row(int32_t layer, int32_t kv, const RequestState& r,
 void Runner::check_indexer_rows(int32_t layer, const RequestState& r) {
   const int32_t P = g_.tokens_per_block;
   std::vector<uint8_t> cache(indexer_[layer].bytes());
-  be_.to_host(cache.data(), indexer_[layer].get(), cache.size());
+  transfer([&] { be_.to_host(cache.data(), indexer_[layer].get(), cache.size()); });
   const std::vector<int32_t>& ids = bm_->table(r.index, group_);
   uint8_t want[kIndexerDim + kIndexerScaleBytes];
   for (int64_t t = 0; t < r.final_len; ++t) {
@@ -1558,14 +1704,14 @@ void Runner::hash_final_state() {
   std::vector<uint8_t> host;
   auto add = [&](const void* data, int64_t bytes, const std::string& file, const std::string& descr,
                  const std::vector<int64_t>& shape, const std::string& what, int32_t layer, CacheDtype t) {
-    if (!data || bytes <= 0) return;
+    if (!data || bytes <= 0 || (!opt_.content_hash && !dump_)) return;
     std::unique_ptr<std::ofstream> out;
     if (dump_) out = dump_->begin(file, descr, shape, step_, what, layer, t);
     for (int64_t at = 0; at < bytes; at += static_cast<int64_t>(kChunk)) {
       const size_t n = static_cast<size_t>(std::min<int64_t>(bytes - at, static_cast<int64_t>(kChunk)));
       host.resize(n);
-      be_.to_host(host.data(), static_cast<const uint8_t*>(data) + at, n);
-      hash_ = fnv1a(hash_, host.data(), n);
+      transfer([&] { be_.to_host(host.data(), static_cast<const uint8_t*>(data) + at, n); });
+      hash_content(host.data(), n);
       if (out) NpyDump::append(*out, host.data(), n, file);
     }
   };

@@ -19,13 +19,20 @@ namespace {
 float unit(uint64_t bits) { return static_cast<float>(bits >> 40) * (2.0f / 16777216.0f) - 1.0f; }
 }  // namespace
 
-float SyntheticModel::value(ModelTensor t, int32_t layer, int32_t head, int32_t dim, int64_t position,
-                            uint64_t prefix_hash) const {
+uint64_t SyntheticModel::dim_seed(ModelTensor t, int32_t layer, int32_t head, int32_t dim) const {
   uint64_t h = hash_mix(spec_.seed, static_cast<uint64_t>(t) + 1);
   h = hash_mix(h, static_cast<uint64_t>(layer));
   h = hash_mix(h, static_cast<uint64_t>(head));
-  h = hash_mix(h, static_cast<uint64_t>(dim));
-  h = hash_mix(h, static_cast<uint64_t>(position));
+  return hash_mix(h, static_cast<uint64_t>(dim));
+}
+
+float SyntheticModel::value(ModelTensor t, int32_t layer, int32_t head, int32_t dim, int64_t position,
+                            uint64_t prefix_hash) const {
+  return value_from_seed(t, dim_seed(t, layer, head, dim), position, prefix_hash);
+}
+
+float SyntheticModel::value_from_seed(ModelTensor t, uint64_t dim_seed, int64_t position, uint64_t prefix_hash) const {
+  uint64_t h = hash_mix(dim_seed, static_cast<uint64_t>(position));
   h = hash_mix(h, prefix_hash);
   // Sum of four uniforms: bell-shaped, sigma 1.1547; scaled to sigma = value_scale.
   const uint64_t a = hash_mix(h, 1), b = hash_mix(h, 2);

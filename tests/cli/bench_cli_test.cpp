@@ -171,3 +171,42 @@ TEST_CASE("kvsim bench --backend cuda: a table on a GPU machine, else a named er
     CHECK(r.out.find("kernel ms") == std::string::npos);
   }
 }
+
+TEST_CASE("kvsim bench --scenario: one replay per row, its wall time split into kernels and host parts") {
+  const std::string file = std::string(KVSIM_SOURCE_DIR) + "/scenarios/prefix_reuse_system_prompt.toml";
+  const Result r = run("bench --scenario '" + file + "' --threads 1 --json");
+  REQUIRE(r.status == 0);
+  const auto j = nlohmann::json::parse(r.out);
+  REQUIRE(j["results"].size() == 1);
+  const auto& row = j["results"][0];
+  INFO(row.dump());
+  CHECK(row["op"] == "scenario_replay_real");
+  CHECK(row["ok"] == true);
+  CHECK(int(row["runs"]) > 1);  // the comparison invariants re-ran it
+  CHECK(int64_t(row["token_layers_main"]) > 0);
+  const double wall = row["wall_seconds"];
+  double parts = 0;
+  for (const auto& [name, seconds] : row["seconds"].items()) {
+    CHECK(double(seconds) >= 0);
+    parts += double(seconds);
+  }
+  CHECK(double(row["seconds"]["kernels"]) > 0);
+  CHECK(double(row["seconds"]["inputs"]) > 0);
+  // Every instant of the replay is charged to exactly one part.
+  CHECK(parts == doctest::Approx(wall).epsilon(0.02));
+  CHECK(double(row["host_fraction"]) > 0);
+  CHECK(double(row["host_fraction"]) < 1);
+  CHECK(int64_t(row["max_rss_bytes"]) > 0);
+
+  // --invariants none: one run, no comparison time.
+  const auto none = nlohmann::json::parse(run("bench --scenario '" + file + "' --threads 1 --invariants none --json").out);
+  CHECK(int(none["results"][0]["runs"]) == 1);
+  CHECK(double(none["results"][0]["seconds"]["dense"]) == 0);
+
+  const Result mixed = run("bench --scenario '" + file + "' --only decode");
+  CHECK(mixed.status == 2);
+  CHECK(mixed.out.find("--scenario") != std::string::npos);
+  const Result stray = run("bench --invariants none --sequences 1 --tokens 1");
+  CHECK(stray.status == 2);
+  CHECK(stray.out.find("--invariants") != std::string::npos);
+}

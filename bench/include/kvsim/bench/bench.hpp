@@ -21,6 +21,8 @@
 #include <nlohmann/json.hpp>
 
 #include "backends/backend.hpp"
+#include "kvsim/sim/replay.hpp"
+#include "kvsim/sim/scenario.hpp"
 
 namespace kvsim::bench {
 
@@ -87,5 +89,21 @@ Measurement measure(Backend& be, Fixture& f, const TimingOptions& t);
 // Copy bandwidth of `be` in GB/s (bytes read + written) over `bytes`: the
 // ceiling every row is quoted against, measured in the same run.
 double copy_bandwidth(Backend& be, size_t bytes, const TimingOptions& t);
+
+// A real-size row (kvsim bench --scenario FILE, issue 13 item 10): one replay
+// of a scenario file with the chosen invariants (default every one), the
+// backend's kernel timing on, timed once (a replay is seconds to minutes; a
+// median over launches would multiply that). Its check is the replay's own:
+// every invariant held or caught its fault and every expectation was met
+// (the comparison invariants compare bytes against re-runs of the scenario).
+struct ScenarioMeasurement {
+  sim::ScenarioReport report;    // counters, invariants, wall time and its split (report.timings)
+  double estimated_token_layers = 0;  // sim::estimate_replay's count over every run
+  double estimated_flops = 0;
+  int64_t max_rss_bytes = 0;     // the process's peak resident set after the replay (getrusage)
+};
+ScenarioMeasurement measure_scenario(Backend& be, const sim::Scenario& s,
+                                     const std::optional<std::set<sim::Invariant>>& invariants,
+                                     const sim::ReplayOptions& base = {});
 
 }  // namespace kvsim::bench

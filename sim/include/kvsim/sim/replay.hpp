@@ -76,6 +76,50 @@ enum class OutputKind : int32_t {
   recurrent_state = 3,  // a finished request's state of recurrent layer `layer` after its last token: [state_size] fp32
 };
 
+// Where a replay's wall time went (kvsim bench --scenario, run --details):
+// host-clock seconds, each instant charged to exactly one part, summed over
+// the runs of a scenario (its own and every comparison run).
+struct ReplayTimings {
+  double kernels = 0;      // backend op work: its kernel time when the backend times kernels (set_kernel_timing), else the whole op call
+  double op_host = 0;      // the rest of each op call: host validation, index uploads, launches (0 without kernel timing)
+  double inputs = 0;       // every op's inputs made from the synthetic model on the host
+  double transfers = 0;    // input uploads, output and read-back downloads, the offload check's block copies
+  double scheduling = 0;   // scheduler and block manager (steps, tables, reuse, eviction), the conservation check
+  double recording = 0;    // the content hash, output digests, the spill file, the NaN scan
+  double dense = 0;        // the dense invariant's double reference (its gathers are kernels and transfers)
+  double comparisons = 0;  // comparing the runs' records once they are done
+  double other = 0;        // the rest: buffers, tables and op descriptors, bookkeeping
+  double total() const {
+    return kernels + op_host + inputs + transfers + scheduling + recording + dense + comparisons + other;
+  }
+  double host() const { return total() - kernels; }
+  ReplayTimings& operator+=(const ReplayTimings& o);
+};
+
+// Charges wall time to one part of a ReplayTimings at a time: enter() adds the
+// time since the last switch to the current part and makes another current.
+class PhaseClock {
+ public:
+  explicit PhaseClock(double* start);
+  double* enter(double* part);  // returns the part that was current
+  void stop();                  // charges the time so far; the clock then charges nothing
+ private:
+  double* current_;
+  int64_t since_ns_;
+};
+// The scope of one part: entered on construction, the previous part again on destruction.
+class Phase {
+ public:
+  Phase(PhaseClock& c, double* part) : clock_(c), previous_(c.enter(part)) {}
+  ~Phase() { clock_.enter(previous_); }
+  Phase(const Phase&) = delete;
+  Phase& operator=(const Phase&) = delete;
+
+ private:
+  PhaseClock& clock_;
+  double* previous_;
+};
+
 struct OutputKey {
   std::string request;
   int32_t layer = 0;
@@ -93,6 +137,7 @@ struct ScenarioReport {
   bool ok = false;            // every invariant pass/caught/n.a., every expectation met
   double main_seconds = 0.0;   // wall time of the scenario's own replay (throughput: counters.token_layers / this)
   double total_seconds = 0.0;  // ... plus the comparison invariants' replays
+  ReplayTimings timings;       // total_seconds split by part (every run of the scenario)
 };
 
 // Where the replay is, told to observers before each op runs.
@@ -135,6 +180,10 @@ struct ReplayOptions {
   // Keep a digest of every output row for the comparisons (replay() turns it
   // off for a main run that no comparison reads).
   bool record_outputs = true;
+  // Compute ScenarioReport::content_hash (FNV-1a over every output and the
+  // final pools: sequential, a byte at a time). replay() turns it off for the
+  // comparison re-runs, whose hash nobody reads.
+  bool content_hash = true;
   // The invariants to check (kvsim run --invariants LIST|none); nullopt =
   // every one. The others are reported `skipped`; a comparison nobody
   // selected does not re-run the scenario.

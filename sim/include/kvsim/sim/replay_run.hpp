@@ -81,11 +81,14 @@ struct RunRecord {
   std::string op_rejection;
   uint64_t content_hash = 0;
   double seconds = 0.0;
+  ReplayTimings timings;  // `seconds` split by part
 };
 
 // Adds an output row: its digest, its bytes to `spill` if its kind is
 // spilled, and to `captured` if it is the capture key.
 void record(RunRecord& r, const OutputKey& key, const void* data, size_t bytes);
+// The same with the row's digest already made (blake2b_128 of its bytes).
+void record(RunRecord& r, const OutputKey& key, const Digest128& digest, const void* data, size_t bytes);
 // Sorts the rows by key and keeps each key's last production.
 void finalize(RunRecord& r);
 // The row of `key` in a finalized record; nullptr when the run has none.

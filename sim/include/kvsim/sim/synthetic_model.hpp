@@ -27,6 +27,12 @@ class SyntheticModel {
   // Element `dim` of head `head` of tensor `t` at `position`, whose tokens
   // 0..position hash to `prefix_hash`.
   float value(ModelTensor t, int32_t layer, int32_t head, int32_t dim, int64_t position, uint64_t prefix_hash) const;
+  // value() in two parts, for making many elements: the hash of (tensor,
+  // layer, head, dim), which a replay computes once per layer, and the value
+  // at a position from it. value_from_seed(t, dim_seed(t, l, h, d), p, ph)
+  // == value(t, l, h, d, p, ph), bit for bit.
+  uint64_t dim_seed(ModelTensor t, int32_t layer, int32_t head, int32_t dim) const;
+  float value_from_seed(ModelTensor t, uint64_t dim_seed, int64_t position, uint64_t prefix_hash) const;
 
   // h[p] = hash of tokens[0..p] (a chained hash: equal prefixes, equal hashes).
   static std::vector<uint64_t> prefix_hashes(std::span<const int32_t> tokens);
