@@ -1430,9 +1430,9 @@ void Runner::read_back(RequestState& r) {
     const int32_t n = s_.recurrent.state_size;
     const float* state = recurrent_.data() + static_cast<size_t>(r.index) * s_.recurrent.layers * n;
     for (int32_t l = 0; l < s_.recurrent.layers; ++l) {
-      record_output({r.id, l, OutputKind::recurrent_state, recurrent_pos_[r.index]}, state + static_cast<size_t>(l) * n,
-                    static_cast<size_t>(n) * 4);
-      hash_ = fnv1a(hash_, state + static_cast<size_t>(l) * n, static_cast<size_t>(n) * 4);
+      record_rows({OutputKey{r.id, l, OutputKind::recurrent_state, recurrent_pos_[r.index]}},
+                  {state + static_cast<size_t>(l) * n}, static_cast<size_t>(n) * 4);
+      hash_content(state + static_cast<size_t>(l) * n, static_cast<size_t>(n) * 4);
     }
   }
   const int32_t H = g_.kv_heads, D = g_.head_dim, P = g_.tokens_per_block;
