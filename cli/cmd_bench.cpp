@@ -172,6 +172,7 @@ void run_scenario_rows(const BenchOptions& o) {
                                          {"scheduling", tm.scheduling},
                                          {"recording", tm.recording},
                                          {"dense", tm.dense},
+                                         {"checks", tm.checks},
                                          {"comparisons", tm.comparisons},
                                          {"other", tm.other}}},
                             {"host_fraction", tm.host() / tm.total()}};
@@ -185,9 +186,9 @@ void run_scenario_rows(const BenchOptions& o) {
         std::cout << line;
         std::snprintf(line, sizeof line,
                       "    host s: op calls %.2f, inputs %.2f, transfers %.2f, scheduling %.2f, recording %.2f, "
-                      "dense %.2f, comparisons %.2f, other %.2f\n",
-                      tm.op_host, tm.inputs, tm.transfers, tm.scheduling, tm.recording, tm.dense, tm.comparisons,
-                      tm.other);
+                      "dense %.2f, checks %.2f, comparisons %.2f, other %.2f\n",
+                      tm.op_host, tm.inputs, tm.transfers, tm.scheduling, tm.recording, tm.dense, tm.checks,
+                      tm.comparisons, tm.other);
         std::cout << line << std::flush;
       }
     }

@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <optional>
 #include <set>
 
 #include "kvsim/sim/invariants.hpp"
@@ -183,8 +184,11 @@ std::string format_double(double x) {
 }  // namespace
 
 ScenarioReport replay(const Scenario& s, Backend& backend, const ReplayOptions& options) {
-  const auto t0 = std::chrono::steady_clock::now();
   ScenarioReport rep;
+  const auto t0 = std::chrono::steady_clock::now();
+  // The wall time by part (ReplayTimings): each run charges its own parts,
+  // the comparisons theirs, the rest of replay() goes to `other`.
+  PhaseClock clock(&rep.timings.other);
   rep.name = s.name;
   const InvariantSelection selection(s, options.invariants);
   const std::set<Invariant>& targeted = selection.targeted();
@@ -192,11 +196,20 @@ ScenarioReport replay(const Scenario& s, Backend& backend, const ReplayOptions& 
   auto wanted = [&](Invariant inv) { return selection.wanted(inv); };
   const bool compare_quantization = options.comparison_invariants && is_quantized(s.cache.dtype) && !s.mla.enabled &&
                                     wanted(Invariant::quantization);
-  // Every run's time, by part (ReplayTimings); what is left of the wall time is the comparisons'.
   auto run_timed = [&](const Scenario& scenario, Backend& be, const ReplayOptions& o) {
-    RunRecord r = run_scenario(scenario, be, o);
-    rep.timings += r.timings;
-    return r;
+    const Phase paused(clock, nullptr);
+    const auto r0 = std::chrono::steady_clock::now();
+    auto since_r0 = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - r0).count(); };
+    try {
+      RunRecord r = run_scenario(scenario, be, o);
+      rep.timings += r.timings;
+      // The run's set-up before its clock started and its pools' release after it stopped.
+      rep.timings.other += std::max(0.0, since_r0() - r.timings.total());
+      return r;
+    } catch (...) {
+      rep.timings.other += since_r0();  // a rejected comparison run
+      throw;
+    }
   };
   ReplayOptions main_options = options;
   main_options.record_outputs = options.comparison_invariants && selection.any_comparison();
@@ -283,7 +296,9 @@ ScenarioReport replay(const Scenario& s, Backend& backend, const ReplayOptions& 
       // both scenarios once more, keeping only the first differing row.
       auto compare = [&](const Scenario& changed, const RunRecord& r, const std::string& what,
                          const std::function<bool(const OutputKey&)>& include = {}) {
+        std::optional<Phase> comparing(std::in_place, clock, &rep.timings.comparisons);
         Comparison c = compare_outputs(main, r, include);
+        comparing.reset();
         if (c.differing_key && !c.located) {
           ReplayOptions capture = inner;
           capture.capture = c.differing_key;
@@ -386,6 +401,7 @@ ScenarioReport replay(const Scenario& s, Backend& backend, const ReplayOptions& 
         ReplayOptions spilled = inner;
         spilled.spill_attention = true;
         rerun(c, Invariant::quantization, [&](const RunRecord& r) {
+          const Phase comparing(clock, &rep.timings.comparisons);
           const QuantizationError q = quantization_error(main, r);
           const double bound = quantization_bound(s.cache.dtype);
           return Outcome{q.compared > 0, !(q.rel_rms <= bound),
@@ -477,8 +493,8 @@ ScenarioReport replay(const Scenario& s, Backend& backend, const ReplayOptions& 
                                          std::string(invariant_name(invariant_for(f))) + ", got " +
                                          std::string(invariant_status_name(status_of(invariant_for(f)))));
   }
+  clock.stop();
   rep.total_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  rep.timings.comparisons = std::max(0.0, rep.total_seconds - rep.timings.total());
   rep.ok = rep.expectation_failures.empty();
   for (const InvariantReport& r : rep.invariants) rep.ok = rep.ok && r.status != InvariantStatus::fail;
   return rep;

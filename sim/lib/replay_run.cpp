@@ -17,7 +17,6 @@
 
 #include <algorithm>
 #include <array>
-#include <array>
 #include <chrono>
 #include <cmath>
 #include <cerrno>
@@ -623,7 +622,10 @@ void Runner::move(int32_t primary, int32_t secondary, bool to_secondary) {
   const std::vector<uint8_t> before = to_secondary ? block_bytes(PoolKind::primary, primary)
                                                    : block_bytes(PoolKind::secondary, secondary);
   ++rec_.offload_round_trips;
-  if (to_secondary) offloaded_digest_[secondary] = blake2b_128(before.data(), before.size());
+  if (to_secondary) {
+    const Phase checking(clock_, &rec_.timings.checks);
+    offloaded_digest_[secondary] = blake2b_128(before.data(), before.size());
+  }
   if (to_secondary && offload_before_copy_) {
     // vLLM #45704: the GPU -> CPU store runs on a stream nobody waits for; it
     // lands at the end of the step, after this step's writes to the block.
@@ -641,6 +643,7 @@ void Runner::move(int32_t primary, int32_t secondary, bool to_secondary) {
   if (to_secondary && offload_drops_scales_ && g_.has_scale_pool()) {
     // vLLM #48412: the offload moved the nvfp4 data but dropped the packed scales.
     const int k = static_cast<int>(PoolKind::secondary);
+    const Phase writing(clock_, &rec_.timings.transfers);
     for (int32_t l = 0; l < g_.layers; ++l)
       for (int32_t kv = 0; kv < g_.kv_factor; ++kv)
         be_.fill(static_cast<uint8_t*>(pool_sets_[0].scales[k]) +
@@ -650,6 +653,7 @@ void Runner::move(int32_t primary, int32_t secondary, bool to_secondary) {
   const std::vector<uint8_t> after = to_secondary ? block_bytes(PoolKind::secondary, secondary)
                                                   : block_bytes(PoolKind::primary, primary);
   if (!rec_.offload_violation.empty()) return;
+  const Phase checking(clock_, &rec_.timings.checks);
   const std::string which = std::string(to_secondary ? "offload" : "onboard") + " of primary block " +
                             std::to_string(primary) + " <-> secondary block " + std::to_string(secondary) + " at step " +
                             std::to_string(step_);
@@ -1172,6 +1176,7 @@ void Runner::attend(int32_t layer, const std::vector<Entry>& es, size_t first, s
   hash_content(out.data(), out.size() * 4);
   const std::string op_name = decode ? "decode_attention" : "prefill_attention";
   if (dump_) {
+    const Phase dumping(clock_, &rec_.timings.recording);
     const std::string stem = "step" + std::to_string(step_) + "_layer" + std::to_string(layer) + "_" + op_name;
     dump_->write(stem + "_q.npy", q_bytes.data(), q_bytes.size(), NpyDump::descr_for(q_dtype), {rows, Hq, D}, step_,
                  op_name, layer, q_dtype);
@@ -1187,6 +1192,7 @@ void Runner::attend(int32_t layer, const std::vector<Entry>& es, size_t first, s
       rows_at.push_back(out.data() + (q_indptr[b] + i) * row_elems);
     }
   record_rows(keys, rows_at, row_elems * 4);
+  std::optional<Phase> nan_scan(std::in_place, clock_, &rec_.timings.recording);
   for (size_t b = 0; b < batch.size() && rec_.poisoned; ++b)
     for (int32_t i = 0; i < batch[b].e->n; ++i) {
       const int64_t position = batch[b].e->start + i;
@@ -1200,6 +1206,7 @@ void Runner::attend(int32_t layer, const std::vector<Entry>& es, size_t first, s
             break;
           }
     }
+  nan_scan.reset();
   if (!opt_.dense_check) return;
   Phase dense(clock_, &rec_.timings.dense);
   std::vector<float> q(q_bytes.size() / qb);
@@ -1578,6 +1585,7 @@ bool Runner::expected_row(int32_t layer, int32_t kv, const RequestState& r, int6
 }
 
 void Runner::check_written_row(int32_t layer, int32_t kv, const RequestState& r, int64_t t, const float* row) {
+  const Phase checking(clock_, &rec_.timings.checks);
   std::vector<float> want;
   if (!expected_row(layer, kv, r, t, want)) return;
   ++rec_.write_checked_rows;
@@ -1599,6 +1607,7 @@ void Runner::check_written_row(int32_t layer, int32_t kv, const RequestState& r,
 // bytes and 4 scale bytes where its slot says, as the model made them.
 void Runner::check_indexer_rows(int32_t layer, const RequestState& r) {
   const int32_t P = g_.tokens_per_block;
+  const Phase checking(clock_, &rec_.timings.checks);
   std::vector<uint8_t> cache(indexer_[layer].bytes());
   transfer([&] { be_.to_host(cache.data(), indexer_[layer].get(), cache.size()); });
   const std::vector<int32_t>& ids = bm_->table(r.index, group_);
@@ -1634,6 +1643,7 @@ std::vector<float> Runner::recompute_state(const RequestState& r, int64_t tokens
 
 void Runner::restore_state(const RequestState& r, int64_t at, float* state) {
   const size_t n = static_cast<size_t>(s_.recurrent.layers) * s_.recurrent.state_size;
+  const Phase checking(clock_, &rec_.timings.checks);
   const std::vector<float> recomputed = recompute_state(r, at);
   ++rec_.state_resumes;
   const auto it = snapshots_.find(r.hashes[static_cast<size_t>(at - 1)]);
@@ -1671,6 +1681,7 @@ void Runner::restore_state(const RequestState& r, int64_t at, float* state) {
 void Runner::advance_recurrent(const std::vector<Entry>& es) {
   const int64_t P = g_.tokens_per_block;
   const size_t n = static_cast<size_t>(s_.recurrent.layers) * s_.recurrent.state_size;
+  const Phase folding(clock_, &rec_.timings.inputs);  // the synthetic model's recurrent layers
   for (const Entry& e : es) {
     const RequestState& r = *e.r;
     float* state = recurrent_.data() + static_cast<size_t>(r.index) * n;
@@ -1712,7 +1723,9 @@ void Runner::hash_final_state() {
       host.resize(n);
       transfer([&] { be_.to_host(host.data(), static_cast<const uint8_t*>(data) + at, n); });
       hash_content(host.data(), n);
-      if (out) NpyDump::append(*out, host.data(), n, file);
+      if (!out) continue;
+      const Phase dumping(clock_, &rec_.timings.recording);
+      NpyDump::append(*out, host.data(), n, file);
     }
   };
   for (PoolKind kind : {PoolKind::primary, PoolKind::secondary}) {

@@ -19,6 +19,7 @@ ReplayTimings& ReplayTimings::operator+=(const ReplayTimings& o) {
   scheduling += o.scheduling;
   recording += o.recording;
   dense += o.dense;
+  checks += o.checks;
   comparisons += o.comparisons;
   other += o.other;
   return *this;

@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <numeric>
+#include <set>
 #include <string>
 
 #include <nlohmann/json.hpp>
@@ -586,4 +587,53 @@ TEST_CASE("replay: the mma attention order keeps every invariant, and its output
     s.attention.order = AttentionOrder::fp32;
     CHECK(replay(s, cpu()).content_hash != r.content_hash);
   }
+}
+
+TEST_CASE("replay: the wall time's split adds up to it, each part charged where its work is") {
+  auto parts_of = [](const ReplayTimings& t) {
+    return std::vector<double>{t.kernels, t.op_host,  t.inputs,      t.transfers, t.scheduling,
+                               t.recording, t.dense, t.checks, t.comparisons, t.other};
+  };
+  auto adds_up = [&](const ScenarioReport& r) {
+    double sum = 0;
+    for (double p : parts_of(r.timings)) {
+      CHECK(p >= 0);
+      sum += p;
+    }
+    CHECK(sum == doctest::Approx(r.total_seconds).epsilon(1e-3));
+    CHECK(r.timings.total() == doctest::Approx(sum));
+  };
+  // Recurrent layers (their states are inputs, state_restore's recomputation a check), prefix reuse,
+  // every comparison run.
+  const Scenario recurrent = load_scenario_file(std::string(KVSIM_SOURCE_DIR) + "/scenarios/model_hybrid_recurrent_reuse.toml");
+  const ScenarioReport all = replay(recurrent, cpu());
+  adds_up(all);
+  const ReplayTimings& t = all.timings;
+  CHECK(t.kernels > 0);
+  CHECK(t.inputs > 0);
+  CHECK(t.transfers > 0);
+  CHECK(t.scheduling > 0);
+  CHECK(t.recording > 0);
+  CHECK(t.dense > 0);
+  CHECK(t.checks > 0);
+  CHECK(t.comparisons > 0);
+  CHECK(t.op_host == 0);  // the CPU backend times no kernels apart from its op calls unless asked
+  // No invariant selected: no comparison run, no comparison, no dense reference.
+  ReplayOptions none;
+  none.invariants = std::set<Invariant>{};
+  const ScenarioReport bare = replay(recurrent, cpu(), none);
+  adds_up(bare);
+  CHECK(bare.timings.comparisons == 0);
+  CHECK(bare.timings.dense == 0);
+  // The offload check's digests are checks; its block copies transfers.
+  const ScenarioReport offload =
+      replay(load_scenario_file(std::string(KVSIM_SOURCE_DIR) + "/scenarios/prefix_reuse_offload_onboard.toml"), cpu());
+  adds_up(offload);
+  CHECK(offload.timings.checks > 0);
+  // With the backend's kernel timing on, each op call is split into its kernel and the rest.
+  cpu().set_kernel_timing(true);
+  const ScenarioReport timed = replay(recurrent, cpu(), none);
+  cpu().set_kernel_timing(false);
+  adds_up(timed);
+  CHECK(timed.timings.kernels > 0);
 }

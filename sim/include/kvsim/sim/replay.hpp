@@ -76,21 +76,24 @@ enum class OutputKind : int32_t {
   recurrent_state = 3,  // a finished request's state of recurrent layer `layer` after its last token: [state_size] fp32
 };
 
-// Where a replay's wall time went (kvsim bench --scenario, run --details):
+// Where a replay's wall time went (kvsim bench --scenario):
 // host-clock seconds, each instant charged to exactly one part, summed over
 // the runs of a scenario (its own and every comparison run).
 struct ReplayTimings {
   double kernels = 0;      // backend op work: its kernel time when the backend times kernels (set_kernel_timing), else the whole op call
   double op_host = 0;      // the rest of each op call: host validation, index uploads, launches (0 without kernel timing)
-  double inputs = 0;       // every op's inputs made from the synthetic model on the host
+  double inputs = 0;       // the synthetic model on the host: every op's inputs, the recurrent layers' states
   double transfers = 0;    // input uploads, output and read-back downloads, the offload check's block copies
   double scheduling = 0;   // scheduler and block manager (steps, tables, reuse, eviction), the conservation check
   double recording = 0;    // the content hash, output digests, the spill file, the NaN scan
   double dense = 0;        // the dense invariant's double reference (its gathers are kernels and transfers)
-  double comparisons = 0;  // comparing the runs' records once they are done
-  double other = 0;        // the rest: buffers, tables and op descriptors, bookkeeping
+  double checks = 0;       // the other in-run invariants' references: the write oracle's expected rows, the
+                           // states recomputed from token 0 (state_restore), the offload check's digests
+  double comparisons = 0;  // comparing the runs' records once they are done (and the quantization error)
+  double other = 0;        // the rest: buffers, pool allocation and release, tables and op descriptors,
+                           // observers (progress line, report recorder), building the comparison scenarios
   double total() const {
-    return kernels + op_host + inputs + transfers + scheduling + recording + dense + comparisons + other;
+    return kernels + op_host + inputs + transfers + scheduling + recording + dense + checks + comparisons + other;
   }
   double host() const { return total() - kernels; }
   ReplayTimings& operator+=(const ReplayTimings& o);
