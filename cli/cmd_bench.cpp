@@ -109,6 +109,15 @@ Baseline load_baseline(const std::string& path) {
   return b;
 }
 
+// The JSON report: on stdout with --json, and into --output's file when given.
+void print_report(const BenchOptions& o, const nlohmann::json& out, std::ofstream& report) {
+  if (o.json) std::cout << out.dump(2) << '\n';
+  if (!report.is_open()) return;
+  report << out.dump(2) << '\n';
+  report.flush();
+  if (!report) fail(ErrorCode::bad_argument, "--output " + o.output + ": cannot write the report");
+}
+
 // The real-size rows: one replay per scenario file and thread count, every
 // part of its wall time (sim::ReplayTimings) printed and in the JSON.
 void run_scenario_rows(const BenchOptions& o) {
@@ -192,12 +201,7 @@ void run_scenario_rows(const BenchOptions& o) {
         std::cout << line << std::flush;
       }
     }
-  if (o.json) std::cout << out.dump(2) << '\n';
-  if (report.is_open()) {
-    report << out.dump(2) << '\n';
-    report.flush();
-    if (!report) fail(ErrorCode::bad_argument, "--output " + o.output + ": cannot write the report");
-  }
+  print_report(o, out, report);
   if (failed > 0) {
     std::cerr << "kvsim: error: " << failed << " scenario row(s) failed an invariant or an expectation\n";
     std::exit(1);
@@ -367,12 +371,7 @@ void run_bench(BenchOptions o) {
       }
     }
   }
-  if (o.json) std::cout << out.dump(2) << '\n';
-  if (report.is_open()) {
-    report << out.dump(2) << '\n';
-    report.flush();
-    if (!report) fail(ErrorCode::bad_argument, "--output " + o.output + ": cannot write the report");
-  }
+  print_report(o, out, report);
   if (differing > 0) {
     std::cerr << "kvsim: error: " << differing
               << " configuration(s) differ from the CPU oracle or did not run; their speed is not reported\n";
