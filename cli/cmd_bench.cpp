@@ -26,6 +26,7 @@
 #include <nlohmann/json.hpp>
 
 #include "backends/backend.hpp"
+#include "backends/cpu/cpu_isa.hpp"
 #include "commands.hpp"
 #include "kvsim/sim/estimate.hpp"
 #include "kvsim/bench/bench.hpp"
@@ -282,7 +283,14 @@ void run_bench(BenchOptions o) {
                   "bytes read + written";
   if (!baseline.seconds.empty()) out["baseline"] = baseline.about;
   out["results"] = nlohmann::json::array();
+  // The CPU backend's instruction set (the oracle's too): chosen at run time,
+  // KVSIM_CPU_ISA forces a lower one; every ISA gives the same bytes.
+  const char* cpu_isa = cpu_isa_name(selected_cpu_isa());
+  out["cpu_isa"] = cpu_isa;
   int differing = 0;
+  if (!o.json)
+    std::cout << "cpu isa: " << cpu_isa << " (widest this CPU runs: " << cpu_isa_name(best_cpu_isa())
+              << "; KVSIM_CPU_ISA=portable|avx2|avx512 forces one)\n";
   if (!o.json)
     std::cout << "op                   config                                     thr  kernel ms     op ms      GB/s "
                  " %copy  oracle  vs torch\n";

@@ -1,7 +1,7 @@
 // decode_attention / prefill_attention on oneTBB: one work item per (query
 // rows, KV head). Each item runs the fast path of attention_fast.hpp (the
 // canonical order of core's attend_query, arranged for SIMD, same bytes) or,
-// with Isa::reference (KVSIM_CPU_ATTENTION=reference), attend_query itself
+// with AttentionPath::reference (KVSIM_CPU_ATTENTION=reference), attend_query itself
 // per (query row, KV head). A decode item is one row; a prefill item is a
 // block of consecutive rows of one sequence sharing their K/V reads
 // (RowGroup, attend_tiled below).
@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -48,16 +49,15 @@ bool row_is_contiguous(const PoolStrides& st, int32_t kv, int32_t D) {
   return true;
 }
 
-Plan make_plan(const AttentionArgs& a, Isa isa) {
+Plan make_plan(const AttentionArgs& a, CpuIsa isa) {
   const PoolGeometry& g = a.pools.geometry;
   Plan p;
   p.D = g.head_dim;
   p.c = (p.D + kWarp - 1) / kWarp;
   p.G = a.group;
   p.pairs = (p.c + 1) / 2;
-  p.kernels = &portable_kernels();
-  if (isa == Isa::avx512 && avx512_kernels() != nullptr && avx512_kernels()->supports_head_dim(p.D))
-    p.kernels = avx512_kernels();
+  p.kernels = &kernels_for(isa);
+  if (!p.kernels->supports_head_dim(p.D)) p.kernels = &fallback_kernels(isa);
   const PoolStrides& st = a.pools.strides[0];
   p.direct = g.dtype != CacheDtype::nvfp4 && row_is_contiguous(st, 0, p.D) && row_is_contiguous(st, 1, p.D);
   p.format = RowFormat::f32;
@@ -463,7 +463,9 @@ void attend_tiled(const AttentionArgs& a, const Plan& pl, const Rows& rows, RowG
   }
 }
 
-void run_reference(tbb::task_arena& arena, const AttentionArgs& a, const std::vector<std::pair<int32_t, int64_t>>& rows) {
+void run_reference(tbb::task_arena& arena, const AttentionArgs& a, const std::vector<std::pair<int32_t, int64_t>>& rows,
+                   CpuIsa isa) {
+  const AttendQueryFn attend = attend_query_at(isa);
   tbb::enumerable_thread_specific<std::vector<float>> scratch;
   const int32_t heads = a.pools.geometry.kv_heads;
   arena.execute([&] {
@@ -477,7 +479,7 @@ void run_reference(tbb::task_arena& arena, const AttentionArgs& a, const std::ve
                               attention_order_scratch_floats(a.order, a.group, a.pools.geometry.head_dim, keys.size());
                           if (static_cast<int64_t>(buf.size()) < need) buf.resize(need);
                           for (int32_t h = r.cols().begin(); h < r.cols().end(); ++h)
-                            attend_query_in_order(a, seq, position, i, h, buf.data());
+                            attend(a, seq, position, i, h, buf.data());
                         }
                       });
   });
@@ -485,41 +487,33 @@ void run_reference(tbb::task_arena& arena, const AttentionArgs& a, const std::ve
 
 }  // namespace
 
-const char* isa_name(Isa isa) {
-  switch (isa) {
-    case Isa::reference: return "reference";
-    case Isa::portable: return "portable";
-    case Isa::avx512: return "avx512";
-  }
-  return "?";
+const Kernels& kernels_for(CpuIsa isa) {
+  if (isa == CpuIsa::avx512 && avx512_kernels() != nullptr) return *avx512_kernels();
+  if (isa == CpuIsa::avx2 && avx2_kernels() != nullptr) return *avx2_kernels();
+  return fallback_kernels(isa);
 }
 
-bool isa_available(Isa isa) {
-  if (isa == Isa::avx512) return avx512_kernels() != nullptr && avx512_supported_by_cpu();
-  return true;
+const Kernels& fallback_kernels(CpuIsa isa) {
+  return isa == CpuIsa::portable ? portable_kernels() : portable_fma_kernels();
 }
 
-Isa selected_isa() {
-  static const Isa chosen = [] {
-    Isa best = isa_available(Isa::avx512) ? Isa::avx512 : Isa::portable;
-    if (const char* env = std::getenv("KVSIM_CPU_ATTENTION")) {
-      const std::string_view v(env);
-      for (Isa i : {Isa::reference, Isa::portable, Isa::avx512})
-        if (v == isa_name(i) && isa_available(i)) best = i;
-    }
-    return best;
-  }();
+AttentionPath selected_attention_path() {
+  static const AttentionPath chosen = [] {
+    const char* env = std::getenv("KVSIM_CPU_ATTENTION");
+    if (env == nullptr || *env == '\0' || std::string_view(env) == "fast") return AttentionPath::fast;
+    if (std::string_view(env) == "reference") return AttentionPath::reference;
+    throw ValidationError(ErrorCode::bad_argument, std::string("KVSIM_CPU_ATTENTION = '") + env +
+                                                       "': expected reference or fast (or unset: fast); the ISA is "
+                                                       "KVSIM_CPU_ISA's");
+  }();  // a throw leaves it unset: the next call throws again
   return chosen;
 }
 
 void run_attention_rows(tbb::task_arena& arena, const AttentionArgs& a,
-                        const std::vector<std::pair<int32_t, int64_t>>& rows, Isa isa) {
+                        const std::vector<std::pair<int32_t, int64_t>>& rows, AttentionPath path, CpuIsa isa) {
   // The mma order runs core's attend_query_mma itself (the SIMD kernels are
   // the fp32 order's).
-  if (isa == Isa::reference || !isa_available(isa) || a.order == AttentionOrder::mma) {
-    if (isa == Isa::reference || a.order == AttentionOrder::mma) return run_reference(arena, a, rows);
-    isa = Isa::portable;
-  }
+  if (path == AttentionPath::reference || a.order == AttentionOrder::mma) return run_reference(arena, a, rows, isa);
   const Plan plan = make_plan(a, isa);
   const std::vector<RowGroup> groups = group_rows(a, rows);
   const int32_t heads = a.pools.geometry.kv_heads;
@@ -569,7 +563,9 @@ void CpuBackend::run_decode_attention(const KvPools& pools, const DecodeAttentio
                                     op.scales, op.window, op.lse, op.order);
   std::vector<std::pair<int32_t, int64_t>> rows;
   for (size_t b = 0; b < op.seq_lens.size(); ++b) rows.emplace_back(static_cast<int32_t>(b), op.seq_lens[b] - 1);
-  cpu_attention::run_attention_rows(arena_, a, rows, cpu_attention::selected_isa());
+  cpu_attention::run_attention_rows(
+      arena_, a, rows, reference_attention_ ? cpu_attention::AttentionPath::reference : cpu_attention::AttentionPath::fast,
+      isa_);
 }
 
 void CpuBackend::run_prefill_attention(const KvPools& pools, const PrefillAttentionOp& op) {
@@ -579,7 +575,9 @@ void CpuBackend::run_prefill_attention(const KvPools& pools, const PrefillAttent
   for (size_t b = 0; b + 1 < op.q_indptr.size(); ++b)
     for (int32_t i = op.q_indptr[b]; i < op.q_indptr[b + 1]; ++i)
       rows.emplace_back(static_cast<int32_t>(b), prefill_position(op.seq_lens[b], op.q_indptr[b], op.q_indptr[b + 1], i));
-  cpu_attention::run_attention_rows(arena_, a, rows, cpu_attention::selected_isa());
+  cpu_attention::run_attention_rows(
+      arena_, a, rows, reference_attention_ ? cpu_attention::AttentionPath::reference : cpu_attention::AttentionPath::fast,
+      isa_);
 }
 
 // MLA attention: core's attend_mla_query for every (row, query head), in any
@@ -590,6 +588,7 @@ void CpuBackend::run_mla_attention(const KvPools& pools, const MlaAttentionOp& o
   a.row_seq = rows.seq.data();
   a.row_position = rows.position.data();
   tbb::enumerable_thread_specific<std::vector<float>> scratch;
+  const cpu_attention::AttendMlaFn attend = cpu_attention::attend_mla_at(isa_);
   arena_.execute([&] {
     tbb::parallel_for(tbb::blocked_range2d<int64_t, int32_t>(0, a.rows, 0, a.heads),
                       [&](const tbb::blocked_range2d<int64_t, int32_t>& r) {
@@ -597,7 +596,7 @@ void CpuBackend::run_mla_attention(const KvPools& pools, const MlaAttentionOp& o
                         for (int64_t i = r.rows().begin(); i < r.rows().end(); ++i) {
                           const int64_t need = mla_scratch_floats(a.d_ckv, a.d_kpe, a.row_position[i]);
                           if (static_cast<int64_t>(buf.size()) < need) buf.resize(static_cast<size_t>(need));
-                          for (int32_t h = r.cols().begin(); h < r.cols().end(); ++h) attend_mla_query(a, i, h, buf.data());
+                          for (int32_t h = r.cols().begin(); h < r.cols().end(); ++h) attend(a, i, h, buf.data());
                         }
                       });
   });

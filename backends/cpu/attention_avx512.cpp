@@ -1,17 +1,15 @@
 // AVX-512 kernels of the fast attention path (attention_fast.hpp), compiled
 // for AVX-512F/BW/VL/DQ + FMA with a target pragma and used only where the
-// CPU reports those features at run time; every other host takes the
+// CPU reports those features at run time (cpu_isa.hpp); every other host takes the
 // portable kernels. Each vector operation is the IEEE operation core's
 // scalar order performs on that element (fma is correctly rounded in both),
 // so the bytes are those of attend_query; no flag of the build changes
 // (-ffp-contract=off stays, and no fast-math).
 //
-// Everything compiled under the pragma has internal linkage (or is a test
-// hook with a unique name): no inline function shared with other files is
-// ever emitted with AVX-512 code.
+// Everything compiled under the pragma has internal linkage (the kernel table
+// and its accessor lie outside it): no inline function shared with other
+// files is ever emitted with AVX-512 code.
 #include "backends/cpu/attention_fast.hpp"
-
-#include <cstdlib>
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #define KVSIM_CPU_AVX512 1
@@ -553,9 +551,7 @@ void pv(const PartitionTask& t) {
 
 bool head_dim_ok(int32_t head_dim) { return head_dim % 16 == 0 && head_dim <= canon::kMaxHeadDim; }
 
-}  // namespace
-
-void avx512_exp(const float* x, float* y, int64_t n) {
+void exp_floats(const float* x, float* y, int64_t n) {
   int64_t i = 0;
   for (; i + 16 <= n; i += 16) _mm512_storeu_ps(y + i, exp16(_mm512_loadu_ps(x + i)));
   if (i < n) {
@@ -564,7 +560,7 @@ void avx512_exp(const float* x, float* y, int64_t n) {
   }
 }
 
-void avx512_fma_rounds(float* x, int64_t n, int32_t steps, float a, float b) {
+void fma_rounds(float* x, int64_t n, int32_t steps, float a, float b) {
   const __m512 va = _mm512_set1_ps(a), vb = _mm512_set1_ps(b);
   for (int64_t i = 0; i + 256 <= n; i += 256) {  // 16 independent registers in flight
     __m512 v[16];
@@ -575,7 +571,7 @@ void avx512_fma_rounds(float* x, int64_t n, int32_t steps, float a, float b) {
   }
 }
 
-void avx512_decode_row(RowFormat format, const uint8_t* row, float* out, int32_t head_dim) {
+void decode_row(RowFormat format, const uint8_t* row, float* out, int32_t head_dim) {
   for (int32_t i = 0; i + 16 <= head_dim; i += 16) {
     __m512 v;
     switch (format) {
@@ -590,6 +586,7 @@ void avx512_decode_row(RowFormat format, const uint8_t* row, float* out, int32_t
   }
 }
 
+}  // namespace
 }  // namespace kvsim::cpu_attention
 
 #if defined(__clang__)
@@ -601,14 +598,8 @@ void avx512_decode_row(RowFormat format, const uint8_t* row, float* out, int32_t
 namespace kvsim::cpu_attention {
 
 const Kernels* avx512_kernels() {
-  static const Kernels k{&scores, &softmax, &pv, &head_dim_ok, &lane_order};
+  static const Kernels k{&scores, &softmax, &pv, &head_dim_ok, &lane_order, &exp_floats, &decode_row, &fma_rounds};
   return &k;
-}
-
-bool avx512_supported_by_cpu() {
-  __builtin_cpu_init();
-  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("fma");
 }
 
 }  // namespace kvsim::cpu_attention
@@ -617,10 +608,6 @@ bool avx512_supported_by_cpu() {
 
 namespace kvsim::cpu_attention {
 const Kernels* avx512_kernels() { return nullptr; }
-bool avx512_supported_by_cpu() { return false; }
-void avx512_exp(const float*, float*, int64_t) { std::abort(); }
-void avx512_decode_row(RowFormat, const uint8_t*, float*, int32_t) { std::abort(); }
-void avx512_fma_rounds(float*, int64_t, int32_t, float, float) { std::abort(); }
 }  // namespace kvsim::cpu_attention
 
 #endif

@@ -25,12 +25,13 @@
 //    by a first pass over the scores (docs/canonical-arithmetic.md), so there
 //    is no per-partition scratch.
 //
-// The ISA kernels (avx512, portable) work on one partition of one (query
-// row, KV head) item; the driver (attention.cpp) resolves key slots to rows
+// The ISA kernels (avx512, avx2; portable, compiled for baseline x86-64 and
+// again for AVX2 + FMA; cpu_isa.hpp chooses at run time) work on one
+// partition of one (query row, KV head) item; the driver (attention.cpp) resolves key slots to rows
 // with core's element_offset, stages rows it cannot read in place (nvfp4,
 // split-x V and other non-contiguous layouts) through core's load_head_row,
-// and merges partitions exactly as attend_query does. Isa::reference runs
-// attend_query itself. tests/oracle/attention_fast_path_test.cpp holds every
+// and merges partitions exactly as attend_query does. AttentionPath::reference
+// runs attend_query itself. tests/oracle/attention_fast_path_test.cpp holds every
 // path to attend_query byte for byte.
 #pragma once
 
@@ -40,22 +41,19 @@
 #include <utility>
 #include <vector>
 
+#include "backends/cpu/cpu_isa.hpp"
 #include "kvsim/core/ops/attention.hpp"
+#include "kvsim/core/ops/mla_attention.hpp"
 
 namespace kvsim::cpu_attention {
 
-enum class Isa : uint8_t {
-  reference,  // core's attend_query per (query row, KV head)
-  portable,   // plain C++ of the fast order (any host)
-  avx512,     // AVX-512F/BW/VL/DQ intrinsics (runtime-detected)
-};
-const char* isa_name(Isa isa);
-bool isa_available(Isa isa);
-// The ISA the CPU backend uses: the best available one, or the one named by
-// the environment variable KVSIM_CPU_ATTENTION (reference, portable, avx512)
-// when that is available. Every choice gives the same bytes; it only changes
-// speed (a debugging and benchmarking knob).
-Isa selected_isa();
+// Which attention code runs: core's attend_query per (query row, KV head), or
+// the fast path below. Both give the same bytes at every ISA.
+enum class AttentionPath : uint8_t { reference, fast };
+// The environment variable KVSIM_CPU_ATTENTION: reference or fast (unset or
+// empty: fast); another value throws ValidationError (bad_argument). Read
+// once per process (a benchmarking knob: same-binary before/after timings).
+AttentionPath selected_attention_path();
 
 // How K/V rows are read: in place from the pool in the cache dtype, or as
 // staged fp32 (f32 format) decoded by core's load_head_row.
@@ -105,25 +103,40 @@ struct Kernels {
   // positions (a permutation; the identity unless a kernel transposes K rows
   // in another order). The butterfly still adds lane l and lane l + off.
   void (*lane_order)(RowFormat format, int32_t head_dim, int32_t* lane_of_position);
+  // Test hooks (and kvsim bench's FMA ceiling) at this kernel set's ISA:
+  // core's exp_f32 on n floats; the in-place row decoder on head_dim
+  // elements (a multiple of 16); `steps` rounds of x[i] = fma(x[i], a, b)
+  // over n floats (a multiple of 256), many independent chains in flight.
+  void (*exp)(const float* x, float* y, int64_t n);
+  void (*decode_row)(RowFormat format, const uint8_t* row, float* out, int32_t head_dim);
+  void (*fma_rounds)(float* x, int64_t n, int32_t steps, float a, float b);
 };
 
+// The portable kernels compiled for baseline x86-64, and the same C++ compiled
+// for AVX2 + FMA (the head dims the SIMD kernels do not take, where the CPU
+// runs AVX2).
 const Kernels& portable_kernels();
-// nullptr when the build has no AVX-512 kernels (non-x86 host or compiler).
+const Kernels& portable_fma_kernels();
+// nullptr when the build has no such kernels (a non-x86 host or compiler).
+const Kernels* avx2_kernels();
 const Kernels* avx512_kernels();
-bool avx512_supported_by_cpu();
-
-// Test hooks of the AVX-512 kernels (only callable where avx512 is available):
-// core's exp_f32 on n floats, and the in-place row decoders.
-void avx512_exp(const float* x, float* y, int64_t n);
-void avx512_decode_row(RowFormat format, const uint8_t* row, float* out, int32_t head_dim);
-// kvsim bench's FMA ceiling at the CPU's full vector width: `steps` rounds of
-// x[i] = fma(x[i], a, b) over n floats (n a multiple of 256), 16 registers in flight.
-void avx512_fma_rounds(float* x, int64_t n, int32_t steps, float a, float b);
+// The kernel set of an ISA the CPU runs (portable: the baseline one), and the
+// one for head dims that set does not support.
+const Kernels& kernels_for(CpuIsa isa);
+const Kernels& fallback_kernels(CpuIsa isa);
 
 // Runs every (query row, KV head) item of an op: rows[i] = (sequence,
-// absolute position) of row i of a.q / a.out. Any thread count, any ISA:
-// the same bytes.
+// absolute position) of row i of a.q / a.out. Any thread count, path and ISA
+// the CPU runs: the same bytes.
 void run_attention_rows(tbb::task_arena& arena, const AttentionArgs& a,
-                        const std::vector<std::pair<int32_t, int64_t>>& rows, Isa isa);
+                        const std::vector<std::pair<int32_t, int64_t>>& rows, AttentionPath path, CpuIsa isa);
+
+// core's attend_query_in_order and attend_mla_query at an ISA: at avx2 and
+// avx512 a copy compiled for AVX2 + FMA (fma_clones.cpp), else the baseline one.
+using AttendQueryFn = void (*)(const AttentionArgs&, int32_t seq, int64_t position, int64_t row, int32_t kv_head,
+                               float* scratch);
+using AttendMlaFn = void (*)(const MlaAttentionArgs&, int64_t row, int32_t head, float* scratch);
+AttendQueryFn attend_query_at(CpuIsa isa);
+AttendMlaFn attend_mla_at(CpuIsa isa);
 
 }  // namespace kvsim::cpu_attention

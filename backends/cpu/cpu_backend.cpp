@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <new>
+#include <string>
 
 #include <tbb/info.h>
 #include <tbb/parallel_for.h>
@@ -22,9 +23,16 @@ std::optional<tbb::global_control> oversubscription_for(int threads) {
 }
 }  // namespace
 
-CpuBackend::CpuBackend(int threads)
-    : allow_oversubscription_(oversubscription_for(threads)),
-      arena_(threads > 0 ? threads : tbb::task_arena::automatic) {}
+CpuBackend::CpuBackend(int threads) : CpuBackend(threads, selected_cpu_isa()) {}
+
+CpuBackend::CpuBackend(int threads, CpuIsa isa)
+    : isa_(isa),
+      reference_attention_(cpu_attention::selected_attention_path() == cpu_attention::AttentionPath::reference),
+      allow_oversubscription_(oversubscription_for(threads)),
+      arena_(threads > 0 ? threads : tbb::task_arena::automatic) {
+  if (!cpu_isa_supported(isa))
+    throw BackendUnavailable(std::string("CPU backend ISA ") + cpu_isa_name(isa) + ": this CPU does not run it");
+}
 
 void* CpuBackend::allocate(size_t bytes) {
   // 64-byte alignment: whole cache lines per block, as device allocations are.
@@ -38,24 +46,19 @@ void CpuBackend::to_host(void* dst, const void* src, size_t bytes) { std::memcpy
 void CpuBackend::fill(void* dst, uint8_t byte, size_t bytes) { std::memset(dst, byte, bytes); }
 
 // Blocks of 64 lanes per task; within a block the 512 chains of one round are
-// independent: AVX-512 fma instructions where the CPU has them (the width the
-// attention kernels use: the ceiling they are quoted against), else the
-// compiler's SIMD form of the portable loop.
+// independent: the fma instructions of the backend's ISA at its full vector
+// width (the width the attention kernels use: the ceiling they are quoted
+// against); glibc's fmaf per element at the portable ISA.
 void CpuBackend::run_fma_probe(float* out, int64_t lanes, int32_t steps) {
   constexpr int64_t kBlock = 64;
   constexpr int kChains = canon::kFmaProbeChains;
-  const bool avx512 = cpu_attention::isa_available(cpu_attention::Isa::avx512);
+  const cpu_attention::Kernels& kernels = cpu_attention::kernels_for(isa_);
   arena_.execute([&] {
     tbb::parallel_for(int64_t{0}, (lanes + kBlock - 1) / kBlock, [&](int64_t blk) {
       alignas(64) float x[kBlock * kChains];
       const int64_t first = blk * kBlock, n = std::min(kBlock, lanes - first);
       for (int64_t i = 0; i < kBlock * kChains; ++i) x[i] = canon::fma_probe_seed(first + i / kChains, static_cast<int>(i % kChains));
-      if (avx512) {
-        cpu_attention::avx512_fma_rounds(x, kBlock * kChains, steps, canon::kFmaProbeA, canon::kFmaProbeB);
-      } else {
-        for (int32_t s = 0; s < steps; ++s)
-          for (int64_t i = 0; i < kBlock * kChains; ++i) x[i] = canon::fma_f32(x[i], canon::kFmaProbeA, canon::kFmaProbeB);
-      }
+      kernels.fma_rounds(x, kBlock * kChains, steps, canon::kFmaProbeA, canon::kFmaProbeB);
       std::copy(x, x + n * kChains, out + first * kChains);
     });
   });

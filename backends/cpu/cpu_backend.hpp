@@ -11,14 +11,21 @@
 #include <optional>
 
 #include "backends/backend.hpp"
+#include "backends/cpu/cpu_isa.hpp"
 
 namespace kvsim {
 
 class CpuBackend final : public Backend {
  public:
+  // The ISA is selected_cpu_isa() (KVSIM_CPU_ISA or the widest the CPU runs)
+  // unless given (one the CPU runs; tests compare every ISA byte for byte).
+  // Throws ValidationError / BackendUnavailable for a bad KVSIM_CPU_ISA or
+  // KVSIM_CPU_ATTENTION, before anything is allocated.
   explicit CpuBackend(int threads = 0);
+  CpuBackend(int threads, CpuIsa isa);
   std::string_view name() const override { return "cpu"; }
   int threads() const { return arena_.max_concurrency(); }
+  CpuIsa isa() const { return isa_; }
 
   void* allocate(size_t bytes) override;
   void release(void* p) noexcept override;
@@ -37,6 +44,8 @@ class CpuBackend final : public Backend {
   // oneTBB caps workers at the core count; a request for more threads than
   // cores (e.g. 3 on a 2-core CI machine) raises the cap so the requested
   // concurrency is real and the thread-count determinism tests mean something.
+  CpuIsa isa_;
+  bool reference_attention_;  // KVSIM_CPU_ATTENTION=reference
   std::optional<tbb::global_control> allow_oversubscription_;
   tbb::task_arena arena_;
 };

@@ -31,15 +31,31 @@
 
 #include "backends/backend.hpp"
 #include "backends/cpu/attention_fast.hpp"
+#include "backends/cpu/cpu_backend.hpp"
 
 using namespace kvsim;
 namespace fast = kvsim::cpu_attention;
 
 namespace {
 
-std::vector<fast::Isa> candidate_isas() {
-  std::vector<fast::Isa> v{fast::Isa::portable};
-  if (fast::isa_available(fast::Isa::avx512)) v.push_back(fast::Isa::avx512);
+std::vector<CpuIsa> machine_isas() {
+  std::vector<CpuIsa> v;
+  for (CpuIsa isa : {CpuIsa::portable, CpuIsa::avx2, CpuIsa::avx512})
+    if (cpu_isa_supported(isa)) v.push_back(isa);
+  return v;
+}
+
+// Every path against the reference (core's attend_query compiled for
+// baseline x86-64): the fast path at every ISA this CPU runs, and the
+// reference's AVX2 + FMA copy where the CPU runs AVX2.
+struct Candidate {
+  fast::AttentionPath path;
+  CpuIsa isa;
+};
+std::vector<Candidate> candidates() {
+  std::vector<Candidate> v;
+  for (CpuIsa isa : machine_isas()) v.push_back({fast::AttentionPath::fast, isa});
+  if (cpu_isa_supported(CpuIsa::avx2)) v.push_back({fast::AttentionPath::reference, CpuIsa::avx2});
   return v;
 }
 
@@ -285,14 +301,15 @@ void check_case(const Case& c, int threads = 2) {
   // The LSE output too (store_lse after each path's merge), poisoned alike.
   std::vector<float> lse_ref(static_cast<size_t>(nrows * hq), -7.0f), lse_got(lse_ref.size());
   a.lse = contiguous_view(lse_ref.data(), CacheDtype::fp32, {nrows, hq});
-  fast::run_attention_rows(arena, a, rows, fast::Isa::reference);
-  for (fast::Isa isa : candidate_isas()) {
-    INFO("isa " << std::string(fast::isa_name(isa)));
+  fast::run_attention_rows(arena, a, rows, fast::AttentionPath::reference, CpuIsa::portable);
+  for (const Candidate& cand : candidates()) {
+    INFO((cand.path == fast::AttentionPath::fast ? "fast path, isa " : "reference, isa ")
+         << std::string(cpu_isa_name(cand.isa)));
     View got = make_view(c.out_dtype, nrows, hq, c.D, c.strided_views, 0xA5);
     a.out = got.t;
     std::fill(lse_got.begin(), lse_got.end(), -7.0f);
     a.lse = contiguous_view(lse_got.data(), CacheDtype::fp32, {nrows, hq});
-    fast::run_attention_rows(arena, a, rows, isa);
+    fast::run_attention_rows(arena, a, rows, cand.path, cand.isa);
     CHECK(std::memcmp(lse_ref.data(), lse_got.data(), lse_ref.size() * 4) == 0);
     CHECK(std::count(lse_got.begin(), lse_got.end(), -7.0f) == 0);  // every (row, head) written
     const bool same = ref.bytes == got.bytes;
@@ -315,17 +332,16 @@ void check_case(const Case& c, int threads = 2) {
 
 }  // namespace
 
-TEST_CASE("AVX-512 row decoders give core's codec value for every code") {
-  if (!fast::isa_available(fast::Isa::avx512)) {
-    MESSAGE("no AVX-512 on this machine: the AVX-512 kernels are not exercised here");
-    return;
-  }
+TEST_CASE("every ISA's row decoders give core's codec value for every code") {
+  for (CpuIsa isa : machine_isas()) {
+  INFO("isa " << cpu_isa_name(isa));
+  const fast::Kernels& k = fast::kernels_for(isa);
   // 16-bit: all 65536 codes, 16 per row (head_dim 16 rows back to back).
   std::vector<uint16_t> codes(65536);
   std::iota(codes.begin(), codes.end(), uint16_t{0});
   std::vector<float> out(65536);
   for (fast::RowFormat f : {fast::RowFormat::bf16, fast::RowFormat::f16}) {
-    fast::avx512_decode_row(f, reinterpret_cast<const uint8_t*>(codes.data()), out.data(), 65536);
+    k.decode_row(f, reinterpret_cast<const uint8_t*>(codes.data()), out.data(), 65536);
     int bad = 0;
     for (uint32_t i = 0; i < 65536; ++i) {
       const float want = f == fast::RowFormat::bf16 ? codec::bf16_to_f32(static_cast<uint16_t>(i))
@@ -337,7 +353,7 @@ TEST_CASE("AVX-512 row decoders give core's codec value for every code") {
   std::vector<uint8_t> bytes(256);
   std::iota(bytes.begin(), bytes.end(), uint8_t{0});
   for (fast::RowFormat f : {fast::RowFormat::e4m3, fast::RowFormat::e5m2, fast::RowFormat::i8}) {
-    fast::avx512_decode_row(f, bytes.data(), out.data(), 256);
+    k.decode_row(f, bytes.data(), out.data(), 256);
     int bad = 0;
     for (uint32_t i = 0; i < 256; ++i) {
       const uint8_t b = static_cast<uint8_t>(i);
@@ -350,21 +366,22 @@ TEST_CASE("AVX-512 row decoders give core's codec value for every code") {
   }
   std::vector<float> f32(64);
   for (size_t i = 0; i < f32.size(); ++i) f32[i] = bits_float(0x7F800001u + static_cast<uint32_t>(i) * 0x01234567u);
-  fast::avx512_decode_row(fast::RowFormat::f32, reinterpret_cast<const uint8_t*>(f32.data()), out.data(), 64);
+  k.decode_row(fast::RowFormat::f32, reinterpret_cast<const uint8_t*>(f32.data()), out.data(), 64);
   CHECK(std::memcmp(f32.data(), out.data(), 64 * 4) == 0);
+  }
+  if (!cpu_isa_supported(CpuIsa::avx512)) MESSAGE("no AVX-512 on this machine: the AVX-512 kernels are not exercised here");
 }
 
-TEST_CASE("AVX-512 exp is canon::exp_f32 bit for bit") {
-  if (!fast::isa_available(fast::Isa::avx512)) {
-    MESSAGE("no AVX-512 on this machine: the AVX-512 kernels are not exercised here");
-    return;
-  }
+TEST_CASE("every ISA's exp is canon::exp_f32 bit for bit") {
+  for (CpuIsa isa : machine_isas()) {
+  INFO("isa " << cpu_isa_name(isa));
+  const fast::Kernels& k = fast::kernels_for(isa);
   // Every 61st bit pattern of all 2^32 (every sign, exponent, NaN payloads),
   // then every float of [-104, 89.5] near the range edges and around 0.
   std::vector<float> x, y;
   auto check_batch = [&] {
     y.resize(x.size());
-    fast::avx512_exp(x.data(), y.data(), static_cast<int64_t>(x.size()));
+    k.exp(x.data(), y.data(), static_cast<int64_t>(x.size()));
     int64_t bad = 0;
     for (size_t i = 0; i < x.size(); ++i) bad += float_bits(y[i]) != float_bits(canon::exp_f32(x[i]));
     CHECK(bad == 0);
@@ -383,6 +400,7 @@ TEST_CASE("AVX-512 exp is canon::exp_f32 bit for bit") {
   x.push_back(bits_float(0xFF800000u));
   x.push_back(bits_float(0x7FC00001u));
   check_batch();
+  }
 }
 
 TEST_CASE("fast attention: every dtype and layout, lengths around the 256-key partition") {
@@ -585,8 +603,16 @@ TEST_CASE("the CPU backend's decode and prefill are the reference's bytes") {
   a.group = 4;
   tbb::task_arena arena(1);
   std::vector<std::pair<int32_t, int64_t>> rows{{0, 999}, {1, 256}, {2, 255}};
-  fast::run_attention_rows(arena, a, rows, fast::Isa::reference);
+  fast::run_attention_rows(arena, a, rows, fast::AttentionPath::reference, CpuIsa::portable);
   CHECK(std::memcmp(out.data(), ref.data(), out.size() * 4) == 0);
+  for (CpuIsa isa : machine_isas()) {  // a backend forced to each ISA: the same bytes
+    INFO("isa " << cpu_isa_name(isa));
+    CpuBackend forced(1, isa);
+    CHECK(forced.isa() == isa);
+    std::fill(out.begin(), out.end(), -1.0f);
+    forced.decode_attention(p.kv, op);
+    CHECK(std::memcmp(out.data(), ref.data(), out.size() * 4) == 0);
+  }
 
   // Prefill: 3 queries of sequence 0 (positions 997..999) through the backend.
   std::vector<int32_t> indptr{0, 3}, lens{1000}, table(p.table.begin(), p.table.begin() + p.max_blocks);
@@ -601,7 +627,7 @@ TEST_CASE("the CPU backend's decode and prefill are the reference's bytes") {
   pf.scales.sm_scale = 0.088f;
   be->prefill_attention(p.kv, pf);
   rows = {{0, 997}, {0, 998}, {0, 999}};
-  fast::run_attention_rows(arena, a, rows, fast::Isa::reference);
+  fast::run_attention_rows(arena, a, rows, fast::AttentionPath::reference, CpuIsa::portable);
   CHECK(std::memcmp(out.data(), ref.data(), out.size() * 4) == 0);
-  MESSAGE("CPU backend attention ISA: " << std::string(fast::isa_name(fast::selected_isa())));
+  MESSAGE("CPU backend ISA: " << std::string(cpu_isa_name(selected_cpu_isa())));
 }

@@ -12,6 +12,7 @@
 #include <cstring>
 #include <string>
 
+#include "backends/cpu/cpu_backend.hpp"
 #include "tests/support/mla_attention_fixture.hpp"
 
 using namespace kvsim;
@@ -115,6 +116,27 @@ TEST_CASE("mla_attention: chunked prefill equals one chunk, a one-token chunk eq
   CHECK(std::memcmp(whole.data() + 289 * row, d.data(), static_cast<size_t>(row) * 4) == 0);
   CHECK(run(c, 1) == whole);
   CHECK(run(c, 3) == whole);
+}
+
+TEST_CASE("mla_attention: the same bytes at every ISA this CPU runs (baseline fmaf and the AVX2 + FMA copy)") {
+  for (CacheDtype dtype : {CacheDtype::bf16, CacheDtype::nvfp4, CacheDtype::fp8_e4m3}) {
+    MlaCase c;
+    c.dtype = dtype;
+    c.lens = {290, 12};
+    c.chunk = 3;
+    std::vector<float> portable;
+    for (CpuIsa isa : {CpuIsa::portable, CpuIsa::avx2, CpuIsa::avx512}) {
+      if (!cpu_isa_supported(isa)) continue;
+      INFO(dtype_name(dtype) << " isa " << cpu_isa_name(isa));
+      CpuBackend be(2, isa);
+      MlaSetup s;
+      mla_setup(be, c, s);
+      be.mla_attention(s.pools, s.op);
+      const std::vector<float> out = mla_output(s);
+      if (isa == CpuIsa::portable) portable = out;
+      CHECK(std::memcmp(out.data(), portable.data(), out.size() * 4) == 0);
+    }
+  }
 }
 
 TEST_CASE("mla_attention rejections name the rule and leave the output unchanged") {
