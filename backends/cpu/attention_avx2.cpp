@@ -13,21 +13,17 @@
 // files is ever emitted with AVX2 code.
 #include "backends/cpu/attention_fast.hpp"
 
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-#define KVSIM_CPU_AVX2 1
+#include "backends/cpu/cpu_target.hpp"
+
+#if KVSIM_CPU_X86
 #include <immintrin.h>
-#else
-#define KVSIM_CPU_AVX2 0
+
+#include "backends/cpu/attention_simd.hpp"
 #endif
 
-#if KVSIM_CPU_AVX2
+#if KVSIM_CPU_X86
 
-#if defined(__clang__)
-#pragma clang attribute push(__attribute__((target("avx2,fma"))), apply_to = function)
-#else
-#pragma GCC push_options
-#pragma GCC target("avx2,fma")
-#endif
+KVSIM_CPU_TARGET_BEGIN(KVSIM_CPU_TARGET_AVX2)
 
 namespace kvsim::cpu_attention {
 namespace {
@@ -263,17 +259,7 @@ void softmax(const PartitionTask& t) {
     for (i = 0; i + 8 <= total; i += 8) _mm256_storeu_ps(p + i, probability8(_mm256_loadu_ps(s + i), m));
     if (i < total)
       _mm_storeu_ps(p + i, _mm256_castps256_ps128(probability8(_mm256_castps128_ps256(_mm_loadu_ps(s + i)), m)));
-    // Sum: lane l adds keys [8l, 8l + 8) in order, then the butterfly (lane 0).
-    __m128 part[kWarp];
-    for (int l = 0; l < kWarp; ++l) {
-      __m128 acc = _mm_setzero_ps();
-      for (int32_t j = l * canon::kLaneRun; j < (l + 1) * canon::kLaneRun && j < n; ++j)
-        acc = _mm_add_ps(acc, _mm_loadu_ps(p + j * kQuad));
-      part[l] = acc;
-    }
-    for (int off = kWarp / 2; off >= 1; off >>= 1)
-      for (int l = 0; l < off; ++l) part[l] = _mm_add_ps(part[l], part[l + off]);
-    _mm_storeu_ps(t.l + q * kQuad, part[0]);
+    quad_partition_sum(p, n, t.l + q * kQuad);
   }
 }
 
@@ -312,12 +298,7 @@ void pv_heads(const PartitionTask& t, int32_t h0) {
   const float* pcol[NG];
   float* out[NG];
   int32_t limit[NG];
-  for (int g = 0; g < NG; ++g) {
-    const int32_t h = h0 + g;
-    pcol[g] = t.p + static_cast<int64_t>(h / kQuad) * kPartitionSize * kQuad + h % kQuad;
-    out[g] = t.acc + h * t.acc_stride;
-    limit[g] = t.key_limit != nullptr ? t.key_limit[h] : t.count;
-  }
+  pv_head_columns(t, h0, NG, pcol, out, limit);
   constexpr int kWide = NG > 2 ? 2 : 4;
   int32_t d = 0;
   for (; d + 8 * kWide <= t.head_dim; d += 8 * kWide) pv_block<F, NG, kWide>(t, pcol, out, limit, d);
@@ -367,11 +348,7 @@ void fma_rounds(float* x, int64_t n, int32_t steps, float a, float b) {
 }  // namespace
 }  // namespace kvsim::cpu_attention
 
-#if defined(__clang__)
-#pragma clang attribute pop
-#else
-#pragma GCC pop_options
-#endif
+KVSIM_CPU_TARGET_END
 
 namespace kvsim::cpu_attention {
 

@@ -11,21 +11,17 @@
 // files is ever emitted with AVX-512 code.
 #include "backends/cpu/attention_fast.hpp"
 
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-#define KVSIM_CPU_AVX512 1
+#include "backends/cpu/cpu_target.hpp"
+
+#if KVSIM_CPU_X86
 #include <immintrin.h>
-#else
-#define KVSIM_CPU_AVX512 0
+
+#include "backends/cpu/attention_simd.hpp"
 #endif
 
-#if KVSIM_CPU_AVX512
+#if KVSIM_CPU_X86
 
-#if defined(__clang__)
-#pragma clang attribute push(__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,fma"))), apply_to = function)
-#else
-#pragma GCC push_options
-#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,fma")
-#endif
+KVSIM_CPU_TARGET_BEGIN(KVSIM_CPU_TARGET_AVX512)
 
 namespace kvsim::cpu_attention {
 namespace {
@@ -451,17 +447,7 @@ void softmax(const PartitionTask& t) {
       const __mmask16 k = total - i >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << (total - i)) - 1u);
       _mm512_mask_storeu_ps(p + i, k, probability16(_mm512_maskz_loadu_ps(k, s + i), m16));
     }
-    // Sum: lane l adds keys [8l, 8l + 8) in order, then the butterfly (lane 0).
-    __m128 part[canon::kWarp];
-    for (int l = 0; l < canon::kWarp; ++l) {
-      __m128 acc = _mm_setzero_ps();
-      for (int32_t j = l * canon::kLaneRun; j < (l + 1) * canon::kLaneRun && j < n; ++j)
-        acc = _mm_add_ps(acc, _mm_loadu_ps(p + j * kQuad));
-      part[l] = acc;
-    }
-    for (int off = canon::kWarp / 2; off >= 1; off >>= 1)
-      for (int l = 0; l < off; ++l) part[l] = _mm_add_ps(part[l], part[l + off]);
-    _mm_storeu_ps(t.l + q * kQuad, part[0]);
+    quad_partition_sum(p, n, t.l + q * kQuad);
   }
 }
 
@@ -510,12 +496,7 @@ void pv_heads(const PartitionTask& t, int32_t h0) {
   const float* pcol[NG];
   float* out[NG];
   int32_t limit[NG];
-  for (int g = 0; g < NG; ++g) {
-    const int32_t h = h0 + g;
-    pcol[g] = t.p + static_cast<int64_t>(h / kQuad) * kPartitionSize * kQuad + h % kQuad;
-    out[g] = t.acc + h * t.acc_stride;
-    limit[g] = t.key_limit != nullptr ? t.key_limit[h] : t.count;
-  }
+  pv_head_columns(t, h0, NG, pcol, out, limit);
   constexpr int kWide = NG > 4 ? 2 : 4;
   int32_t d = 0;
   for (; d + 16 * kWide <= t.head_dim; d += 16 * kWide) pv_block<F, NG, kWide>(t, pcol, out, limit, d);
@@ -589,11 +570,7 @@ void decode_row(RowFormat format, const uint8_t* row, float* out, int32_t head_d
 }  // namespace
 }  // namespace kvsim::cpu_attention
 
-#if defined(__clang__)
-#pragma clang attribute pop
-#else
-#pragma GCC pop_options
-#endif
+KVSIM_CPU_TARGET_END
 
 namespace kvsim::cpu_attention {
 

@@ -7,23 +7,15 @@
 #include <cstring>
 
 #include "backends/cpu/attention_fast.hpp"
+#include "backends/cpu/cpu_target.hpp"
 
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#if KVSIM_CPU_X86
 
-#if defined(__clang__)
-#pragma clang attribute push(__attribute__((target("avx2,fma"))), apply_to = function)
-#else
-#pragma GCC push_options
-#pragma GCC target("avx2,fma")
-#endif
+KVSIM_CPU_TARGET_BEGIN(KVSIM_CPU_TARGET_AVX2)
 
 #include "backends/cpu/attention_portable_kernels.inc"
 
-#if defined(__clang__)
-#pragma clang attribute pop
-#else
-#pragma GCC pop_options
-#endif
+KVSIM_CPU_TARGET_END
 
 namespace kvsim::cpu_attention {
 const Kernels& portable_fma_kernels() { return kPortableKernels; }

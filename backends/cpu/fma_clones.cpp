@@ -7,12 +7,7 @@
 // before the pragma and stay baseline x86-64. fma is correctly rounded in the
 // instruction and in glibc's fmaf: the same bytes as the baseline copies.
 #include "backends/cpu/attention_fast.hpp"
-
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-#define KVSIM_CPU_FMA_CLONES 1
-#else
-#define KVSIM_CPU_FMA_CLONES 0
-#endif
+#include "backends/cpu/cpu_target.hpp"
 
 namespace kvsim::cpu_attention {
 namespace {
@@ -26,13 +21,8 @@ void attend_mla_baseline(const MlaAttentionArgs& a, int64_t row, int32_t head, f
   attend_mla_query(a, row, head, scratch);
 }
 
-#if KVSIM_CPU_FMA_CLONES
-#if defined(__clang__)
-#pragma clang attribute push(__attribute__((target("avx2,fma"))), apply_to = function)
-#else
-#pragma GCC push_options
-#pragma GCC target("avx2,fma")
-#endif
+#if KVSIM_CPU_X86
+KVSIM_CPU_TARGET_BEGIN(KVSIM_CPU_TARGET_AVX2)
 
 __attribute__((flatten)) void attend_query_fma(const AttentionArgs& a, int32_t seq, int64_t position, int64_t row,
                                                int32_t kv_head, float* scratch) {
@@ -43,17 +33,13 @@ __attribute__((flatten)) void attend_mla_fma(const MlaAttentionArgs& a, int64_t 
   attend_mla_query(a, row, head, scratch);
 }
 
-#if defined(__clang__)
-#pragma clang attribute pop
-#else
-#pragma GCC pop_options
-#endif
+KVSIM_CPU_TARGET_END
 #endif
 
 }  // namespace
 
 AttendQueryFn attend_query_at(CpuIsa isa) {
-#if KVSIM_CPU_FMA_CLONES
+#if KVSIM_CPU_X86
   if (isa != CpuIsa::portable) return &attend_query_fma;
 #endif
   (void)isa;
@@ -61,7 +47,7 @@ AttendQueryFn attend_query_at(CpuIsa isa) {
 }
 
 AttendMlaFn attend_mla_at(CpuIsa isa) {
-#if KVSIM_CPU_FMA_CLONES
+#if KVSIM_CPU_X86
   if (isa != CpuIsa::portable) return &attend_mla_fma;
 #endif
   (void)isa;
