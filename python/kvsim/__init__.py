@@ -11,7 +11,10 @@
 * ``kvsim.explain(...)``, ``kvsim.engine_info(...)``, ``kvsim.engines()``,
   ``kvsim.codec``, ``kvsim.replay(path, outputs=...)``, ``kvsim.Error`` and its named subclasses.
 * ``kvsim.Pools(engine, tensors, ...)``: an engine's cache tensors as kvsim's pool
-  (``geometry``, ``gather``, ``copy_blocks``, ``partial_copy``).
+  (``geometry``, ``gather``, ``copy_blocks``, ``partial_copy``, ``offload``/``onboard`` with a secondary pool);
+  ``kvsim.LatentPool(kv_cache)``: DeepSeek MLA's latent cache (``append_mla``, ``mla_attention``).
+* MLA engine shapes: ``kvsim.vllm.concat_and_cache_mla``, ``kvsim.flashinfer.append_paged_mla_kv_cache``,
+  ``kvsim.flashinfer.BatchMLAPagedAttentionWrapper``.
 
 See docs/python.md.
 """
@@ -20,9 +23,9 @@ from . import _kvsim
 from . import codec, errors, flashinfer, testing, trtllm, vllm
 from ._tensors import int_array as _ints
 from .errors import Error
-from .pools import Geometry, Pools
+from .pools import Geometry, LatentPool, Pools
 
-__all__ = ["Error", "codec", "errors", "flashinfer", "vllm", "trtllm", "testing", "explain", "engine_info", "engines", "replay", "Geometry", "Pools"]
+__all__ = ["Error", "codec", "errors", "flashinfer", "vllm", "trtllm", "testing", "explain", "engine_info", "engines", "replay", "Geometry", "LatentPool", "Pools"]
 
 has_cuda = _kvsim.has_cuda
 

@@ -38,6 +38,13 @@ def empty_lse(q, rows, heads, heads_major=False):
     return np.empty(shape, dtype=np.float32)
 
 
+def empty(like, shape):
+    """A zero tensor of ``shape`` in like's dtype, on like's device (numpy or torch)."""
+    if T.is_torch(like):
+        return T.torch.zeros(shape, dtype=like.dtype, device=like.device)
+    return np.zeros(shape, dtype=like.dtype)
+
+
 def transposed(x):
     return x.t() if T.is_torch(x) else x.T
 

@@ -27,19 +27,35 @@ def cache_dtype_of(x, given=None):
     return table[name]
 
 
+LATENT = "mla"  # kvsim's latent (MLA) pool: one [blocks, page_size, d_ckv + d_kpe] tensor, no engine preset
+
+
 class Bound:
-    """An engine's tensors bound as one kvsim pool; call finish() after the op."""
+    """An engine's tensors bound as one kvsim pool; call finish() after the op.
+
+    ``secondary`` (optional): (tensors, scale_tensors) of the same engine and
+    geometry but their own block count, bound as the pool's secondary pool
+    (offload / onboard). ``engine`` "mla": a latent pool (``tensors`` one
+    [blocks, page_size, width] tensor).
+    """
 
     def __init__(self, engine, tensors, cache_dtype, kv_layout, layers, kv_heads, page_size, head_dim,
-                 scale_tensors=()):
+                 scale_tensors=(), secondary=None):
         self.staged = T.Staged()
         self._copies = []
+        args = (engine, cache_dtype, kv_layout, layers, kv_heads, page_size, head_dim)
+        self.pools = self._bind(args, tensors, scale_tensors)
+        if secondary is not None:
+            self.pools = _kvsim.with_secondary(self.pools, self._bind(args, *secondary))
+
+    def _bind(self, args, tensors, scale_tensors):
         host = [self.staged.host(t, written=True) for t in tensors]
         host_scales = [self.staged.host(t, written=True) for t in scale_tensors]
-        args = (engine, cache_dtype, kv_layout, layers, kv_heads, page_size, head_dim)
+        if args[0] == LATENT:
+            return _kvsim.latent_pools(T.as_dlpack(host[0]), args[1],
+                                       T.as_dlpack(host_scales[0]) if host_scales else None)
         try:
-            self.pools = _kvsim.engine_pools(*args, [T.as_dlpack(t) for t in host],
-                                             [T.as_dlpack(t) for t in host_scales])
+            return _kvsim.engine_pools(*args, [T.as_dlpack(t) for t in host], [T.as_dlpack(t) for t in host_scales])
         except BadArgument as e:
             if "kv_tensors_unordered" not in str(e) or len(host) != 2:
                 raise
@@ -48,8 +64,7 @@ class Bound:
             host = self._stage_pair(host)
             if len(host_scales) == 2:
                 host_scales = self._stage_pair(host_scales)
-            self.pools = _kvsim.engine_pools(*args, [T.as_dlpack(t) for t in host],
-                                             [T.as_dlpack(t) for t in host_scales])
+            return _kvsim.engine_pools(*args, [T.as_dlpack(t) for t in host], [T.as_dlpack(t) for t in host_scales])
 
     def _stage_pair(self, pair):
         copies = T.stack_pair(pair[0], pair[1])

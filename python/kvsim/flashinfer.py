@@ -236,3 +236,130 @@ class BatchPrefillWithPagedKVCacheWrapper(_PagedAttentionWrapper):
                               "attention is causal (FlashInfer's bottom-right alignment)")
         self._set_plan(qo, paged_kv_indptr, paged_kv_indices, paged_kv_last_page_len, num_qo_heads, num_kv_heads,
                        head_dim_qk, page_size, sm_scale, window_left)
+
+
+# ---------------------------------------------------------------- MLA (DeepSeek latent cache)
+#
+# FlashInfer keeps the MLA cache as two tensors, ckv_cache [pages, page_size,
+# ckv_dim] and kpe_cache [pages, page_size, kpe_dim] (flashinfer/page.py,
+# append_paged_mla_kv_cache; flashinfer/mla.py, BatchMLAPagedAttentionWrapper.run).
+# kvsim's latent pool is one [ckv | kpe] row per token (kvsim.LatentPool), so
+# the two tensors are joined into one host copy, the op runs there, and the
+# written bytes go back into both (validation first: a raised kvsim.Error
+# leaves both caches unchanged).
+
+def _joined_latent(ckv_cache, kpe_cache):
+    """One host [pages, P, ckv_dim + kpe_dim] copy of FlashInfer's two MLA caches."""
+    import numpy as np
+    from .errors import ShapeMismatch
+    cs, ks = tuple(ckv_cache.shape), tuple(kpe_cache.shape)
+    if len(cs) != 3 or len(ks) != 3 or cs[:2] != ks[:2]:
+        raise ShapeMismatch(f"shape_mismatch: ckv_cache {cs} and kpe_cache {ks}: expected [pages, page_size, ckv_dim] "
+                            "and [pages, page_size, kpe_dim]")
+    if ckv_cache.dtype != kpe_cache.dtype:
+        raise ShapeMismatch(f"shape_mismatch: ckv_cache is {ckv_cache.dtype} but kpe_cache {kpe_cache.dtype}")
+    dtype = T.float8_dtype(ckv_cache) or cache_dtype_of(ckv_cache)
+    staged = T.Staged()
+    c, k = T.as_dlpack(staged.host(ckv_cache)), T.as_dlpack(staged.host(kpe_cache))  # float8 as uint8 views
+    joined = T.torch.cat([c, k], dim=-1) if T.is_torch(c) else np.concatenate([c, k], axis=-1)
+    return joined, cs[2], dtype
+
+
+def _write_back_latent(joined, d_ckv, ckv_cache, kpe_cache):
+    T.copy_into(T.as_dlpack(ckv_cache), joined[..., :d_ckv])
+    T.copy_into(T.as_dlpack(kpe_cache), joined[..., d_ckv:])
+
+
+def append_paged_mla_kv_cache(append_ckv, append_kpe, batch_indices, positions, ckv_cache, kpe_cache, kv_indices,
+                              kv_indptr, kv_last_page_len):
+    """kvsim's oracle for ``flashinfer.page.append_paged_mla_kv_cache``, in place.
+
+    Same arguments as FlashInfer: ``append_ckv`` [nnz, ckv_dim],
+    ``append_kpe`` [nnz, kpe_dim], ``batch_indices``/``positions`` [nnz],
+    ``ckv_cache`` [pages, page_size, ckv_dim], ``kpe_cache`` [pages,
+    page_size, kpe_dim] and the CSR table that already includes the new
+    tokens. The bytes are copied (the input dtype is the cache's: kvsim's
+    append_mla, contract §5.4). Where kvsim differs: FlashInfer's kernel
+    takes only ckv_dim 512 / kpe_dim 64 (its note); kvsim takes any widths,
+    and it rejects (kvsim.Error, caches unchanged) what FlashInfer writes
+    without a check: a position past the sequence, a page index past the
+    cache, two tokens on one slot.
+    """
+    from .pools import LatentPool
+    joined, d_ckv, dtype = _joined_latent(ckv_cache, kpe_cache)
+    LatentPool(joined, cache_dtype=dtype).append_mla(append_ckv, append_kpe, batch_indices, positions, kv_indptr,
+                                                     kv_indices, kv_last_page_len)
+    _write_back_latent(joined, d_ckv, ckv_cache, kpe_cache)
+
+
+class BatchMLAPagedAttentionWrapper:
+    """kvsim's oracle in the shape of ``flashinfer.mla.BatchMLAPagedAttentionWrapper`` (absorbed MLA).
+
+    ``plan(qo_indptr, kv_indptr, kv_indices, kv_len_arr, num_heads,
+    head_dim_ckv, head_dim_kpe, page_size, causal, sm_scale, q_data_type,
+    kv_data_type, use_profiler=False)`` then ``run(q_nope, q_pe, ckv_cache,
+    kpe_cache, out=None, lse=None, return_lse=False)``: q_nope [rows,
+    num_heads, head_dim_ckv] (already times W_UK), q_pe [rows, num_heads,
+    head_dim_kpe], the caches as in :func:`append_paged_mla_kv_cache`; the
+    pages of request b are kv_indices[kv_indptr[b]:kv_indptr[b+1]], its KV
+    length kv_len_arr[b] (the new tokens included), and query i of request b
+    sits at position kv_len - qo_len + i. Returns out [rows, num_heads,
+    head_dim_ckv] in q_nope's dtype (the latent space: W_UV is applied after).
+
+    The arithmetic is kvsim's canonical MLA order (core/ops/mla_attention.hpp:
+    the score is one dot product over the whole [ckv | kpe] row times
+    sm_scale), not FlashInfer's, so compare a kernel's output with a ULP
+    bound, not bytes. Not modelled (kvsim.errors.BadArgument): return_lse
+    (kvsim's MLA op writes no LSE) and causal=False with more than one query
+    per request.
+    """
+
+    def __init__(self, float_workspace_buffer=None, use_cuda_graph=False, qo_indptr=None, kv_indptr=None,
+                 kv_indices=None, kv_len_arr=None, backend="auto"):
+        self._plan = None
+
+    def plan(self, qo_indptr, kv_indptr, kv_indices, kv_len_arr, num_heads, head_dim_ckv, head_dim_kpe, page_size,
+             causal, sm_scale, q_data_type=None, kv_data_type=None, use_profiler=False):
+        import numpy as np
+        from .errors import BadArgument
+        qo, ip, ix = T.int_array(qo_indptr), T.int_array(kv_indptr), T.int_array(kv_indices)
+        if not causal and len(qo) > 1 and int((qo[1:] - qo[:-1]).max()) > 1:
+            raise BadArgument("bad_argument: causal=False with more than one query per request: kvsim's MLA "
+                              "attention is causal")
+        pages = [ix[ip[b]:ip[b + 1]] for b in range(len(ip) - 1)]
+        table = np.full((len(pages), max([len(p) for p in pages] + [1])), -1, np.int32)
+        for b, p in enumerate(pages):
+            table[b, :len(p)] = p
+        self._plan = dict(qo_indptr=qo, table=table, seq_lens=T.int_array(kv_len_arr), num_heads=int(num_heads),
+                          d_ckv=int(head_dim_ckv), d_kpe=int(head_dim_kpe), page_size=int(page_size),
+                          sm_scale=float(sm_scale))
+
+    def run(self, q_nope, q_pe, ckv_cache, kpe_cache, out=None, lse=None, return_lse=False, profiler_buffer=None,
+            kv_len=None, page_table=None, return_lse_base_on_e=False):
+        """FlashInfer's run(): out [rows, num_heads, head_dim_ckv]."""
+        from .errors import BadArgument, ShapeMismatch
+        from .pools import LatentPool
+        if self._plan is None:
+            raise BadArgument("bad_argument: run() before plan()")
+        if return_lse:
+            raise BadArgument("bad_argument: return_lse=True: kvsim's MLA attention writes no LSE")
+        p = self._plan
+        rows = int(p["qo_indptr"][-1])
+        want = ((rows, p["num_heads"], p["d_ckv"]), (rows, p["num_heads"], p["d_kpe"]))
+        if (tuple(q_nope.shape), tuple(q_pe.shape)) != want:
+            raise ShapeMismatch(f"shape_mismatch: q_nope {tuple(q_nope.shape)} and q_pe {tuple(q_pe.shape)}: plan() "
+                                f"says {want[0]} and {want[1]}")
+        joined, d_ckv, dtype = _joined_latent(ckv_cache, kpe_cache)
+        if (d_ckv, int(joined.shape[-1]) - d_ckv, int(joined.shape[1])) != (p["d_ckv"], p["d_kpe"], p["page_size"]):
+            raise ShapeMismatch(f"shape_mismatch: the caches hold ckv_dim {d_ckv}, kpe_dim "
+                                f"{int(joined.shape[-1]) - d_ckv}, page_size {int(joined.shape[1])}; plan() said "
+                                f"{p['d_ckv']}, {p['d_kpe']}, {p['page_size']}")
+        staged = T.Staged()
+        qn, qp = staged.host(q_nope), staged.host(q_pe)
+        q = T.torch.cat([qn, qp], dim=-1) if T.is_torch(qn) else __import__("numpy").concatenate([qn, qp], axis=-1)
+        result = LatentPool(joined, cache_dtype=dtype).mla_attention(
+            q, p["seq_lens"], p["table"], d_ckv=d_ckv, q_indptr=p["qo_indptr"], sm_scale=p["sm_scale"])
+        if out is None:
+            return result.to(q_nope.device) if T.is_torch(q_nope) else result
+        T.copy_into(out, result)
+        return out

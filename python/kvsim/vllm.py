@@ -168,3 +168,35 @@ def flash_attn_varlen_func(q, k, v, max_seqlen_q, cu_seqlens_q, max_seqlen_k, cu
                             k_scale=k_descale, v_scale=v_descale, window=0 if left < 0 else left + 1, out=out,
                             lse=None if lse is None else _attention.transposed(lse))
     return (out, lse) if return_softmax_lse else out
+
+
+def concat_and_cache_mla(kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype="auto", scale=1.0):
+    """kvsim's oracle for vLLM's ``concat_and_cache_mla`` (``torch.ops._C_cache_ops``), in place.
+
+    Semantics of csrc/cache_kernels.cu (``concat_and_cache_mla_kernel``):
+    ``kv_c`` [num_tokens, kv_lora_rank], ``k_pe`` [num_tokens, pe_dim] (any
+    row strides), ``kv_cache`` [num_blocks, block_size, kv_lora_rank +
+    pe_dim]; token i's row [kv_c | k_pe] goes to slot ``slot_mapping[i]`` =
+    block * block_size + entry, a negative slot is skipped, and the token
+    count is slot_mapping's length (later rows of kv_c are CUDA-graph
+    padding, as in vLLM V1). ``kv_cache_dtype`` "auto" copies the bytes (cache
+    dtype = input dtype); "fp8" / "fp8_e4m3" / "fp8_e5m2" store
+    e4m3/e5m2-satfinite(x / scale) (vLLM's scaled_convert), ``scale`` a float
+    or a one-element tensor. Runs as kvsim's append_mla (contract §5.4). A
+    slot past the cache raises kvsim.errors.SlotBeyondPool, two tokens on one
+    slot BadArgument (vLLM's kernel writes both, in no defined order), the
+    cache unchanged.
+    """
+    from .errors import ShapeMismatch
+    from .pools import LatentPool
+    if len(tuple(kv_cache.shape)) != 3:
+        raise ShapeMismatch(f"shape_mismatch: kv_cache has shape {tuple(kv_cache.shape)}, expected [num_blocks, "
+                            "block_size, kv_lora_rank + pe_dim]")
+    if int(kv_cache.shape[2]) != int(kv_c.shape[-1]) + int(k_pe.shape[-1]):
+        raise ShapeMismatch(f"shape_mismatch: kv_cache rows of {int(kv_cache.shape[2])} but kv_c {tuple(kv_c.shape)} "
+                            f"and k_pe {tuple(k_pe.shape)}: rule: kv_cache.size(2) == kv_lora_rank + pe_dim")
+    pool = LatentPool(kv_cache, cache_dtype=_cache_dtype(kv_cache_dtype, kv_cache))
+    staged = T.Staged()
+    c, k = staged.host(kv_c), staged.host(k_pe)
+    pool._run(_kvsim.concat_and_cache_mla, T.as_dlpack(c), T.as_dlpack(k), T.int_array(slot_mapping, dtype="int64"),
+              T.float8_dtype(c) or "", _scale(scale))

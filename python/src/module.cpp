@@ -25,6 +25,7 @@
 #include <iterator>
 #include <memory>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "backends/backend.hpp"
@@ -274,6 +275,111 @@ std::shared_ptr<EnginePools> engine_pools(const std::string& engine_name, const 
   return out;
 }
 
+// ---------------------------------------------------------------- latent (MLA) pools and the secondary pool
+
+// A latent pool (kv_factor 1, one head: DeepSeek MLA's [ckv | kpe] row per
+// token) over one borrowed tensor [blocks, page_size, width] with its own
+// strides: vLLM's MLA kv_cache per layer ([num_blocks, block_size,
+// kv_lora_rank + pe_dim], vllm/v1/attention/backends/mla/common.py
+// get_kv_cache_shape) and FlashInfer's ckv_kpe cache. nvfp4: packed bytes
+// (width / 2 per row) and a byte scale tensor [blocks, page_size, width / 16].
+std::shared_ptr<EnginePools> latent_pools(py::handle tensor, const std::string& dtype, const py::object& scale_tensor) {
+  auto out = std::make_shared<EnginePools>();
+  out->keep.push_back(borrow(tensor, "kv_cache"));
+  const DLTensor& t = *out->keep[0].t;
+  if (t.ndim != 3)
+    fail(ErrorCode::shape_mismatch, "kv_cache: expected rank 3 [blocks, page_size, width], got rank " + std::to_string(t.ndim));
+  const CacheDtype d = dtype_of(t, dtype, "kv_cache");
+  const bool packed = d == CacheDtype::nvfp4;
+  const int64_t unit = packed ? 2 : 1;  // strides in nibbles for nvfp4
+  if (packed && dl_stride(t, 2) != 1)
+    fail(ErrorCode::bad_strides, "kv_cache: packed nvfp4 bytes must be contiguous in the last axis");
+  const auto int32_extent = [](int64_t n, const char* what) {
+    if (n < 1 || n > INT32_MAX) fail(ErrorCode::shape_mismatch, std::string("kv_cache: ") + what + " of " + std::to_string(n));
+    return static_cast<int32_t>(n);
+  };
+  PoolGeometry g{.layers = 1, .kv_factor = 1, .kv_heads = 1,
+                 .tokens_per_block = int32_extent(t.shape[1], "page_size"),
+                 .head_dim = int32_extent(t.shape[2] * unit, "row width"), .primary_blocks = t.shape[0]};
+  g.dtype = d;
+  g.layout = BlockLayout::nhd;
+  const auto strides_of = [&](const DLTensor& x, int64_t u, int32_t width) {
+    PoolStrides s{};
+    s.block = dl_stride(x, 0) * u;
+    s.layer = s.block;  // one layer: never multiplied by more than 0
+    s.kv = 0;
+    s.inner[0] = InnerStrides{.head = 0, .token = dl_stride(x, 1) * u, .dim_outer = width * (u == 2 ? 1 : dl_stride(x, 2)),
+                              .dim_inner = u == 2 ? 1 : dl_stride(x, 2), .x = width};
+    s.inner[1] = s.inner[0];
+    return s;
+  };
+  out->pools.geometry = g;
+  out->pools.data[0] = dl_data(t);
+  out->pools.strides[0] = strides_of(t, unit, g.head_dim);
+  out->pools.allocation_elements[0] = dl_extent(t) * unit;
+  if (packed) {
+    if (scale_tensor.is_none()) fail(ErrorCode::bad_argument, "an nvfp4 latent pool needs its scale tensor");
+    out->keep.push_back(borrow(scale_tensor, "kv_cache_scales"));
+    const DLTensor& st = *out->keep[1].t;
+    const PoolGeometry sg = g.scale_geometry();
+    dtype_of(st, "fp8_e4m3", "kv_cache_scales");
+    if (st.ndim != 3 || st.shape[0] != t.shape[0] || st.shape[1] != t.shape[1] || st.shape[2] != sg.head_dim)
+      fail(ErrorCode::shape_mismatch, "kv_cache_scales: expected [" + std::to_string(t.shape[0]) + ", " +
+                                          std::to_string(t.shape[1]) + ", " + std::to_string(sg.head_dim) + "] bytes");
+    out->pools.scales[0] = dl_data(st);
+    out->pools.scale_strides[0] = strides_of(st, 1, sg.head_dim);
+    out->pools.scale_allocation_elements[0] = dl_extent(st);
+  } else if (!scale_tensor.is_none()) {
+    fail(ErrorCode::bad_argument, "scale tensors are for nvfp4 caches only");
+  }
+  validate_pool(out->pools, PoolKind::primary, "latent kv_cache: ");
+  return out;
+}
+
+// The pool `primary` with `secondary`'s primary pool as its secondary pool
+// (TensorRT-LLM's host offload pool): same geometry but the block count, its
+// own tensors and strides, and no byte shared with the primary pool.
+std::shared_ptr<EnginePools> with_secondary(const std::shared_ptr<EnginePools>& primary,
+                                            const std::shared_ptr<EnginePools>& secondary) {
+  PoolGeometry a = primary->pools.geometry, b = secondary->pools.geometry;
+  const int64_t secondary_blocks = b.primary_blocks;
+  b.primary_blocks = a.primary_blocks;
+  b.secondary_blocks = a.secondary_blocks;
+  if (geometry_summary(a) != geometry_summary(b) || a.dtype != b.dtype || a.layout != b.layout || a.placement != b.placement)
+    fail(ErrorCode::shape_mismatch, "the secondary pool's geometry (" + geometry_summary(secondary->pools.geometry) +
+                                        ") differs from the primary's (" + geometry_summary(primary->pools.geometry) +
+                                        ") in more than the block count");
+  auto out = std::make_shared<EnginePools>(*primary);
+  for (const Borrowed& k : secondary->keep) out->keep.push_back(k);
+  KvPools& p = out->pools;
+  const KvPools& s = secondary->pools;
+  p.geometry.secondary_blocks = secondary_blocks;
+  p.data[1] = s.data[0];
+  p.strides[1] = s.strides[0];
+  p.allocation_elements[1] = s.allocation_elements[0];
+  p.scales[1] = s.scales[0];
+  p.scale_strides[1] = s.scale_strides[0];
+  p.scale_allocation_elements[1] = s.scale_allocation_elements[0];
+  // Byte ranges of every primary and secondary allocation: a move must never read what it writes.
+  const auto range = [](const void* d, int64_t elements, int64_t bits) {
+    const auto* b0 = static_cast<const uint8_t*>(d);
+    return std::pair{b0, b0 + (elements * bits + 7) / 8};
+  };
+  const int64_t bits = bits_per_element(a.dtype);
+  std::vector<std::pair<const uint8_t*, const uint8_t*>> ranges[2];
+  for (int k = 0; k < 2; ++k) {
+    ranges[k].push_back(range(p.data[k], p.allocation_elements[k], bits));
+    if (p.scales[k]) ranges[k].push_back(range(p.scales[k], p.scale_allocation_elements[k], 8));
+  }
+  for (const auto& x : ranges[0])
+    for (const auto& y : ranges[1])
+      if (x.first < y.second && y.first < x.second)
+        fail(ErrorCode::bad_argument, "the secondary pool's tensors share memory with the primary pool's: rule: "
+                                      "offload and onboard copy between two separate allocations");
+  validate_pool(p, PoolKind::secondary, "secondary pool: ");
+  return out;
+}
+
 Backend& cpu() {
   static std::unique_ptr<Backend> backend = make_backend("cpu");
   return *backend;
@@ -463,6 +569,142 @@ void partial_copy(const EnginePools& p, int32_t src_block, int32_t dst_block, in
   op.dst_block = dst_block;
   op.num_tokens = num_tokens;
   cpu().partial_copy(p.pools, op);
+}
+
+// ---------------------------------------------------------------- MLA, offload, onboard
+
+// FlashInfer's append_paged_mla_kv_cache into a latent pool (contract §5.4):
+// ckv [nnz, d_ckv] and kpe [nnz, d_kpe] with FlashInfer's CSR coordinates.
+// ckv_dtype / kpe_dtype name what uint8 inputs hold ("" = the element type).
+void append_mla(const EnginePools& p, int32_t layer, py::handle ckv, py::handle kpe, py::handle batch_indices,
+                py::handle positions, py::handle indptr, py::handle indices, py::handle last_page_len,
+                const std::string& ckv_dtype, const std::string& kpe_dtype, float ckv_global_scale, float kpe_scale) {
+  const Borrowed cb = borrow(ckv, "append_ckv"), kb = borrow(kpe, "append_kpe");
+  AppendMlaOp op;
+  op.layer = layer;
+  op.ckv = view_of(cb, dtype_of(*cb.t, ckv_dtype, "append_ckv"), 2, "append_ckv");
+  op.kpe = view_of(kb, dtype_of(*kb.t, kpe_dtype, "append_kpe"), 2, "append_kpe");
+  const std::vector<int32_t> bi = int_list<int32_t>(batch_indices), pos = int_list<int32_t>(positions),
+                             ip = int_list<int32_t>(indptr), ix = int_list<int32_t>(indices),
+                             lpl = int_list<int32_t>(last_page_len);
+  op.batch_indices = bi;
+  op.positions = pos;
+  op.indptr = ip;
+  op.indices = ix;
+  op.last_page_len = lpl;
+  op.ckv_global_scale = ckv_global_scale;
+  op.kpe_scale = kpe_scale;
+  cpu().append_mla(p.pools, op);
+}
+
+// vLLM's concat_and_cache_mla (csrc/cache_kernels.cu): token i's [kv_c | k_pe]
+// row goes to slot slot_mapping[i] = block * block_size + entry, a negative
+// slot is skipped, rows past slot_mapping's length are padding. Run as
+// append_mla with one CSR sequence per written block (a whole page, the
+// token's entry its position), so core validates and writes. fp8 caches of
+// float input: each element becomes core's fp8_encode_divided(x, scale)
+// first (vLLM's scaled_convert divides), then its bytes are appended.
+void concat_and_cache_mla(const EnginePools& p, py::handle kv_c, py::handle k_pe, py::handle slot_mapping,
+                          const std::string& input_dtype, float scale) {
+  const Borrowed cb = borrow(kv_c, "kv_c"), kb = borrow(k_pe, "k_pe");
+  const PoolGeometry& g = p.pools.geometry;
+  const std::vector<int64_t> slots = int_list<int64_t>(slot_mapping);
+  TensorView ckv = view_of(cb, dtype_of(*cb.t, input_dtype, "kv_c"), 2, "kv_c");
+  TensorView kpe = view_of(kb, dtype_of(*kb.t, input_dtype, "k_pe"), 2, "k_pe");
+  const int64_t n = static_cast<int64_t>(slots.size());
+  if (ckv.shape[0] < n || kpe.shape[0] < n)
+    fail(ErrorCode::shape_mismatch, "kv_c has " + std::to_string(ckv.shape[0]) + " rows and k_pe " +
+                                        std::to_string(kpe.shape[0]) + " but slot_mapping " + std::to_string(n) +
+                                        ": rule: at least one row per slot (later rows are CUDA-graph padding)");
+  std::vector<int32_t> batch, positions, indptr{0}, indices, last;
+  std::vector<int64_t> rows;
+  std::vector<int64_t> seq_of_block;
+  std::unordered_map<int64_t, int32_t> seq_of;
+  const int64_t capacity = g.primary_blocks * g.tokens_per_block;
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t s = slots[static_cast<size_t>(i)];
+    if (s < 0) continue;
+    if (s >= capacity)
+      fail(ErrorCode::slot_beyond_pool, "token " + std::to_string(i) + ": slot_mapping[" + std::to_string(i) + "] = " +
+                                            std::to_string(s) + ": rule: slot < num_blocks * block_size = " +
+                                            std::to_string(capacity));
+    const int64_t block = s / g.tokens_per_block;
+    auto [it, inserted] = seq_of.emplace(block, static_cast<int32_t>(indices.size()));
+    if (inserted) {
+      indices.push_back(static_cast<int32_t>(block));
+      indptr.push_back(static_cast<int32_t>(indices.size()));
+      last.push_back(g.tokens_per_block);
+    }
+    batch.push_back(it->second);
+    positions.push_back(static_cast<int32_t>(s % g.tokens_per_block));
+    rows.push_back(i);
+  }
+  // The written rows, gathered (a view's rows stay where they are: the row stride is the gather).
+  const bool quantize = (g.dtype == CacheDtype::fp8_e4m3 || g.dtype == CacheDtype::fp8_e5m2) && is_float_input(ckv.dtype);
+  if (quantize && !(scale > 0.0f && scale < canon::pos_inf()))
+    fail(ErrorCode::bad_argument, "scale = " + std::to_string(scale) + ": rule: an fp8 per-tensor scale is finite and > 0");
+  const auto gathered = [&](const TensorView& in, std::vector<uint8_t>& bytes) {
+    const int64_t width = in.shape[1];
+    const CacheDtype to = quantize ? g.dtype : in.dtype;
+    const int64_t esize = bits_per_element(to) / 8;
+    bytes.assign(static_cast<size_t>(rows.size() * width * esize), 0);
+    for (size_t r = 0; r < rows.size(); ++r)
+      for (int64_t d = 0; d < width; ++d) {
+        uint8_t* o = bytes.data() + (r * width + d) * esize;
+        const int64_t at = in.offset(rows[r], d);
+        if (quantize) *o = fp8_encode_divided(load_float(in.data, in.dtype, at), scale, g.dtype);
+        else std::memcpy(o, static_cast<const uint8_t*>(in.data) + at * esize, static_cast<size_t>(esize));
+      }
+    return contiguous_view(bytes.data(), to, {static_cast<int64_t>(rows.size()), width});
+  };
+  std::vector<uint8_t> ckv_bytes, kpe_bytes;
+  AppendMlaOp op;
+  op.ckv = gathered(ckv, ckv_bytes);
+  op.kpe = gathered(kpe, kpe_bytes);
+  op.batch_indices = batch;
+  op.positions = positions;
+  op.indptr = indptr;
+  op.indices = indices;
+  op.last_page_len = last;
+  cpu().append_mla(p.pools, op);
+}
+
+// DeepSeek-V3 absorbed MLA attention (core/ops/mla_attention.hpp): q [rows,
+// Hq, d_ckv + d_kpe] (q_nope · W_UK | q_pe), out [rows, Hq, d_ckv]; decode
+// when q_indptr is None, else causal prefill chunks.
+void mla_attention(const EnginePools& p, int32_t layer, py::handle q, py::handle out, const py::object& q_indptr,
+                   py::handle seq_lens, py::handle block_table, int32_t max_blocks_per_seq, int32_t d_ckv,
+                   int32_t d_kpe, float sm_scale, float scale, float ckv_global_scale, float kpe_scale) {
+  const Borrowed qb = borrow(q, "q"), ob = borrow(out, "out");
+  MlaAttentionOp op;
+  op.layer = layer;
+  op.q = view_of(qb, dtype_of(*qb.t, "", "q"), 3, "q");
+  op.out = view_of(ob, dtype_of(*ob.t, "", "out"), 3, "out");
+  std::vector<int32_t> qi;
+  if (!q_indptr.is_none()) qi = int_list<int32_t>(q_indptr);
+  const std::vector<int32_t> lens = int_list<int32_t>(seq_lens), table = int_list<int32_t>(block_table);
+  op.q_indptr = qi;
+  op.seq_lens = lens;
+  op.block_table = table;
+  op.max_blocks_per_seq = max_blocks_per_seq;
+  op.d_ckv = d_ckv;
+  op.d_kpe = d_kpe;
+  op.sm_scale = sm_scale;
+  op.scale = scale;
+  op.ckv_global_scale = ckv_global_scale;
+  op.kpe_scale = kpe_scale;
+  cpu().mla_attention(p.pools, op);
+}
+
+// TensorRT-LLM's offloading (contract: MoveBlocksOp): offload copies primary
+// block primary[i] to secondary block secondary[i]; onboard the other way.
+void move_blocks(const EnginePools& p, py::handle primary, py::handle secondary, bool to_secondary) {
+  const std::vector<int32_t> a = int_list<int32_t>(primary), b = int_list<int32_t>(secondary);
+  MoveBlocksOp op;
+  op.primary = a;
+  op.secondary = b;
+  if (to_secondary) cpu().offload(p.pools, op);
+  else cpu().onboard(p.pools, op);
 }
 
 // TensorRT-LLM's indexer K cache scatter (DeepSeek sparse attention): fp8
@@ -714,7 +956,8 @@ PYBIND11_MODULE(_kvsim, m) {
         const PoolGeometry& g = p.pools.geometry;
         return py::dict(py::arg("layers") = g.layers, py::arg("kv_heads") = g.kv_heads,
                         py::arg("page_size") = g.tokens_per_block, py::arg("head_dim") = g.head_dim,
-                        py::arg("blocks") = g.primary_blocks, py::arg("cache_dtype") = std::string(dtype_name(g.dtype)),
+                        py::arg("blocks") = g.primary_blocks, py::arg("secondary_blocks") = g.secondary_blocks,
+                        py::arg("cache_dtype") = std::string(dtype_name(g.dtype)),
                         py::arg("layout") = std::string(layout_name(g.layout)),
                         py::arg("placement") = std::string(placement_name(g.placement)));
       })
@@ -733,6 +976,13 @@ PYBIND11_MODULE(_kvsim, m) {
   m.def("copy_blocks", &copy_blocks);
   m.def("partial_copy", &partial_copy);
   m.def("indexer_k_scatter", &indexer_k_scatter);
+  m.def("latent_pools", &latent_pools);
+  m.def("with_secondary", &with_secondary);
+  m.def("append_mla", &append_mla);
+  m.def("concat_and_cache_mla", &concat_and_cache_mla);
+  m.def("mla_attention", &mla_attention);
+  m.def("offload", [](const EnginePools& p, py::handle a, py::handle b) { move_blocks(p, a, b, true); });
+  m.def("onboard", [](const EnginePools& p, py::handle a, py::handle b) { move_blocks(p, a, b, false); });
   m.def("explain", &explain);
   m.def("engine_info", &engine_info);
   m.def("codec_encode", &codec_encode);
