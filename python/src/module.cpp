@@ -387,6 +387,23 @@ Backend& cpu() {
 
 // ---------------------------------------------------------------- ops
 
+// FlashInfer's append coordinates (batch_indices, positions and the CSR page
+// table) as host int32 lists an append op's spans point into.
+struct AppendCoordinates {
+  std::vector<int32_t> batch, positions, indptr, indices, last;
+  AppendCoordinates(py::handle b, py::handle p, py::handle ip, py::handle ix, py::handle lpl)
+      : batch(int_list<int32_t>(b)), positions(int_list<int32_t>(p)), indptr(int_list<int32_t>(ip)),
+        indices(int_list<int32_t>(ix)), last(int_list<int32_t>(lpl)) {}
+  template <class Op>
+  void into(Op& op) const {
+    op.batch_indices = batch;
+    op.positions = positions;
+    op.indptr = indptr;
+    op.indices = indices;
+    op.last_page_len = last;
+  }
+};
+
 void append_paged(const EnginePools& p, int32_t layer, py::handle k, py::handle v, py::handle batch_indices,
                   py::handle positions, py::handle indptr, py::handle indices, py::handle last_page_len,
                   const std::string& input_dtype, float k_global_scale, float v_global_scale) {
@@ -395,14 +412,8 @@ void append_paged(const EnginePools& p, int32_t layer, py::handle k, py::handle 
   op.layer = layer;
   op.k = view_of(kb, dtype_of(*kb.t, input_dtype, "append_key"), 3, "append_key");
   op.v = view_of(vb, dtype_of(*vb.t, input_dtype, "append_value"), 3, "append_value");
-  const std::vector<int32_t> bi = int_list<int32_t>(batch_indices), pos = int_list<int32_t>(positions),
-                             ip = int_list<int32_t>(indptr), ix = int_list<int32_t>(indices),
-                             lpl = int_list<int32_t>(last_page_len);
-  op.batch_indices = bi;
-  op.positions = pos;
-  op.indptr = ip;
-  op.indices = ix;
-  op.last_page_len = lpl;
+  const AppendCoordinates at(batch_indices, positions, indptr, indices, last_page_len);
+  at.into(op);
   op.k_global_scale = k_global_scale;
   op.v_global_scale = v_global_scale;
   cpu().append_paged(p.pools, op);
@@ -584,14 +595,8 @@ void append_mla(const EnginePools& p, int32_t layer, py::handle ckv, py::handle 
   op.layer = layer;
   op.ckv = view_of(cb, dtype_of(*cb.t, ckv_dtype, "append_ckv"), 2, "append_ckv");
   op.kpe = view_of(kb, dtype_of(*kb.t, kpe_dtype, "append_kpe"), 2, "append_kpe");
-  const std::vector<int32_t> bi = int_list<int32_t>(batch_indices), pos = int_list<int32_t>(positions),
-                             ip = int_list<int32_t>(indptr), ix = int_list<int32_t>(indices),
-                             lpl = int_list<int32_t>(last_page_len);
-  op.batch_indices = bi;
-  op.positions = pos;
-  op.indptr = ip;
-  op.indices = ix;
-  op.last_page_len = lpl;
+  const AppendCoordinates at(batch_indices, positions, indptr, indices, last_page_len);
+  at.into(op);
   op.ckv_global_scale = ckv_global_scale;
   op.kpe_scale = kpe_scale;
   cpu().append_mla(p.pools, op);
