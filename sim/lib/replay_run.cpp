@@ -469,6 +469,7 @@ class Runner final : public BlockMover {
   RunRecord rec_;
   uint64_t hash_ = kFnvOffset;
   std::unique_ptr<NpyDump> dump_;
+  std::vector<double> dense_k_, dense_k_abs_, dense_v_, dense_v_row_max_;  // check_dense's double K, |K|, V, max |V| per slot
   mutable std::map<int32_t, LayerSeeds> seeds_;  // by layer, made when first asked for (layer_seeds)
   PhaseClock clock_{&rec_.timings.other};  // after rec_: it charges rec_.timings
 };
@@ -1306,16 +1307,37 @@ void Runner::check_dense(int32_t layer, const std::vector<Entry>& es, size_t fir
     // Per KV head: K, |K| and V of every gathered slot, [slots, D] in double,
     // and each slot's largest |V|: built once per sequence, shared by every
     // checked row and every query head of the GQA group.
-    using HeadRows = Eigen::Map<const Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>, 0,
-                                Eigen::OuterStride<>>;
-    using RowsXd = Eigen::Matrix<double, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
-    std::vector<RowsXd> k_head(static_cast<size_t>(H)), k_abs(static_cast<size_t>(H)), v_head(static_cast<size_t>(H));
-    std::vector<Eigen::VectorXd> v_row_max(static_cast<size_t>(H));
+    // Made in one pass over the gathered floats into buffers kept across
+    // checks (a fresh allocation per sequence cost a page fault per 4 KiB).
+    using RowsXd = Eigen::Map<Eigen::Matrix<double, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>>;
+    const size_t head_doubles = static_cast<size_t>(slots) * D;
+    for (std::vector<double>* buf : {&dense_k_, &dense_k_abs_, &dense_v_})
+      if (buf->size() < head_doubles * H) buf->resize(head_doubles * H);
+    if (dense_v_row_max_.size() < static_cast<size_t>(slots) * H) dense_v_row_max_.resize(static_cast<size_t>(slots) * H);
+    std::vector<RowsXd> k_head, k_abs, v_head;
+    std::vector<Eigen::Map<Eigen::VectorXd>> v_row_max;
+    for (int32_t h = 0; h < H; ++h) {
+      k_head.emplace_back(dense_k_.data() + h * head_doubles, slots, D);
+      k_abs.emplace_back(dense_k_abs_.data() + h * head_doubles, slots, D);
+      v_head.emplace_back(dense_v_.data() + h * head_doubles, slots, D);
+      v_row_max.emplace_back(dense_v_row_max_.data() + static_cast<size_t>(h) * slots, slots);
+    }
     parallel_rows(H, [&](int64_t h) {
-      k_head[h] = HeadRows(gathered[0].data() + h * D, slots, D, Eigen::OuterStride<>(H * D)).cast<double>();
-      k_abs[h] = k_head[h].cwiseAbs();
-      v_head[h] = HeadRows(gathered[1].data() + h * D, slots, D, Eigen::OuterStride<>(H * D)).cast<double>();
-      v_row_max[h] = v_head[h].cwiseAbs().rowwise().maxCoeff();
+      for (int64_t slot = 0; slot < slots; ++slot) {
+        const float* k = gathered[0].data() + (slot * H + h) * D;
+        const float* v = gathered[1].data() + (slot * H + h) * D;
+        double* kd = k_head[h].data() + slot * D;
+        double* ka = k_abs[h].data() + slot * D;
+        double* vd = v_head[h].data() + slot * D;
+        double v_max = 0.0;
+        for (int32_t d = 0; d < D; ++d) {
+          kd[d] = static_cast<double>(k[d]);
+          ka[d] = std::fabs(kd[d]);
+          vd[d] = static_cast<double>(v[d]);
+          v_max = std::max(v_max, std::fabs(vd[d]));
+        }
+        v_row_max[h](slot) = v_max;
+      }
     });
     const int32_t n = e.e->n;
     const int32_t stride = n > 16 ? n / 16 : 1;  // up to ~16 query rows per sequence, always the last
