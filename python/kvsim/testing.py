@@ -248,7 +248,8 @@ class AttentionReport:
 
 def attention_report(actual, q, cache, *, indptr=None, indices=None, last_page_len=None, kv_layout="NHD",
                      block_table=None, seq_lens=None, qo_indptr=None, sm_scale=None, k_scale=1.0, v_scale=1.0,
-                     cache_dtype=None, max_ulp_float64=None, max_ulp_kvsim=None, min_correctly_rounded=None):
+                     cache_dtype=None, scale_cache=None, k_global_scale=1.0, v_global_scale=1.0, window_left=-1,
+                     max_ulp_float64=None, max_ulp_kvsim=None, min_correctly_rounded=None):
     """How close an attention kernel's output is to the float64 answer and to kvsim's, per sequence and head.
 
     ``actual`` [rows, Hq, D] the kernel's output (fp32/fp16/bf16), ``q`` its
@@ -259,7 +260,13 @@ def attention_report(actual, q, cache, *, indptr=None, indices=None, last_page_l
     with ``block_table``/``seq_lens``. ``qo_indptr`` makes it a causal prefill
     (query i of request b at position len_b - qo_len_b + i), else one query per
     request (decode). Scales as in the engines: ``sm_scale`` (default
-    1/sqrt(D)), the fp8 per-tensor ``k_scale``/``v_scale``.
+    1/sqrt(D)), the fp8 per-tensor ``k_scale``/``v_scale``. nvfp4 caches
+    (FlashInfer's, ``cache_dtype="nvfp4"``): packed bytes with their block
+    scales ``scale_cache`` (one tensor or a (K, V) pair) and the global decode
+    scales ``k_global_scale``/``v_global_scale``. ``window_left`` = w >= 0 is a
+    sliding window (FlashInfer's window_left, vLLM's window_size[0]): a query
+    at position p attends positions max(0, p - w) .. p, in kvsim and in the
+    float64 reference.
 
     The float64 reference reads the cache's K/V through kvsim's gather
     (decoded codes times the scale), computes the scores, softmax and P.V in
@@ -295,9 +302,14 @@ def attention_report(actual, q, cache, *, indptr=None, indices=None, last_page_l
         raise BadArgument("bad_argument: give the CSR table (indptr, indices, last_page_len) with FlashInfer's cache, "
                           "or block_table and seq_lens with vLLM's (key_cache, value_cache)")
     dtype = cache_dtype_of(tensors[0], cache_dtype)
+    scales = [] if scale_cache is None else (list(scale_cache) if isinstance(scale_cache, (tuple, list))
+                                             else [scale_cache])
     if dtype == "nvfp4":
-        raise BadArgument("bad_argument: attention_report does not take nvfp4 caches yet")
-    bound = Bound(engine, tensors, dtype, layout, 1, heads, page, head_dim)
+        if indptr is None:
+            raise BadArgument("bad_argument: nvfp4 caches are FlashInfer's: give the CSR table")
+        head_dim *= 2  # packed bytes
+    window = 0 if window_left is None or window_left < 0 else int(window_left) + 1
+    bound = Bound(engine, tensors, dtype, layout, 1, heads, page, head_dim, scales)
     if indptr is not None:
         lens, table = _kvsim.csr_to_dense(bound.pools, T.int_array(indptr), T.int_array(indices),
                                           T.int_array(last_page_len))
@@ -307,7 +319,8 @@ def attention_report(actual, q, cache, *, indptr=None, indices=None, last_page_l
     ks, vs = _attention.scale_value(k_scale), _attention.scale_value(v_scale)
     qi = None if qo_indptr is None else T.int_array(qo_indptr)
     kv_out, _ = _attention.run(bound, q, seq_lens=lens, block_table=table, q_indptr=qi, sm_scale=scale,
-                               k_scale=ks, v_scale=vs, out=T.empty_like(actual))
+                               k_scale=ks, v_scale=vs, k_global_scale=k_global_scale, v_global_scale=v_global_scale,
+                               window=window, out=T.empty_like(actual))
     rows_of = ([(b, lens[b] - 1, b) for b in range(len(lens))] if qi is None else
                [(b, lens[b] - (qi[b + 1] - qi[b]) + (i - qi[b]), i) for b in range(len(lens))
                 for i in range(qi[b], qi[b + 1])])
@@ -316,17 +329,19 @@ def attention_report(actual, q, cache, *, indptr=None, indices=None, last_page_l
     quantized = dtype in ("fp8_e4m3", "fp8_e5m2", "int8")
     # K/V read back through kvsim's gather, from host copies: two cache tensors as one fresh buffer (V right
     # after K), so no output buffer can fall inside the pool's address range (gather's overlap rule).
-    host = [T.Staged().host(t) for t in tensors]
-    host = list(T.stack_pair(*host)) if len(host) == 2 else host
-    bound_kv = Bound(engine, host, dtype, layout, 1, heads, page, head_dim)  # read only: never finished
+    def host_copy(ts):
+        host = [T.Staged().host(t) for t in ts]
+        return list(T.stack_pair(*host)) if len(host) == 2 else host
+    bound_kv = Bound(engine, host_copy(tensors), dtype, layout, 1, heads, page, head_dim,
+                     host_copy(scales))  # read only: never finished
     group = int(q.shape[1]) // heads
     per = {}
     for b in range(len(lens)):
         n = int(lens[b])
         kv = []
-        for which, sc in ((0, ks), (1, vs)):
+        for which, sc, gs in ((0, ks, k_global_scale), (1, vs, v_global_scale)):
             buf = np.zeros((n, heads, head_dim), np.float32)
-            _kvsim.gather(bound_kv.pools, 0, which, table[b], n, buf, sc if quantized else 1.0, 1.0)
+            _kvsim.gather(bound_kv.pools, 0, which, table[b], n, buf, sc if quantized else 1.0, float(gs))
             kv.append(buf.astype(np.float64) * (1.0 if quantized else sc))
         per[b] = kv
     report_rows = []
@@ -336,10 +351,11 @@ def attention_report(actual, q, cache, *, indptr=None, indices=None, last_page_l
         for h in range(int(q.shape[1])):
             errs, kerr, worst = [], [], (0.0, None)
             for pos, row in mine:
-                s = k64[:pos + 1, h // group] @ q64[row, h] * scale
+                first = 0 if window == 0 else max(0, pos - window + 1)
+                s = k64[first:pos + 1, h // group] @ q64[row, h] * scale
                 m = s.max()
                 e = np.exp(s - m)
-                ref = (e @ v64[:pos + 1, h // group]) / e.sum()
+                ref = (e @ v64[first:pos + 1, h // group]) / e.sum()
                 err = _ulps_from_exact(a64[row, h], ref, fmt)
                 errs.append(err)
                 kerr.append(ulp_kv[row, h])

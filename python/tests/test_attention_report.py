@@ -99,3 +99,37 @@ def test_bad_report_input_is_named():
     with pytest.raises(kvsim.errors.BlockOutOfRange):
         kvsim.testing.attention_report(torch.zeros(3, HQ, D), q, cache, indptr=indptr, indices=indices + 50,
                                        last_page_len=last)
+
+
+def test_nvfp4_cache_reads_through_its_block_and_global_scales():
+    g = torch.Generator().manual_seed(31)
+    n = sum(LENS)
+    k, v = torch.randn(n, H, D, generator=g), torch.randn(n, H, D, generator=g)
+    cache = torch.zeros(9, 2, P, H, D // 2, dtype=torch.uint8)
+    scales = torch.zeros(9, 2, P, H, D // 16, dtype=torch.uint8)
+    indptr, indices, last = csr(LENS, PAGES)
+    batch, pos = kvsim.flashinfer.get_batch_indices_positions(np.cumsum([0] + LENS), np.array(LENS), n)
+    gs = dict(k_global_scale=0.5, v_global_scale=0.25)
+    kvsim.flashinfer.append_paged_kv_cache(k, v, batch, pos, cache, indices, indptr, last, cache_dtype="nvfp4",
+                                           scale_cache=scales, **gs)
+    q = torch.randn(3, HQ, D, generator=g).bfloat16()
+    table = dict(indptr=indptr, indices=indices, last_page_len=last, cache_dtype="nvfp4", scale_cache=scales, **gs)
+    out = decode_wrapper().run(q, cache, cache_dtype="nvfp4", scale_cache=scales, **gs)
+    r = kvsim.testing.attention_report(out, q, cache, **table, max_ulp_kvsim=0, max_ulp_float64=1)
+    assert r.passed, str(r)
+    # The reference reads the decoded nibbles: with the wrong global scale kvsim's own output is far off.
+    wrong = kvsim.testing.attention_report(out, q, cache, **dict(table, v_global_scale=0.5), max_ulp_float64=1)
+    assert not wrong.passed and wrong.max_ulp_kvsim > 1
+
+
+def test_a_sliding_window_is_applied_to_both_references(device):
+    cache, *_ = filled_cache(device)
+    indptr, indices, last = csr(LENS, PAGES)
+    table = dict(indptr=indptr, indices=indices, last_page_len=last)
+    q = torch.randn(3, HQ, D, generator=torch.Generator().manual_seed(6)).bfloat16().to(device)
+    out = decode_wrapper(window_left=3).run(q, cache)  # the last 4 positions
+    r = kvsim.testing.attention_report(out, q, cache, **table, window_left=3, max_ulp_kvsim=0, max_ulp_float64=1)
+    assert r.passed, str(r)
+    full = kvsim.testing.attention_report(out, q, cache, **table, max_ulp_float64=1)
+    # Sequence 2 has one token (the window changes nothing there); the longer two are far off without it.
+    assert {x["sequence"] for x in full.failures} == {0, 1}
