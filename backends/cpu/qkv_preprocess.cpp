@@ -13,6 +13,10 @@
 
 namespace kvsim {
 
+// Dims per call of core's work item: loops of an exact, small length the
+// compiler unrolls and vectorizes (the bytes do not depend on it).
+constexpr int kCpuChunk = 64;
+
 void CpuBackend::run_qkv_preprocess_write(const KvPools& pools, const QkvPreprocessOp& op) {
   const QkvPreprocessArgs args = make_qkv_preprocess_args(pools, op);
 
@@ -30,8 +34,8 @@ void CpuBackend::run_qkv_preprocess_write(const KvPools& pools, const QkvPreproc
     tbb::parallel_for(tbb::blocked_range<int64_t>(0, items), [&](const tbb::blocked_range<int64_t>& r) {
       for (int64_t i = r.begin(); i < r.end(); ++i) {
         const int64_t row = i / kv_heads;
-        qkv_preprocess_token_head(pools, args, row_sequence[row], row_token[row], row,
-                                  static_cast<int32_t>(i % kv_heads));
+        qkv_preprocess_token_head<kCpuChunk>(pools, args, row_sequence[row], row_token[row], row,
+                                             static_cast<int32_t>(i % kv_heads));
       }
     });
   });

@@ -364,17 +364,30 @@ KVSIM_HD inline void qkv_zero_v_tail_head(const KvPools& pools, const QkvPreproc
     qkv_zero_cache_row(pools, a.layer, a.table.block_at(b, a.page.div(slot)).block(), a.page.mod(slot), 1, kv_head);
 }
 
+// Fused head `fused_head` of token t in chunks of kChunk dims (the last one
+// may be short; nvfp4: kChunk a multiple of 16). No value depends on the
+// chunking; a CPU runs the chunk's loops at their exact length.
+template <int kChunk>
+KVSIM_HD inline void qkv_preprocess_head(const KvPools& pools, const QkvPreprocessArgs& a, int32_t b, int32_t t,
+                                         int64_t row, int32_t fused_head) {
+  for (int32_t d0 = 0; d0 < a.head_dim; d0 += kChunk)
+    qkv_preprocess_dims<kChunk>(pools, a, b, t, row, fused_head, d0, a.head_dim - d0 < kChunk ? a.head_dim - d0 : kChunk);
+}
+
 // The work item of a narrow backend: token t of sequence b (fused qkv row
 // `row`) and kv head `kv_head` -- the whole heads of the kv head's query
 // group, its K and V heads, and, for the chunk's last token in a context
-// step, its zeroed V tail.
+// step, its zeroed V tail. The CPU backend takes kChunk = 64 (loops of 64
+// dims rather than 512 with most iterations idle); the default is one chunk
+// per head.
+template <int kChunk = kQkvMaxHeadDim>
 KVSIM_HD inline void qkv_preprocess_token_head(const KvPools& pools, const QkvPreprocessArgs& a, int32_t b, int32_t t,
                                                int64_t row, int32_t kv_head) {
+  static_assert(kChunk % codec::kNvfp4BlockElems == 0, "chunks hold whole nvfp4 scale blocks");
   const int32_t group = a.num_q_heads / a.kv_heads;
-  for (int32_t q = kv_head * group; q < (kv_head + 1) * group; ++q)
-    qkv_preprocess_dims<kQkvMaxHeadDim>(pools, a, b, t, row, q, 0, a.head_dim);
-  qkv_preprocess_dims<kQkvMaxHeadDim>(pools, a, b, t, row, a.num_q_heads + kv_head, 0, a.head_dim);
-  qkv_preprocess_dims<kQkvMaxHeadDim>(pools, a, b, t, row, a.num_q_heads + a.kv_heads + kv_head, 0, a.head_dim);
+  for (int32_t q = kv_head * group; q < (kv_head + 1) * group; ++q) qkv_preprocess_head<kChunk>(pools, a, b, t, row, q);
+  qkv_preprocess_head<kChunk>(pools, a, b, t, row, a.num_q_heads + kv_head);
+  qkv_preprocess_head<kChunk>(pools, a, b, t, row, a.num_q_heads + a.kv_heads + kv_head);
   if (t == a.seq_lens[b] - 1) qkv_zero_v_tail_head(pools, a, b, kv_head);
 }
 

@@ -477,18 +477,30 @@ inline IndexerKScatterArgs make_indexer_k_scatter_args(const IndexerKScatterOp& 
   return a;
 }
 
+// Bytes [0, n) of row t of src to flat indices [flat, flat + n) of the cache.
+// Flat indices in one d3 row differ only in i3, so their offsets are
+// indexer_flat_to_offset of the row's first one plus k * stride[3]: one
+// decomposition (three divisions) per d3 row the bytes touch, not per byte.
+KVSIM_HD inline void indexer_scatter_bytes(const TensorView& cache, int64_t flat, const TensorView& src, int64_t t,
+                                           int64_t n) {
+  uint8_t* out = static_cast<uint8_t*>(cache.data);
+  const uint8_t* in = static_cast<const uint8_t*>(src.data);
+  for (int64_t j = 0; j < n;) {
+    const int64_t left_in_row = cache.shape[3] - (flat + j) % cache.shape[3];
+    const int64_t run = n - j < left_in_row ? n - j : left_in_row;
+    const int64_t first = indexer_flat_to_offset(cache, flat + j);
+    for (int64_t k = 0; k < run; ++k) out[first + k * cache.stride[3]] = in[src.offset(t, j + k)];
+    j += run;
+  }
+}
+
 // Work item: token t's data bytes and scale bytes; skipped if either slot < 0.
 KVSIM_HD inline void indexer_k_scatter_token(const IndexerKScatterArgs& a, int64_t t) {
   const int64_t data_base = a.slot_mapping_fp8[t];
   const int64_t scale_base = a.slot_mapping_scale[t];
   if (data_base < 0 || scale_base < 0) return;
-  uint8_t* cache = static_cast<uint8_t*>(a.cache.data);
-  const uint8_t* data = static_cast<const uint8_t*>(a.k_fp8.data);
-  const uint8_t* scale = static_cast<const uint8_t*>(a.k_scale.data);
-  for (int64_t j = 0; j < a.head_dim; ++j)
-    cache[indexer_flat_to_offset(a.cache, data_base + j)] = data[a.k_fp8.offset(t, j)];
-  for (int64_t j = 0; j < kIndexerScaleBytes; ++j)
-    cache[indexer_flat_to_offset(a.cache, scale_base + j)] = scale[a.k_scale.offset(t, j)];
+  indexer_scatter_bytes(a.cache, data_base, a.k_fp8, t, a.head_dim);
+  indexer_scatter_bytes(a.cache, scale_base, a.k_scale, t, kIndexerScaleBytes);
 }
 
 // ================================================================ host validation
