@@ -380,8 +380,12 @@ std::shared_ptr<EnginePools> with_secondary(const std::shared_ptr<EnginePools>& 
   return out;
 }
 
+// The CPU oracle, made on first use and never destroyed: a static's
+// destructor would run at exit, after the interpreter is finalized, and tear
+// down its oneTBB arena while oneTBB's own statics may already be gone. The
+// process's end reclaims it.
 Backend& cpu() {
-  static std::unique_ptr<Backend> backend = make_backend("cpu");
+  static Backend* const backend = make_backend("cpu").release();
   return *backend;
 }
 

@@ -124,3 +124,19 @@ def test_segv_backtrace_handler_prints_the_native_stack_and_chains():
     env.pop("KVSIM_SEGV_BACKTRACE")
     r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert r.returncode == -11 and "native backtrace" not in r.stderr
+
+
+def test_a_crash_inside_a_pytest_test_prints_the_native_stack(tmp_path):
+    """ctest runs the suite with --capture=sys: pytest's default fd capture would send the native stack into
+    its temporary capture file, lost with the process (what happened on the GPU machine)."""
+    import subprocess
+    import sys
+    (tmp_path / "test_crash.py").write_text("import ctypes, kvsim\n\ndef test_crash():\n    ctypes.string_at(0)\n")
+    env = dict(os.environ, KVSIM_SEGV_BACKTRACE="1", PYTHONFAULTHANDLER="1")
+    shown = {}
+    for capture in ("sys", "fd"):
+        r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--capture={capture}",
+                            str(tmp_path / "test_crash.py")], env=env, capture_output=True, text=True, cwd=tmp_path)
+        assert r.returncode == -11 and "Fatal Python error: Segmentation fault" in r.stderr, r.stderr
+        shown[capture] = "native backtrace (KVSIM_SEGV_BACKTRACE)" in r.stderr
+    assert shown == {"sys": True, "fd": False}
