@@ -2,11 +2,13 @@
 // itself is never asserted; the shape and arithmetic of the report are.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <array>
 #include <cstdio>
 #include <cstdlib>
 #include <set>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -15,8 +17,9 @@ struct Result {
   int status = -1;
   std::string out;
 };
-Result run(const std::string& args) {
-  const std::string cmd = std::string("'") + KVSIM_BINARY + "' " + args + " 2>&1";
+// env: assignments put before the command (e.g. "KVSIM_CPU_ISA=avx2").
+Result run(const std::string& args, const std::string& env = "") {
+  const std::string cmd = env + (env.empty() ? "" : " ") + "'" + KVSIM_BINARY + "' " + args + " 2>&1";
   FILE* p = popen(cmd.c_str(), "r");
   REQUIRE(p != nullptr);
   Result r;
@@ -209,4 +212,27 @@ TEST_CASE("kvsim bench --scenario: one replay per row, its wall time split into 
   const Result stray = run("bench --invariants none --sequences 1 --tokens 1");
   CHECK(stray.status == 2);
   CHECK(stray.out.find("--invariants") != std::string::npos);
+}
+
+TEST_CASE("kvsim bench names the CPU ISA that ran; KVSIM_CPU_ISA forces one, same bytes at each") {
+  const std::string args = "bench --backend cpu --only decode --threads 1 --sequences 1 --tokens 17 --min-seconds 0 --json";
+  const Result best = run(args);
+  REQUIRE(best.status == 0);
+  const std::string widest = nlohmann::json::parse(best.out)["cpu_isa"].get<std::string>();
+  const std::vector<std::string> isas{"portable", "avx2", "avx512"};
+  const auto rank = [&](const std::string& isa) { return std::find(isas.begin(), isas.end(), isa) - isas.begin(); };
+  REQUIRE(rank(widest) < 3);
+  for (const std::string& isa : isas) {
+    const Result r = run(args, "KVSIM_CPU_ISA=" + isa);
+    INFO("KVSIM_CPU_ISA=" << isa << ": " << r.out);
+    if (rank(isa) <= rank(widest)) {  // one this CPU runs: named, and the rows are the oracle's bytes
+      REQUIRE(r.status == 0);
+      const auto j = nlohmann::json::parse(r.out);
+      CHECK(j["cpu_isa"] == isa);
+      for (const auto& row : j["results"]) CHECK(row["oracle"]["ok"] == true);
+    } else {  // wider than this CPU: a named error before any output
+      CHECK(r.status == 2);
+      CHECK(r.out.find("backend_unavailable: KVSIM_CPU_ISA = " + isa) != std::string::npos);
+    }
+  }
 }
