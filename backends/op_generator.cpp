@@ -451,7 +451,9 @@ std::string OpGenerator::run(GeneratedOp op, const OpKnobs& knobs) {
       sc.v_global_scale = uniform_float(rng_, 0.01f, 1.0f);
       const int32_t Hq = H * group;
       const CacheDtype out_dtype = pick(rng_, kFloatInputs);
+      const AttentionOrder order = mma_order::offered_for(g.dtype) ? knobs.order : AttentionOrder::fp32;
       what << ", batch " << batch << ", Hq " << Hq << ", window " << window.window << "/" << window.sinks;
+      if (order != AttentionOrder::fp32) what << ", order " << attention_order_name(order);
       if (op == GeneratedOp::decode_attention) {
         DecodeAttentionOp o;
         o.layer = layer;
@@ -462,6 +464,7 @@ std::string OpGenerator::run(GeneratedOp op, const OpKnobs& knobs) {
         o.max_blocks_per_seq = max_blocks;
         o.scales = sc;
         o.window = window;
+        o.order = order;
         backend_.decode_attention(pools_, o);
       } else {
         std::vector<int32_t> q_indptr{0};
@@ -478,6 +481,7 @@ std::string OpGenerator::run(GeneratedOp op, const OpKnobs& knobs) {
         o.max_blocks_per_seq = max_blocks;
         o.scales = sc;
         o.window = window;
+        o.order = order;
         what << ", queries " << rows;
         backend_.prefill_attention(pools_, o);
       }

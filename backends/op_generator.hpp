@@ -33,6 +33,10 @@ struct OpKnobs {
   int32_t group = -1;                     // query heads per KV head (qkv_preprocess, attention)
   std::optional<CacheDtype> input_dtype;  // fp32/fp16/bf16 where the op takes float input
   int32_t window = -1;                    // 0: no window, 1: window with sinks, -1: random
+  // Attention's arithmetic order (decode/prefill); mma only where the cache
+  // dtype offers it (mma_order::offered_for), else fp32. Never drawn, so the
+  // generated sequences stay as they were.
+  AttentionOrder order = AttentionOrder::fp32;
 };
 
 class OpGenerator {

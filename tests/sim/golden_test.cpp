@@ -1,7 +1,8 @@
-// Golden replays: every built-in scenario replayed on the CPU backend, its
-// counters, invariant outcomes and content hash (final pools and every
-// attention output) compared with tests/sim/golden/<name>.json. A change in
-// any byte the replay produces changes the hash.
+// Golden replays: every built-in scenario replayed on the CPU backend and on
+// the reference backend, its counters, invariant outcomes and content hash
+// (final pools and every attention output) compared with
+// tests/sim/golden/<name>.json. A change in any byte the replay produces
+// changes the hash.
 //
 // To update after an intended change (docs/scenarios.md, "Golden files"):
 //   KVSIM_UPDATE_GOLDEN=1 ./golden_test
@@ -70,24 +71,22 @@ std::string failure_details(const ScenarioReport& r) {
   return out;
 }
 
-}  // namespace
-
-TEST_CASE("golden replays: every built-in scenario on the CPU backend matches tests/sim/golden") {
+// Replays every built-in scenario on `backend` and compares each with its
+// golden file (KVSIM_UPDATE_GOLDEN=1 and `may_update`: rewrites them instead).
+void check_golden_replays(Backend& backend, bool may_update) {
   const std::vector<std::string> paths = builtin_scenario_paths();
   REQUIRE(paths.size() >= 30);
-  // Two threads: the oracle's results must not depend on the thread count, so
-  // the files hold for any machine.
-  const std::unique_ptr<Backend> cpu = make_backend("cpu", BackendOptions{.threads = 2});
-  if (updating()) fs::create_directories(kGoldenDir);
+  const bool update = may_update && updating();
+  if (update) fs::create_directories(kGoldenDir);
   std::set<std::string> names;
   int compared = 0, written = 0;
   for (const std::string& path : paths) {
     const Scenario s = load_scenario_file(path);
     names.insert(s.name);
-    INFO("scenario " << s.name << " (" << path << ")");
+    INFO("scenario " << s.name << " (" << path << ") on " << std::string(backend.name()));
     ScenarioReport report;
     try {
-      report = replay(s, *cpu);
+      report = replay(s, backend);
     } catch (const std::exception& e) {
       // A built-in scenario must replay; a throw is a failure, never a skip.
       FAIL_CHECK("replay threw: " << std::string(e.what()));
@@ -97,7 +96,7 @@ TEST_CASE("golden replays: every built-in scenario on the CPU backend matches te
     CHECK(report.ok);
     const ordered_json got = golden_of(report);
     const fs::path file = kGoldenDir / (s.name + ".json");
-    if (updating()) {
+    if (update) {
       std::ofstream(file) << got.dump(2) << "\n";
       ++written;
       continue;
@@ -118,7 +117,7 @@ TEST_CASE("golden replays: every built-in scenario on the CPU backend matches te
     CHECK(got["ok"] == want["ok"]);
     ++compared;
   }
-  if (updating()) {
+  if (update) {
     MESSAGE("KVSIM_UPDATE_GOLDEN=1: wrote " << written << " golden files to " << kGoldenDir.string());
     CHECK(written == static_cast<int>(paths.size()));
   } else {
@@ -130,6 +129,23 @@ TEST_CASE("golden replays: every built-in scenario on the CPU backend matches te
         CHECK(names.count(entry.path().stem().string()) == 1);
       }
   }
+}
+
+}  // namespace
+
+TEST_CASE("golden replays: every built-in scenario on the CPU backend matches tests/sim/golden") {
+  // Two threads: the fast backend's results must not depend on the thread
+  // count, so the files hold for any machine.
+  const std::unique_ptr<Backend> cpu = make_backend("cpu", BackendOptions{.threads = 2});
+  check_golden_replays(*cpu, /*may_update=*/true);
+}
+
+// The same files hold on the reference backend (plain loops over core's work
+// items): every built-in scenario, every invariant (about 36 s on 2 cores).
+// Golden files are only ever written from the CPU replay above.
+TEST_CASE("golden replays: every built-in scenario on the reference backend matches tests/sim/golden") {
+  const std::unique_ptr<Backend> reference = make_backend("reference");
+  check_golden_replays(*reference, /*may_update=*/false);
 }
 
 TEST_CASE("a replay is deterministic: the same scenario twice gives the same hash and counters") {

@@ -7,6 +7,7 @@
 #include <span>
 
 #include <string>
+#include <vector>
 
 #include "../attention_math.hpp"
 #include "../attention_mma.hpp"
@@ -388,6 +389,51 @@ KVSIM_HD inline void attend_query_in_order(const AttentionArgs& a, int32_t seq, 
 // Position of prefill query row i of sequence b.
 KVSIM_HD constexpr int64_t prefill_position(int32_t seq_len, int32_t q_begin, int32_t q_end, int64_t row) {
   return static_cast<int64_t>(seq_len) - (q_end - q_begin) + (row - q_begin);
+}
+
+// ---------------------------------------------------------------- host set-up
+// Sequence and position of every query row of an op, in q/out row order:
+// decode's row b is sequence b's last token; prefill's rows are each
+// sequence's chunk (prefill_position).
+struct AttentionRows {
+  std::vector<int32_t> seq;
+  std::vector<int64_t> position;
+};
+inline AttentionRows make_attention_rows(const DecodeAttentionOp& op) {
+  AttentionRows r;
+  for (size_t b = 0; b < op.seq_lens.size(); ++b) {
+    r.seq.push_back(static_cast<int32_t>(b));
+    r.position.push_back(static_cast<int64_t>(op.seq_lens[b]) - 1);
+  }
+  return r;
+}
+inline AttentionRows make_attention_rows(const PrefillAttentionOp& op) {
+  AttentionRows r;
+  for (size_t b = 0; b + 1 < op.q_indptr.size(); ++b)
+    for (int32_t i = op.q_indptr[b]; i < op.q_indptr[b + 1]; ++i) {
+      r.seq.push_back(static_cast<int32_t>(b));
+      r.position.push_back(prefill_position(op.seq_lens[b], op.q_indptr[b], op.q_indptr[b + 1], i));
+    }
+  return r;
+}
+
+// attend_query's arguments for a decode or prefill op (block_table: the op's,
+// in host memory; a device backend points it at its copy).
+template <class Op>
+inline AttentionArgs make_attention_args(const KvPools& pools, const Op& op) {
+  AttentionArgs a;
+  a.pools = pools;
+  a.layer = op.layer;
+  a.q = op.q;
+  a.out = op.out;
+  a.block_table = op.block_table.data();
+  a.max_blocks_per_seq = op.max_blocks_per_seq;
+  a.scales = op.scales;
+  a.window = op.window;
+  a.order = op.order;
+  a.group = static_cast<int32_t>(op.q.shape[1] / pools.geometry.kv_heads);
+  a.lse = op.lse;
+  return a;
 }
 
 // ---------------------------------------------------------------- validation
