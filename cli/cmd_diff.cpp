@@ -1,13 +1,15 @@
-// `kvsim diff [SCENARIO...] [--generated N [--seed S]] [--json]`: the CPU
-// oracle against the CUDA backend, op by op, byte for byte (contract §7). Each
-// scenario (default: every built-in one) is replayed through sim::replay() on
-// a DifferentialBackend(cpu, cuda), which compares every pool, scale pool and
-// output an op may write after every op; --generated N adds N random op
-// sequences (every op, random geometry, shuffled page tables). The first
-// difference is printed as op, step, layer, sequence, token, head, dim, byte
-// offset, both values (hex and decoded) and the element_offset() arithmetic.
-// Exit 0 with a summary of ops and bytes compared, 1 on any difference (or a
-// CUDA failure), 2 when there is no CUDA backend or the input is bad.
+// `kvsim diff [SCENARIO...] [--backends REF,CAND] [--generated N [--seed S]] [--json]`:
+// two backends op by op, byte for byte (contract §7); by default the fast CPU
+// backend against CUDA, `--backends reference,cpu` (or any two of
+// backend_names()) pairs others. Each scenario (default: every built-in one)
+// is replayed through sim::replay() on a DifferentialBackend(REF, CAND), which
+// compares every pool, scale pool and output an op may write after every op;
+// --generated N adds N random op sequences (every op, random geometry,
+// shuffled page tables). The first difference is printed as op, step, layer,
+// sequence, token, head, dim, byte offset, both values (hex and decoded) and
+// the element_offset() arithmetic. Exit 0 with a summary of ops and bytes
+// compared, 1 on any difference (or a backend failure), 2 when a backend is
+// not available (no CUDA device) or the input is bad.
 // --report DIR writes the scenarios' replay pages (docs/report.md) with the
 // first difference drawn as its path (token -> slot -> page -> entry ->
 // block -> element -> byte, both values).
@@ -34,6 +36,7 @@ namespace {
 
 struct DiffOptions {
   std::vector<std::string> files;
+  std::optional<std::string> backends;  // "REF,CAND"; unset: cpu and KVSIM_DIFF_CANDIDATE (default cuda)
   int64_t generated = 0;
   int64_t seed = 1;
   int64_t ops_per_sequence = 24;
@@ -51,19 +54,40 @@ struct DiffRun {
   std::string failure;  // a backend error that stopped the run
 };
 
-std::unique_ptr<DifferentialBackend> make_diff_backend(int threads) {
-  BackendOptions cpu;
-  cpu.threads = threads;
-  // KVSIM_DIFF_CANDIDATE=cpu: the same comparison cpu against cpu, so the
-  // command itself is tested on machines without a GPU.
-  const char* candidate_name = std::getenv("KVSIM_DIFF_CANDIDATE");
-  std::unique_ptr<Backend> candidate;
-  try {
-    candidate = make_backend(candidate_name ? candidate_name : "cuda");
-  } catch (const BackendUnavailable& e) {
-    throw ValidationError(ErrorCode::bad_argument, std::string("kvsim diff needs the CUDA backend: ") + e.what());
+// The two backends of --backends (exactly two names of backend_names()).
+// Without it: cpu against KVSIM_DIFF_CANDIDATE, default cuda (=cpu: the same
+// comparison cpu against cpu, so the command is tested without a GPU).
+struct BackendPair {
+  std::string reference, candidate;
+};
+BackendPair backend_pair(const std::optional<std::string>& flag) {
+  if (!flag) {
+    const char* candidate = std::getenv("KVSIM_DIFF_CANDIDATE");
+    return {"cpu", candidate ? candidate : "cuda"};
   }
-  return std::make_unique<DifferentialBackend>(make_backend("cpu", cpu), std::move(candidate));
+  const size_t comma = flag->find(',');
+  BackendPair pair;
+  if (comma != std::string::npos) pair = {flag->substr(0, comma), flag->substr(comma + 1)};
+  if (pair.reference.empty() || pair.candidate.empty() || pair.candidate.find(',') != std::string::npos)
+    throw ValidationError(ErrorCode::bad_argument, "--backends = '" + *flag +
+                                                       "': expected two backend names, REFERENCE,CANDIDATE "
+                                                       "(e.g. reference,cpu)");
+  return pair;
+}
+
+std::unique_ptr<DifferentialBackend> make_diff_backend(const BackendPair& pair, int threads) {
+  BackendOptions options;
+  options.threads = threads;  // cpu's; the reference backend is single-threaded
+  std::unique_ptr<Backend> sides[2];
+  const std::string* names[2] = {&pair.reference, &pair.candidate};
+  for (int i = 0; i < 2; ++i) {
+    try {
+      sides[i] = make_backend(*names[i], options);
+    } catch (const BackendUnavailable& e) {
+      throw ValidationError(ErrorCode::bad_argument, "kvsim diff needs the " + *names[i] + " backend: " + e.what());
+    }
+  }
+  return std::make_unique<DifferentialBackend>(std::move(sides[0]), std::move(sides[1]));
 }
 
 nlohmann::json report_json(const DiffReport& r) {
@@ -91,10 +115,10 @@ nlohmann::json report_json(const DiffReport& r) {
 
 // Runs `body` on a fresh DifferentialBackend and records what it found.
 template <class Body>
-DiffRun diff_one(const std::string& name, int threads, Body body) {
+DiffRun diff_one(const std::string& name, const BackendPair& pair, int threads, Body body) {
   DiffRun run;
   run.name = name;
-  std::unique_ptr<DifferentialBackend> diff = make_diff_backend(threads);
+  std::unique_ptr<DifferentialBackend> diff = make_diff_backend(pair, threads);
   run.backends = std::string(diff->reference().name()) + " against " + std::string(diff->candidate().name());
   try {
     body(*diff);
@@ -107,6 +131,7 @@ DiffRun diff_one(const std::string& name, int threads, Body body) {
 }
 
 void run(const DiffOptions& o) {
+  const BackendPair pair = backend_pair(o.backends);
   std::vector<std::string> files = o.files;
   if (files.empty() && o.generated == 0) files = sim::builtin_scenario_paths();
   if (files.empty() && o.generated == 0)
@@ -121,7 +146,7 @@ void run(const DiffOptions& o) {
     report::ReplayRecorder recorder;
     sim::ScenarioReport replayed;
     report::FirstDifferenceOp first_op;
-    runs.push_back(diff_one(s.name, o.threads, [&](DifferentialBackend& diff) {
+    runs.push_back(diff_one(s.name, pair, o.threads, [&](DifferentialBackend& diff) {
       sim::ReplayOptions ro;
       ro.comparison_invariants = false;  // diff compares backends, not settings
       if (folder) ro.observer = &recorder;
@@ -150,7 +175,7 @@ void run(const DiffOptions& o) {
                   runs.back().difference ? "DIFFERENT" : (runs.back().failure.empty() ? "identical" : "FAILED"));
   }
   if (o.generated > 0) {
-    runs.push_back(diff_one("generated", o.threads, [&](DifferentialBackend& diff) {
+    runs.push_back(diff_one("generated", pair, o.threads, [&](DifferentialBackend& diff) {
       run_generated_sequences(diff, static_cast<int>(o.generated), static_cast<uint64_t>(o.seed),
                               static_cast<int>(o.ops_per_sequence),
                               [&](const std::string& label) { diff.set_context("generated " + label); },
@@ -203,15 +228,21 @@ void run(const DiffOptions& o) {
 
 void register_diff(CLI::App& app) {
   auto opts = std::make_shared<DiffOptions>();
-  CLI::App* cmd = app.add_subcommand("diff", "Replay scenarios on cpu and cuda and compare every op's bytes");
+  CLI::App* cmd = app.add_subcommand("diff", "Replay scenarios on two backends (default cpu and cuda) and compare every op's bytes");
   cmd->add_option("scenarios", opts->files, "Scenario files (default: every built-in scenario, unless --generated)");
+  cmd->add_option("--backends", opts->backends,
+                  "The two backends compared, REFERENCE,CANDIDATE: any two of " + [] {
+                    std::string names;
+                    for (const std::string& n : backend_names()) names += (names.empty() ? "" : ", ") + n;
+                    return names;
+                  }() + " (default cpu,cuda)");
   add_int_option(*cmd, "--generated", opts->generated, "Also run N randomly generated op sequences", 0, 1000000);
   add_int_option(*cmd, "--seed", opts->seed, "Seed of the generated sequences", 0, INT64_MAX);
   add_int_option(*cmd, "--ops-per-sequence", opts->ops_per_sequence, "Ops in each generated sequence", 1, 100000);
   cmd->add_flag("--finite", opts->finite,
                 "Generated inputs and pools hold finite values only (default: NaN payloads and Inf too)");
   add_int_option(*cmd, "--threads", opts->threads,
-                 "oneTBB threads for the cpu side, 1.." + std::to_string(machine_threads()) + " (default all cores)", 1,
+                 "oneTBB threads for a cpu side, 1.." + std::to_string(machine_threads()) + " (default all cores)", 1,
                  machine_threads());
   cmd->add_flag("--json", opts->json, "Print one JSON object: runs, ops, bytes_compared, first_difference, ok");
   cmd->add_option("--report", opts->report_dir,

@@ -191,3 +191,12 @@ TEST_CASE("kvsim run: pools beyond 4 GiB replay (KVSIM_LARGE_POOL_TEST=1; script
   CHECK(j["scenarios"][0]["invariants"]["dense"] == "pass");
   CHECK(j["scenarios"][0]["invariants"]["chunking"] == "pass");
 }
+
+TEST_CASE("kvsim run --backend reference replays like the cpu backend: same counters, same invariant outcomes") {
+  const std::string files = scenario("prefix_reuse_offload_onboard.toml") + " " + scenario("fault_past_len_zero.toml");
+  const Result reference = run("run --json --backend reference " + files);
+  const Result cpu = run("run --json --backend cpu " + files);
+  CHECK(reference.code == cpu.code);
+  CHECK(nlohmann::json::parse(reference.out) == nlohmann::json::parse(cpu.out));
+  CHECK(nlohmann::json::parse(reference.out)["scenarios"].size() == 2);
+}
