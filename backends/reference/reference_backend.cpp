@@ -6,22 +6,9 @@
 // faster path's.
 #include "backends/reference/reference_backend.hpp"
 
-#include <cstdlib>
-#include <cstring>
-#include <new>
 #include <vector>
 
 namespace kvsim {
-
-void* ReferenceBackend::allocate(size_t bytes) {
-  if (void* p = std::aligned_alloc(64, (bytes + 63) / 64 * 64)) return p;
-  throw std::bad_alloc();
-}
-void ReferenceBackend::release(void* p) noexcept { std::free(p); }
-void ReferenceBackend::to_backend(void* dst, const void* host_src, size_t bytes) { std::memcpy(dst, host_src, bytes); }
-void ReferenceBackend::to_host(void* host_dst, const void* src, size_t bytes) { std::memcpy(host_dst, src, bytes); }
-void ReferenceBackend::fill(void* dst, uint8_t byte, size_t bytes) { std::memset(dst, byte, bytes); }
-void ReferenceBackend::run_copy(void* dst, const void* src, size_t bytes) { std::memcpy(dst, src, bytes); }
 
 // ---------------------------------------------------------------- writes
 void ReferenceBackend::run_append_paged(const KvPools& pools, const AppendPagedOp& op) {

@@ -8,24 +8,17 @@
 // CUDA (tests/cuda) are compared with it byte for byte.
 #pragma once
 
-#include "backends/backend.hpp"
+#include "backends/host_memory_backend.hpp"
 
 namespace kvsim {
 
-class ReferenceBackend final : public Backend {
+// Host memory (HostMemoryBackend); the ops in reference_backend.cpp.
+class ReferenceBackend final : public HostMemoryBackend {
  public:
   std::string_view name() const override { return "reference"; }
 
-  // Host memory, 64-byte aligned like the other backends' allocations.
-  void* allocate(size_t bytes) override;
-  void release(void* p) noexcept override;
-  void to_backend(void* dst, const void* host_src, size_t bytes) override;
-  void to_host(void* host_dst, const void* src, size_t bytes) override;
-  void fill(void* dst, uint8_t byte, size_t bytes) override;
-
  protected:
   KVSIM_BACKEND_OP_OVERRIDES
-  void run_copy(void* dst, const void* src, size_t bytes) override;  // one memcpy
 
  private:
   // offload (primary -> secondary) and onboard (secondary -> primary).

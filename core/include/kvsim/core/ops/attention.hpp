@@ -417,17 +417,24 @@ inline AttentionRows make_attention_rows(const PrefillAttentionOp& op) {
   return r;
 }
 
-// attend_query's arguments for a decode or prefill op (block_table: the op's,
-// in host memory; a device backend points it at its copy).
-template <class Op>
-inline AttentionArgs make_attention_args(const KvPools& pools, const Op& op) {
-  AttentionArgs a;
+// The fields every paged attention's arguments take from its op as they are
+// (AttentionArgs, MlaAttentionArgs): pools, layer, q, out and the dense block
+// table (the op's, in host memory; a device backend points it at its copy).
+template <class Args, class Op>
+inline void set_paged_query_fields(Args& a, const KvPools& pools, const Op& op) {
   a.pools = pools;
   a.layer = op.layer;
   a.q = op.q;
   a.out = op.out;
   a.block_table = op.block_table.data();
   a.max_blocks_per_seq = op.max_blocks_per_seq;
+}
+
+// attend_query's arguments for a decode or prefill op.
+template <class Op>
+inline AttentionArgs make_attention_args(const KvPools& pools, const Op& op) {
+  AttentionArgs a;
+  set_paged_query_fields(a, pools, op);
   a.scales = op.scales;
   a.window = op.window;
   a.order = op.order;

@@ -71,11 +71,8 @@ struct MlaAttentionArgs {
   float kpe_scale = 1.0f;
 };
 
-// Sequence and position of every query row.
-struct MlaRows {
-  std::vector<int32_t> seq;
-  std::vector<int64_t> position;
-};
+// Sequence and position of every query row (attention.hpp's AttentionRows).
+using MlaRows = AttentionRows;
 inline MlaRows make_mla_rows(const MlaAttentionOp& op) {
   MlaRows r;
   for (size_t b = 0; b < op.seq_lens.size(); ++b) {
@@ -90,12 +87,7 @@ inline MlaRows make_mla_rows(const MlaAttentionOp& op) {
 
 inline MlaAttentionArgs make_mla_attention_args(const KvPools& pools, const MlaAttentionOp& op) {
   MlaAttentionArgs a;
-  a.pools = pools;
-  a.layer = op.layer;
-  a.q = op.q;
-  a.out = op.out;
-  a.block_table = op.block_table.data();
-  a.max_blocks_per_seq = op.max_blocks_per_seq;
+  set_paged_query_fields(a, pools, op);
   a.d_ckv = op.d_ckv;
   a.d_kpe = op.d_kpe;
   a.heads = op.q.rank == 3 ? static_cast<int32_t>(op.q.shape[1]) : 0;
