@@ -9,6 +9,8 @@
 #include <cstdio>
 #include <vector>
 
+#include "kvsim/validation.hpp"
+
 namespace kvsim {
 
 template <class Run>

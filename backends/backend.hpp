@@ -1,6 +1,6 @@
 // The one backend interface that sim/ drives. A backend owns memory (pools,
 // tensors) and runs the ops of contract §5 on descriptors core defines. Every op
-// entry point here validates on the host first (core's validate_* functions)
+// entry point here validates on the host first (validation/'s validate_* functions)
 // and only then calls the backend's implementation, so a rejected op leaves
 // every pool unchanged on every backend. Backends know nothing of scenarios.
 #pragma once
@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "backends/op_list.hpp"
+#include "kvsim/validation/errors.hpp"  // the entry points throw ValidationError
 
 namespace kvsim {
 

@@ -6,6 +6,9 @@
 #include <numeric>
 #include <sstream>
 
+#include "kvsim/validation/geometry.hpp"
+#include "kvsim/validation/rope.hpp"
+
 namespace kvsim {
 
 namespace {

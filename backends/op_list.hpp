@@ -22,7 +22,8 @@
 // X(name, Op, validate, form):
 //   name     the entry point Backend::name(...) and the implementation run_name(...)
 //   Op       core's descriptor
-//   validate core's host validation, called with the same arguments before run_name
+//   validate the host validation (kvsim/validation/ops/), called with the same arguments before run_name
+//            (expanded only in backend.cpp, so the .cu files never include it)
 //   form     pools:   name(const KvPools& pools, const Op& op)
 //            tensors: name(const Op& op) (the op touches no pool)
 // The order is the generator's draw order (op_generator.cpp): appending keeps

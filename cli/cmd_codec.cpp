@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "commands.hpp"
-#include "kvsim/core.hpp"
+#include "kvsim/validation.hpp"
 #include "numbers.hpp"
 
 namespace kvsim::cli {

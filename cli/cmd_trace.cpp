@@ -14,7 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "commands.hpp"
-#include "kvsim/core/errors.hpp"
+#include "kvsim/validation/errors.hpp"
 #include "kvsim/workload/trace.hpp"
 #include "kvsim/workload/trace_import.hpp"
 #include "kvsim/workload/trace_schedule.hpp"

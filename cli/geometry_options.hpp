@@ -11,7 +11,7 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
-#include "kvsim/core.hpp"
+#include "kvsim/validation.hpp"
 #include "kvsim/sim/explain.hpp"
 
 namespace kvsim::cli {
@@ -31,7 +31,7 @@ struct GeometryOptions {
   int32_t page_size = 16;
   int64_t blocks = 64;
   int64_t secondary_blocks = 0;
-  std::string engine;  // empty: none (core/engine_presets.hpp)
+  std::string engine;  // empty: none (validation/engine_presets.hpp)
 };
 
 // Adds --layout --placement --layers --kv-factor --kv-heads --head-dim

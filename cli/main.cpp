@@ -13,7 +13,7 @@
 
 #include "backends/backend.hpp"
 #include "commands.hpp"
-#include "kvsim/core.hpp"
+#include "kvsim/validation.hpp"
 
 namespace {
 

@@ -7,7 +7,7 @@
 #include <algorithm>
 #include <thread>
 
-#include "kvsim/core/errors.hpp"
+#include "kvsim/validation/errors.hpp"
 
 namespace kvsim::cli {
 

@@ -4,7 +4,7 @@
 #include <fstream>
 #include <sstream>
 
-#include "kvsim/core/errors.hpp"
+#include "kvsim/validation/errors.hpp"
 #include "kvsim/sim/model_presets.hpp"
 #include "numbers.hpp"
 

@@ -3,16 +3,21 @@
 
 Reads every `#include "..."` and `#include <kvsim/...>` of the C++/CUDA sources, resolves it the way the
 build does (the including file's folder, then the include roots of the
-targets: core/include, sim/include, bench/include, the repository root), and
-prints which floor includes which (the graph drawn in docs/architecture.md). With --check it also enforces
-the floors' rules and exits 1 naming every include that breaks one:
+targets: core/include, validation/include, sim/include, bench/include, the
+repository root), and prints which floor includes which (the graph drawn in
+docs/architecture.md). With --check it also enforces the floors' rules and
+exits 1 naming every include that breaks one:
 
-  core -> nothing above core      backends -> core only
-  sim -> core, backends            workload, bench, report -> core, backends, sim
+  core -> nothing above core      validation -> core only
+  backends -> core, validation     sim -> core, validation, backends
+  workload, bench, report -> core, validation, backends, sim
   cli, python -> any library floor, never each other
   backend implementations (backends/reference, cpu, cuda) never include each
   other; only the registry (backends/*.cpp) names them all
   nobody outside cli/ includes cli/, except tests/ (which test the parser)
+
+and that core holds only descriptors and host/device work items: no core
+header names std::string or throws (host validation lives in validation/).
 
 Usage: include_graph.py [--root DIR] [--check] [--check-doc MD] [--tests] [--counts]
                         [--files] [--self-test]
@@ -23,24 +28,46 @@ import re
 import sys
 
 SOURCE_EXT = (".hpp", ".cpp", ".cu", ".cuh", ".h")
-INCLUDE_ROOTS = ("core/include", "sim/include", "workload/include", "bench/include", "report/include", ".")
-FLOORS = ("core", "backends", "sim", "workload", "bench", "report", "cli", "python")
+INCLUDE_ROOTS = ("core/include", "validation/include", "sim/include", "workload/include", "bench/include", "report/include", ".")
+FLOORS = ("core", "validation", "backends", "sim", "workload", "bench", "report", "cli", "python")
 # The floors each floor may include (itself always allowed).
 ALLOWED = {
     "core": set(),
-    "backends": {"core"},
-    "sim": {"core", "backends"},
-    "workload": {"core", "backends", "sim"},
-    "bench": {"core", "backends", "sim"},
-    "report": {"core", "backends", "sim"},
-    "cli": {"core", "backends", "sim", "workload", "bench", "report"},
-    "python": {"core", "backends", "sim", "workload", "bench", "report"},
-    "tests": {"core", "backends", "sim", "workload", "bench", "report", "cli", "python"},
+    "validation": {"core"},
+    "backends": {"core", "validation"},
+    "sim": {"core", "validation", "backends"},
+    "workload": {"core", "validation", "backends", "sim"},
+    "bench": {"core", "validation", "backends", "sim"},
+    "report": {"core", "validation", "backends", "sim"},
+    "cli": {"core", "validation", "backends", "sim", "workload", "bench", "report"},
+    "python": {"core", "validation", "backends", "sim", "workload", "bench", "report"},
+    "tests": {"core", "validation", "backends", "sim", "workload", "bench", "report", "cli", "python"},
 }
 BACKEND_IMPLS = ("reference", "cpu", "cuda")
 # Quoted includes resolve from the including file's folder first; <kvsim/...>
 # ones only from the include roots.
 INCLUDE = re.compile(r'^\s*#\s*include\s+(?:"([^"]+)"|<(kvsim/[^>]+)>)')
+
+
+# What only host code may do: name std::string (std::string_view is fine) or
+# throw. Comments and string literals are not code.
+HOST_ONLY = re.compile(r"\bstd::string\b(?!_view)|\bthrow\b|#\s*include\s*<(?:string|stdexcept|sstream)>")
+COMMENT_OR_LITERAL = re.compile(r'//[^\n]*|/\*.*?\*/|"(?:\\.|[^"\\\n])*"', re.S)
+
+
+def host_only_uses(root):
+    """(file, line, text) for every host-only construct in a core header."""
+    for rel in sources(root):
+        if not rel.startswith("core/"):
+            continue
+        text = open(os.path.join(root, rel), encoding="utf-8", errors="replace").read()
+        # Blank out comments and literals, keeping newlines so line numbers hold.
+        code = COMMENT_OR_LITERAL.sub(lambda m: re.sub(r"[^\n]", " ", m.group(0))
+                                      if not m.group(0).startswith('"') else '""', text)
+        for number, line in enumerate(code.split("\n"), 1):
+            m = HOST_ONLY.search(line)
+            if m:
+                yield rel, number, m.group(0)
 
 
 def floor_of(rel):
@@ -120,24 +147,43 @@ def self_test():
         "python/m.cpp": '#include "cli/numbers.hpp"',
         "cli/numbers.hpp": '#include "kvsim/bench/b.hpp"',
         "core/include/kvsim/core/ok.hpp": "",
+        "core/include/kvsim/core/v.hpp": '#include "kvsim/validation/c.hpp"',
+        "validation/include/kvsim/validation/c.hpp": '#include "backends/backend.hpp"',
+        "backends/uses_validation.cpp": '#include "kvsim/validation/ok.hpp"',
+        "validation/include/kvsim/validation/ok.hpp": '#include "kvsim/core/ok.hpp"',
+        # core stays host/device: no std::string, no throw (std::string_view,
+        # comments and literals that mention them are fine)
+        "core/include/kvsim/core/s.hpp": "inline std::string name() { return {}; }",
+        "core/include/kvsim/core/t.hpp": "inline void f(int x) {\n  if (x) throw 1;\n}",
+        "core/include/kvsim/core/fine.hpp": ('#include <string_view>\n// std::string and throw, said in a comment\n'
+                                             'constexpr std::string_view s = "throw std::string";'),
     }
     expected = {"core/include/kvsim/core/a.hpp", "backends/backend.hpp", "backends/cpu/c.cpp",
-                "sim/include/kvsim/sim/s.hpp", "bench/include/kvsim/bench/b.hpp", "python/m.cpp"}
+                "sim/include/kvsim/sim/s.hpp", "bench/include/kvsim/bench/b.hpp", "python/m.cpp",
+                "core/include/kvsim/core/v.hpp", "validation/include/kvsim/validation/c.hpp"}
+    expected_host_only = {("core/include/kvsim/core/s.hpp", 1, "std::string"),
+                          ("core/include/kvsim/core/t.hpp", 2, "throw")}
     with tempfile.TemporaryDirectory() as root:
         for rel, text in bad.items():
             os.makedirs(os.path.join(root, os.path.dirname(rel)), exist_ok=True)
             with open(os.path.join(root, rel), "w") as f:
                 f.write(text + "\n")
         found = {src for src, _, dst in edges(root) if violation(src, dst)}
+        host_only = set(host_only_uses(root))
     if found != expected:
         print(f"self-test: flagged {sorted(found)}, expected {sorted(expected)}", file=sys.stderr)
         return 1
-    print(f"self-test: {len(expected)} forbidden includes flagged, allowed ones not")
+    if host_only != expected_host_only:
+        print(f"self-test: host-only code in core flagged {sorted(host_only)}, expected {sorted(expected_host_only)}",
+              file=sys.stderr)
+        return 1
+    print(f"self-test: {len(expected)} forbidden includes and {len(expected_host_only)} host-only uses in core "
+          "flagged, allowed ones not")
     return 0
 
 
 NODE_ORDER = ("cli", "python", "workload", "bench", "report", "sim", "backends", "backends/reference", "backends/cpu",
-              "backends/cuda", "core", "tests")
+              "backends/cuda", "validation", "core", "tests")
 DOC_BEGIN = "<!-- include_graph.py: begin -->"
 DOC_END = "<!-- include_graph.py: end -->"
 
@@ -193,6 +239,13 @@ def main():
             print(line, file=sys.stderr)
         if broken:
             print(f"{len(broken)} include(s) break the floors of docs/architecture.md", file=sys.stderr)
+            status = 1
+        host_only = [f"{rel}:{n}: {what}: core holds descriptors and host/device work items only; host code "
+                     "(validation, messages) goes in validation/" for rel, n, what in host_only_uses(root)]
+        for line in host_only:
+            print(line, file=sys.stderr)
+        if host_only:
+            print(f"{len(host_only)} host-only use(s) in core/", file=sys.stderr)
             status = 1
     if args.check_doc:
         want = graph(root, False, False)

@@ -20,6 +20,7 @@
 #include <cstring>
 #include <numeric>
 
+#include "kvsim/validation.hpp"
 #include "kvsim/bench/bench.hpp"
 #include "kvsim/sim/replay.hpp"
 #include "kvsim/sim/scenario_file.hpp"

@@ -2,7 +2,7 @@
 // arrive through DLPack (any object with __dlpack__: numpy arrays, torch CPU
 // tensors); the memory is used in place, with the tensor's own strides. Pools
 // are built from an engine's tensors through core's engine presets
-// (core/engine_presets.hpp), ops run through the Backend API on the CPU
+// (validation/engine_presets.hpp), ops run through the Backend API on the CPU
 // oracle, explain() is sim::explain. The engine-shaped wrappers, CUDA
 // staging and kvsim.testing are Python (python/kvsim/*.py).
 //
@@ -28,6 +28,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "kvsim/validation.hpp"
 #include "backends/backend.hpp"
 #include "kvsim/sim/explain.hpp"
 #include "kvsim/sim/replay.hpp"

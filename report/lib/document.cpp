@@ -88,7 +88,7 @@ std::string path_svg(const sim::Explanation& e, int32_t kv, const std::string& t
       {"element", kv_name + " element offset", std::to_string(t->element), sim::terms_formula(t->terms)},
       {"byte", "byte", std::to_string(t->byte), sim::byte_formula(t->element, t->byte, bits_per_element(e.g.dtype))},
   };
-  // With an engine preset (core/engine_presets.hpp) the element also has an offset inside the
+  // With an engine preset (validation/engine_presets.hpp) the element also has an offset inside the
   // engine's own tensor: written under the path, beside the values.
   std::vector<std::pair<std::string, std::string>> lines = values;
   if (!t->tensor.empty())

@@ -4,6 +4,9 @@
 
 #include <stdexcept>
 
+#include <kvsim/validation/page_table.hpp>
+#include <kvsim/validation/window.hpp>
+
 namespace kvsim::sim {
 namespace {
 

@@ -6,7 +6,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include <kvsim/core/errors.hpp>
+#include <kvsim/validation/errors.hpp>
 
 namespace kvsim::sim {
 

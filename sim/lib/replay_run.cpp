@@ -28,6 +28,7 @@
 #include <unordered_map>
 
 #include <kvsim/core/recurrence.hpp>
+#include <kvsim/validation/tensor.hpp>
 
 #include "kvsim/sim/block_manager.hpp"
 #include "kvsim/sim/npy_dump.hpp"
@@ -570,7 +571,7 @@ void Runner::select_layer(int32_t layer) {
   read_map_ = read_maps_[group_];
 }
 
-// An engine's tensors (core/engine_presets.hpp) laid in one allocation per
+// An engine's tensors (validation/engine_presets.hpp) laid in one allocation per
 // pool kind, with the engine's strides; the nvfp4 scales likewise.
 void Runner::allocate_engine_pools(Engine engine, uint8_t fill) {
   pools_ = KvPools{};

@@ -4,7 +4,7 @@
 // Scenario::key_locations, so scenarios built in C++ get the same checks.
 #include "kvsim/sim/scenario_file.hpp"
 
-#include <kvsim/core/ops/attention.hpp>
+#include <kvsim/validation/ops/attention.hpp>
 #include <kvsim/core/splitmix64.hpp>
 
 #include "kvsim/sim/model_presets.hpp"
@@ -20,7 +20,7 @@
 
 #include <toml++/toml.h>
 
-#include "kvsim/core/tensor.hpp"
+#include "kvsim/validation/tensor.hpp"
 
 namespace kvsim::sim {
 

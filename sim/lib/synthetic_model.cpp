@@ -3,7 +3,7 @@
 
 #include <limits>
 
-#include <kvsim/core/errors.hpp>
+#include <kvsim/validation/errors.hpp>
 #include <kvsim/core/splitmix64.hpp>
 
 #include "kvsim/sim/scenario_file.hpp"

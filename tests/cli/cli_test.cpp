@@ -20,7 +20,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "kvsim/core.hpp"
+#include "kvsim/validation.hpp"
 
 using nlohmann::json;
 using namespace kvsim;

@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "../../cli/numbers.hpp"
-#include "kvsim/core/errors.hpp"
+#include "kvsim/validation/errors.hpp"
 
 using namespace kvsim;
 using namespace kvsim::cli;

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "kvsim/validation.hpp"
 #include "kvsim/core.hpp"
 #include "kvsim/core/ops/attention.hpp"
 #include "kvsim/core/ops/qkv_preprocess.hpp"

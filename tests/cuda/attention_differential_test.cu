@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "kvsim/validation.hpp"
 #include "backends/cuda/attention_kernels.hpp"
 #include "backends/cuda/attention_plan.cuh"
 #include "tests/cuda/attention_fixture.hpp"

@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "kvsim/validation.hpp"
 #include "backends/backend.hpp"
 
 namespace kvsim::test {

@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include <kvsim/validation.hpp>
 #include <kvsim/core.hpp>
 #include "tests/cuda/gpu_skip.hpp"
 

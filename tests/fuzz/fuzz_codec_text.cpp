@@ -12,7 +12,7 @@
 #include <string>
 
 #include "kvsim/core/codecs.hpp"
-#include "kvsim/core/errors.hpp"
+#include "kvsim/validation/errors.hpp"
 #include "numbers.hpp"
 
 using namespace kvsim;

@@ -10,7 +10,7 @@
 #include <cstdlib>
 #include <string>
 
-#include "kvsim/core/errors.hpp"
+#include "kvsim/validation/errors.hpp"
 #include "numbers.hpp"
 
 using namespace kvsim;

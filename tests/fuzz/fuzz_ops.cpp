@@ -19,6 +19,7 @@
 #include <utility>
 #include <vector>
 
+#include "kvsim/validation.hpp"
 #include "backends/backend.hpp"
 
 using namespace kvsim;

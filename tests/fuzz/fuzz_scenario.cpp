@@ -7,7 +7,7 @@
 #include <string>
 #include <string_view>
 
-#include "kvsim/core/errors.hpp"
+#include "kvsim/validation/errors.hpp"
 #include "kvsim/sim/scenario_file.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <cstdlib>
 
+#include "kvsim/validation.hpp"
 #include "kvsim/core/window.hpp"
 
 using namespace kvsim;

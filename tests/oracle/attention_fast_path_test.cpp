@@ -29,6 +29,7 @@
 #include <string>
 #include <vector>
 
+#include "kvsim/validation.hpp"
 #include "backends/backend.hpp"
 #include "backends/cpu/attention_fast.hpp"
 #include "backends/cpu/cpu_backend.hpp"

@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "kvsim/validation.hpp"
 #include "backends/backend.hpp"
 #include "tests/support/rng.hpp"
 

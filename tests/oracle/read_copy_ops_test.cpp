@@ -23,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "kvsim/validation.hpp"
 #include "backends/backend.hpp"
 
 using namespace kvsim;

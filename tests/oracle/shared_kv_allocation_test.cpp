@@ -15,6 +15,7 @@
 #include <cstring>
 #include <vector>
 
+#include "kvsim/validation.hpp"
 #include "backends/backend.hpp"
 
 using namespace kvsim;

@@ -4,7 +4,7 @@
 
 #include <optional>
 
-#include "kvsim/core/errors.hpp"
+#include "kvsim/validation.hpp"
 
 namespace kvsim::test {
 

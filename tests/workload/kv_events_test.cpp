@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include "kvsim/core/errors.hpp"
+#include "kvsim/validation/errors.hpp"
 #include "kvsim/workload/kv_events.hpp"
 
 using namespace kvsim::workload;

@@ -9,7 +9,7 @@
 #include <algorithm>
 #include <string>
 
-#include "kvsim/core/errors.hpp"
+#include "kvsim/validation/errors.hpp"
 #include "kvsim/sim/scenario.hpp"
 #include "kvsim/sim/scenario_file.hpp"
 #include "kvsim/sim/synthetic_model.hpp"

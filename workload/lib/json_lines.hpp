@@ -9,7 +9,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include <kvsim/core/errors.hpp>
+#include <kvsim/validation/errors.hpp>
 
 namespace kvsim::workload {
 

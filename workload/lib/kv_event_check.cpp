@@ -6,7 +6,7 @@
 #include <tuple>
 #include <unordered_map>
 
-#include <kvsim/core/errors.hpp>
+#include <kvsim/validation/errors.hpp>
 #include <kvsim/sim/block_manager.hpp>
 
 #include "kvsim/workload/kv_events.hpp"

@@ -7,7 +7,7 @@
 #include <msgpack.hpp>
 #include <nlohmann/json.hpp>
 
-#include <kvsim/core/errors.hpp>
+#include <kvsim/validation/errors.hpp>
 
 #include "json_lines.hpp"
 

@@ -10,7 +10,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include <kvsim/core/errors.hpp>
+#include <kvsim/validation/errors.hpp>
 
 #include "json_lines.hpp"
 

@@ -8,7 +8,7 @@
 #include <sstream>
 
 #include <kvsim/core/dtype.hpp>
-#include <kvsim/core/errors.hpp>
+#include <kvsim/validation/errors.hpp>
 
 namespace kvsim::workload {
 

@@ -3,7 +3,7 @@
 
 #include <algorithm>
 
-#include <kvsim/core/errors.hpp>
+#include <kvsim/validation/errors.hpp>
 #include <kvsim/sim/block_manager.hpp>
 #include <kvsim/sim/scenario_file.hpp>
 #include <kvsim/sim/scheduler.hpp>

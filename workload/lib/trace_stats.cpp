@@ -3,7 +3,7 @@
 
 #include <string>
 
-#include <kvsim/core/errors.hpp>
+#include <kvsim/validation/errors.hpp>
 #include <kvsim/sim/block_manager.hpp>
 
 namespace kvsim::workload {

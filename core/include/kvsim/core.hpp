@@ -5,7 +5,6 @@
 #include "core/codecs.hpp"
 #include "core/config.hpp"
 #include "core/dtype.hpp"
-#include "core/engine_presets.hpp"
 #include "core/errors.hpp"
 #include "core/geometry.hpp"
 #include "core/page_table.hpp"

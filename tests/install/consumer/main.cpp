@@ -2,6 +2,7 @@
 // values worked out by hand, so a broken install fails loudly.
 #include <cstdio>
 
+#include <kvsim/validation.hpp>
 #include <kvsim/core.hpp>
 
 int main() {

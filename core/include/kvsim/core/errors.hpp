@@ -1,11 +1,10 @@
-// Named validation errors (contract §3). Every rejection in kvsim carries one of
-// these codes plus a message naming the sequence, the entry, the value and the
-// rule; validation always happens before any byte moves, so a thrown
-// ValidationError means every pool is unchanged.
+// Named validation errors (contract §3): the codes and their names. Every
+// rejection in kvsim carries one of these codes plus a message naming the
+// sequence, the entry, the value and the rule; the exception that carries
+// them (ValidationError) and every check are host code in
+// validation/include/kvsim/validation/.
 #pragma once
 
-#include <stdexcept>
-#include <string>
 #include <string_view>
 
 namespace kvsim {
@@ -63,21 +62,6 @@ constexpr std::string_view error_name(ErrorCode c) {
     case ErrorCode::insufficient_memory: return "insufficient_memory";
   }
   return "unknown";
-}
-
-class ValidationError : public std::runtime_error {
- public:
-  ValidationError(ErrorCode code, const std::string& message)
-      : std::runtime_error(std::string(error_name(code)) + ": " + message), code_(code) {}
-  ErrorCode code() const noexcept { return code_; }
-  std::string_view name() const noexcept { return error_name(code_); }
-
- private:
-  ErrorCode code_;
-};
-
-[[noreturn]] inline void fail(ErrorCode code, const std::string& message) {
-  throw ValidationError(code, message);
 }
 
 }  // namespace kvsim

@@ -15,11 +15,9 @@
 #pragma once
 
 #include <optional>
-#include <string>
 #include <string_view>
 
 #include "dtype.hpp"
-#include "errors.hpp"
 
 namespace kvsim {
 
@@ -186,6 +184,79 @@ KVSIM_HD constexpr PoolStrides contiguous_strides(const PoolGeometry& g, PoolKin
   return s;
 }
 
+// ---------------------------------------------------------------- the layout object
+// A pool tensor of one (pool kind, kv), as CuTe writes a layout: its axes,
+// each (name, extent, stride in elements), in the tensor's order (outermost
+// first):
+//   in_block [block][layer][kv] / per_layer [layer][block][kv], then
+//   NHD [token][head][dim], HND [head][token][dim],
+//   split-x K [head][dim/x][token][x], split-x V [head][dim][token].
+// The dim coordinate is always two axes, (dim / x, dim % x), so split-x K is
+// one more axis and not a special case; where the tensor shows dim as one
+// axis (x = head_dim), the dim/x axis of one index is folded: it follows the
+// tensor's `rank` axes, so `kvsim layout` and `kvsim explain` (which print
+// axis[0, rank)) do not show it while stride validation (which walks all
+// kAxes) still checks its stride. The nvfp4 scale pool is the same list over
+// scale_geometry() and the scale strides. element_offset below is the dot
+// product of (block, layer, kv, head, token, dim / x, dim % x) with these
+// strides (tested for every layout over odd sizes): the one mapping.
+enum class LayoutAxisId : uint8_t { block, layer, kv, head, token, dim_outer, dim_inner };
+
+struct LayoutAxis {
+  LayoutAxisId id = LayoutAxisId::block;
+  const char* name = "";
+  int64_t extent = 0;
+  int64_t stride = 0;
+};
+
+struct PoolLayout {
+  static constexpr int32_t kAxes = 7;
+  int32_t rank = 0;  // the axes the tensor shows; axis[rank, kAxes) are folded (one index by the layout)
+  LayoutAxis axis[kAxes];
+
+  KVSIM_HD constexpr const LayoutAxis& of(LayoutAxisId id) const {
+    for (int32_t i = 0; i < kAxes - 1; ++i)
+      if (axis[i].id == id) return axis[i];
+    return axis[kAxes - 1];
+  }
+};
+
+// x < 1 gives dim/x no index (validate_strides rejects such strides).
+KVSIM_HD constexpr PoolLayout pool_layout(const PoolGeometry& g, const PoolStrides& s, PoolKind kind, int32_t kv) {
+  using A = LayoutAxisId;
+  const InnerStrides& in = s.inner[kv];
+  const LayoutAxis block{A::block, "block", g.blocks(kind), s.block};
+  const LayoutAxis layer{A::layer, "layer", g.layers, s.layer};
+  const LayoutAxis kvs{A::kv, "kv", g.kv_factor, s.kv};
+  const LayoutAxis head{A::head, "head", g.kv_heads, in.head};
+  const LayoutAxis token{A::token, "token", g.tokens_per_block, in.token};
+  const int64_t outer_extent = in.x > 0 ? g.head_dim / in.x : 0;
+  const LayoutAxis dim_outer{A::dim_outer, "dim/x", outer_extent, in.dim_outer};
+  // Outside split-x K, x == head_dim: dim / x is always 0 and dim % x is dim.
+  const LayoutAxis dim{A::dim_inner, "dim", in.x, in.dim_inner};
+  const LayoutAxis x{A::dim_inner, "x", in.x, in.dim_inner};
+  PoolLayout l{};
+  const bool in_block = g.placement == LayerPlacement::in_block;
+  l.axis[0] = in_block ? block : layer;
+  l.axis[1] = in_block ? layer : block;
+  l.axis[2] = kvs;
+  l.rank = 6;
+  switch (g.layout) {
+    case BlockLayout::nhd: l.axis[3] = token, l.axis[4] = head, l.axis[5] = dim; break;
+    case BlockLayout::hnd: l.axis[3] = head, l.axis[4] = token, l.axis[5] = dim; break;
+    case BlockLayout::split_x:
+      if (kv == 0) {
+        l.axis[3] = head, l.axis[4] = dim_outer, l.axis[5] = token, l.axis[6] = x;
+        l.rank = 7;
+        return l;
+      }
+      l.axis[3] = head, l.axis[4] = dim, l.axis[5] = token;
+      break;
+  }
+  l.axis[6] = dim_outer;  // folded
+  return l;
+}
+
 // THE offset function: element offset of (block, layer, kv, head, token, dim)
 // in a pool tensor with strides s. For nvfp4 the unit is a nibble: byte =
 // offset >> 1, element 2i in the low nibble.
@@ -229,111 +300,6 @@ KVSIM_HD constexpr int64_t element_byte_offset(int64_t element_offset, CacheDtyp
 KVSIM_HD constexpr int64_t scale_offset(const PoolStrides& scale_strides, int64_t block, int32_t layer, int32_t kv,
                                         int32_t head, int32_t token, int32_t dim) {
   return element_offset(scale_strides, block, layer, kv, head, token, dim / codec::kNvfp4BlockElems);
-}
-
-// ---------------------------------------------------------------- validation
-
-inline std::string geometry_summary(const PoolGeometry& g) {
-  return "L=" + std::to_string(g.layers) + " F=" + std::to_string(g.kv_factor) + " H=" + std::to_string(g.kv_heads) +
-         " P=" + std::to_string(g.tokens_per_block) + " D=" + std::to_string(g.head_dim) + " " +
-         std::string(dtype_name(g.dtype)) + " " + std::string(layout_name(g.layout)) + " " +
-         std::string(placement_name(g.placement));
-}
-
-// Rejects every geometry the contract does not support, naming field and value.
-inline void validate_geometry(const PoolGeometry& g) {
-  auto bad = [&](ErrorCode c, const std::string& what) { fail(c, what + " (geometry " + geometry_summary(g) + ")"); };
-  if (g.layers < 1) bad(ErrorCode::bad_geometry, "layers = " + std::to_string(g.layers) + " must be >= 1");
-  if (g.kv_factor != 1 && g.kv_factor != 2)
-    bad(ErrorCode::bad_geometry, "kv_factor = " + std::to_string(g.kv_factor) + " must be 1 (MLA latent) or 2 (K and V)");
-  if (g.kv_heads < 1) bad(ErrorCode::bad_geometry, "kv_heads = " + std::to_string(g.kv_heads) + " must be >= 1");
-  if (g.tokens_per_block < 1 || g.tokens_per_block > kMaxTokensPerBlock)
-    bad(ErrorCode::unsupported_page_size,
-        "tokens_per_block = " + std::to_string(g.tokens_per_block) + " must be in 1..1024");
-  if (g.head_dim < 1) bad(ErrorCode::unsupported_head_dim, "head_dim = " + std::to_string(g.head_dim) + " must be >= 1");
-  if (g.primary_blocks < 1)
-    bad(ErrorCode::bad_geometry, "primary_blocks = " + std::to_string(g.primary_blocks) + " must be >= 1");
-  if (g.secondary_blocks < 0)
-    bad(ErrorCode::bad_geometry, "secondary_blocks = " + std::to_string(g.secondary_blocks) + " must be >= 0");
-  if (g.dtype == CacheDtype::nvfp4 && g.head_dim % codec::kNvfp4BlockElems != 0)
-    bad(ErrorCode::unsupported_head_dim,
-        "head_dim = " + std::to_string(g.head_dim) + " must be a multiple of 16 for nvfp4 (one scale per 16 elements)");
-  if (g.layout == BlockLayout::split_x) {
-    if (g.dtype == CacheDtype::nvfp4)
-      bad(ErrorCode::bad_geometry, "split-x layout does not support nvfp4 (x = 16 bytes / element is not whole)");
-    else if (g.head_dim % g.split_x() != 0)
-      bad(ErrorCode::unsupported_head_dim, "head_dim = " + std::to_string(g.head_dim) +
-                                               " must be a multiple of x = " + std::to_string(g.split_x()) +
-                                               " for split-x with " + std::string(dtype_name(g.dtype)));
-  }
-  // BlockRef is 31 bits of block id plus the pool bit (-1 is BAD_PAGE).
-  if (g.primary_blocks > 0x7FFFFFFE || g.secondary_blocks > 0x7FFFFFFE)
-    bad(ErrorCode::bad_geometry, "block counts must be < 2^31 - 1 (a BlockRef holds 31 bits of block id)");
-  // The larger pool's size in bits (elements * bits per element) must fit in int64.
-  const long double total = static_cast<long double>(g.layers) * g.kv_factor * g.kv_heads * g.tokens_per_block *
-                            g.head_dim * static_cast<long double>(g.primary_blocks > g.secondary_blocks ? g.primary_blocks
-                                                                                                        : g.secondary_blocks);
-  if (total * bits_per_element(g.dtype) > 9.0e18L)
-    bad(ErrorCode::bad_geometry, "pool of " + std::to_string(static_cast<double>(total)) +
-                                     " elements overflows 64-bit bit offsets");
-}
-
-// Caller strides must keep every element inside `pool_elements` and map
-// distinct coordinates to distinct elements. Checked with the sufficient
-// condition of PyTorch-style overlap checks: sorted by stride, each stride
-// exceeds the span of all smaller ones.
-inline void validate_strides(const PoolGeometry& g, const PoolStrides& s, PoolKind kind, int64_t pool_elements) {
-  const int64_t blocks = g.blocks(kind);
-  if (blocks == 0) return;  // an empty pool has no element that could overlap or leave it
-  for (int kv = 0; kv < g.kv_factor; ++kv) {
-    const InnerStrides& in = s.inner[kv];
-    if (in.x < 1 || g.head_dim % in.x != 0)
-      fail(ErrorCode::bad_strides, "kv " + std::to_string(kv) + ": x = " + std::to_string(in.x) +
-                                       " must divide head_dim = " + std::to_string(g.head_dim));
-    struct Dim {
-      int64_t stride, extent;
-      const char* name;
-    } dims[] = {{s.block, blocks, "block"},
-                {s.layer, g.layers, "layer"},
-                {s.kv, g.kv_factor, "kv"},
-                {in.head, g.kv_heads, "head"},
-                {in.token, g.tokens_per_block, "token"},
-                {in.dim_outer, g.head_dim / in.x, "dim/x"},
-                {in.dim_inner, in.x, "dim%x"}};
-    // Checked sums: caller strides may be anything, and a wrapped max_offset
-    // would pass the bound below.
-    int64_t max_offset = 0;
-    for (const Dim& d : dims) {
-      if (d.stride < 0) fail(ErrorCode::bad_strides, std::string("stride of ") + d.name + " is negative");
-      if (d.extent > 1 && d.stride > (INT64_MAX - max_offset) / (d.extent - 1))
-        fail(ErrorCode::bad_strides, std::string("stride of ") + d.name + " = " + std::to_string(d.stride) +
-                                         " overflows 64-bit offsets");
-      if (d.extent > 0) max_offset += d.stride * (d.extent - 1);
-    }
-    if (blocks > 0 && max_offset >= pool_elements)
-      fail(ErrorCode::bad_strides, "kv " + std::to_string(kv) + ": largest offset " + std::to_string(max_offset) +
-                                       " lies beyond the pool of " + std::to_string(pool_elements) + " elements");
-    // Overlap check over dims with extent > 1.
-    Dim live[7];
-    int n = 0;
-    for (const Dim& d : dims)
-      if (d.extent > 1) live[n++] = d;
-    for (int i = 1; i < n; ++i)
-      for (int j = i; j > 0 && live[j].stride < live[j - 1].stride; --j) {
-        Dim t = live[j];
-        live[j] = live[j - 1];
-        live[j - 1] = t;
-      }
-    int64_t span = 0;
-    for (int i = 0; i < n; ++i) {
-      if (live[i].stride <= span)
-        fail(ErrorCode::bad_strides, std::string("stride of ") + live[i].name + " = " + std::to_string(live[i].stride) +
-                                         " overlaps the span " + std::to_string(span) + " of smaller dimensions");
-      span += live[i].stride * (live[i].extent - 1);
-    }
-  }
-  if (g.kv_factor == 2 && s.inner[0].x != s.inner[1].x && g.layout != BlockLayout::split_x)
-    fail(ErrorCode::bad_strides, "K and V inner x differ outside split-x");
 }
 
 }  // namespace kvsim

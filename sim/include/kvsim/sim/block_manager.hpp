@@ -57,7 +57,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include <kvsim/core/window.hpp>
+#include <kvsim/validation/window.hpp>
 
 #include "scenario.hpp"
 

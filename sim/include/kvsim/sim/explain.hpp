@@ -16,7 +16,8 @@
 #include <vector>
 
 #include <kvsim/core.hpp>
-#include <kvsim/core/engine_presets.hpp>
+#include <kvsim/validation/engine_presets.hpp>
+#include <kvsim/validation/errors.hpp>
 
 namespace kvsim::sim {
 
@@ -34,7 +35,7 @@ struct ExplainRequest {
   int32_t layer = 0, head = 0, dim = 0;
   int32_t window = 0, sinks = 0;  // window 0 = none
   bool one_more_block = false;
-  // The engine's own tensors (core/engine_presets.hpp): layout, placement and
+  // The engine's own tensors (validation/engine_presets.hpp): layout, placement and
   // strides from the engine; offsets are also given inside the engine tensor.
   std::optional<Engine> engine;
 };

@@ -14,8 +14,10 @@
 #include <vector>
 
 #include <kvsim/core.hpp>
+#include <kvsim/validation/engine_presets.hpp>
+#include <kvsim/validation/errors.hpp>
 #include <kvsim/core/attention_mma.hpp>
-#include <kvsim/core/rope.hpp>
+#include <kvsim/validation/rope.hpp>
 
 #include "invariant_table.hpp"
 
@@ -83,7 +85,7 @@ struct CacheSpec {
   // FlashInfer's arrangement: K and V as strided views into one shared
   // [pages, 2, P, H, D] allocation per layer (requires per_layer + nhd).
   bool shared_kv_allocation = false;
-  // An engine's own tensors (core/engine_presets.hpp): sets layout (FlashInfer
+  // An engine's own tensors (validation/engine_presets.hpp): sets layout (FlashInfer
   // keeps nhd/hnd) and placement; pools get the engine's strides in one allocation.
   std::optional<Engine> engine;
   WritePath write_path = WritePath::qkv_preprocess;

@@ -58,6 +58,7 @@
 
 #include "errors.hpp"
 #include "geometry.hpp"
+#include "kvsim/core/geometry.hpp"
 
 namespace kvsim {
 
