@@ -10,21 +10,24 @@
 namespace kvsim::sim {
 namespace {
 
-// The products element_offset() sums, for display; checked against it.
-// The products element_offset() sums, for display; checked against it.
-std::vector<OffsetTerm> offset_terms(const PoolStrides& s, int64_t block, int32_t layer, int32_t kv, int32_t head,
-                               int32_t token, int32_t dim, int32_t head_dim, const std::string& dim_name) {
-  const InnerStrides& in = s.inner[kv];
-  std::vector<OffsetTerm> terms{{"block", block, s.block},
-                          {"layer", layer, s.layer},
-                          {"kv", kv, s.kv},
-                          {"head", head, in.head},
-                          {"token", token, in.token}};
-  if (in.x == head_dim) {
-    terms.push_back({dim_name, dim, in.dim_inner});
-  } else {
-    terms.push_back({dim_name + "/x", dim / in.x, in.dim_outer});
-    terms.push_back({dim_name + "%x", dim % in.x, in.dim_inner});
+// The products element_offset() sums, for display: core's layout object
+// walked in coordinate order (block, layer, kv, head, token, dim / x, dim % x),
+// dim shown as one term where x = head_dim; checked against element_offset.
+std::vector<OffsetTerm> offset_terms(const PoolGeometry& g, const PoolStrides& s, PoolKind kind, int64_t block,
+                                     int32_t layer, int32_t kv, int32_t head, int32_t token, int32_t dim,
+                                     const std::string& dim_name) {
+  const PoolLayout l = pool_layout(g, s, kind, kv);
+  const int32_t x = s.inner[kv].x;
+  const bool one_dim = x == g.head_dim;
+  const int64_t coordinate[PoolLayout::kAxes] = {block, layer, kv, head, token, dim / x, dim % x};
+  std::vector<OffsetTerm> terms;
+  for (int32_t i = 0; i < PoolLayout::kAxes; ++i) {
+    const LayoutAxis& a = l.of(static_cast<LayoutAxisId>(i));
+    if (a.id == LayoutAxisId::dim_outer && one_dim) continue;
+    const std::string name = a.id == LayoutAxisId::dim_outer   ? dim_name + "/x"
+                             : a.id == LayoutAxisId::dim_inner ? (one_dim ? dim_name : dim_name + "%x")
+                                                               : std::string(a.name);
+    terms.push_back({name, coordinate[i], a.stride});
   }
   return terms;
 }
@@ -145,15 +148,15 @@ Explanation explain(const ExplainRequest& o) {
     TensorOffsets t;
     t.kv = kv;
     t.element = element_offset(e.strides, block, e.layer, kv, e.head, e.entry, e.dim);
-    t.terms = offset_terms(e.strides, block, e.layer, kv, e.head, e.entry, e.dim, g.head_dim, "dim");
+    t.terms = offset_terms(g, e.strides, e.ref.pool(), block, e.layer, kv, e.head, e.entry, e.dim, "dim");
     check_terms(t.terms, t.element);
     t.byte = element_byte_offset(t.element, g.dtype);
     if (e.scale_strides) {
       const PoolGeometry sg = g.scale_geometry();
       t.high_nibble = (t.element & 1) != 0;  // codec::nibble_at: element 2i low, 2i+1 high
       t.scale_element = scale_offset(*e.scale_strides, block, e.layer, kv, e.head, e.entry, e.dim);
-      t.scale_terms = offset_terms(*e.scale_strides, block, e.layer, kv, e.head, e.entry,
-                                   e.dim / codec::kNvfp4BlockElems, sg.head_dim, "dim/16");
+      t.scale_terms = offset_terms(sg, *e.scale_strides, e.ref.pool(), block, e.layer, kv, e.head, e.entry,
+                                   e.dim / codec::kNvfp4BlockElems, "dim/16");
       check_terms(t.scale_terms, t.scale_element);
       t.scale_byte = element_byte_offset(t.scale_element, sg.dtype);
       if (e.engine_scales) t.tensor_scale_element = t.scale_element - e.engine_scales->tensor_base(e.layer, kv);
@@ -249,28 +252,20 @@ std::string pool_tensor_text(const PoolGeometry& g, const PoolStrides& s, PoolKi
   return text + axes_text(inner_axes(g, s, 0));
 }
 
+// Both read core's layout object (pool_layout): its first three axes are the
+// outer ones, the rest up to its rank the block-inner ones.
 std::vector<Axis> outer_axes(const PoolGeometry& g, const PoolStrides& s, PoolKind kind) {
-  const Axis block{"block", g.blocks(kind), s.block};
-  const Axis layer{"layer", g.layers, s.layer};
-  const Axis kv{"kv", g.kv_factor, s.kv};
-  if (g.placement == LayerPlacement::in_block) return {block, layer, kv};
-  return {layer, block, kv};
+  const PoolLayout l = pool_layout(g, s, kind, 0);
+  std::vector<Axis> axes;
+  for (int32_t i = 0; i < 3; ++i) axes.push_back(Axis{l.axis[i].name, l.axis[i].extent, l.axis[i].stride});
+  return axes;
 }
 
 std::vector<Axis> inner_axes(const PoolGeometry& g, const PoolStrides& s, int32_t kv) {
-  const InnerStrides& in = s.inner[kv];
-  const Axis head{"head", g.kv_heads, in.head};
-  const Axis token{"token", g.tokens_per_block, in.token};
-  // Outside split-x K, x == head_dim: dim / x is always 0 and dim % x is dim.
-  const Axis dim{"dim", g.head_dim, in.dim_inner};
-  switch (g.layout) {
-    case BlockLayout::nhd: return {token, head, dim};
-    case BlockLayout::hnd: return {head, token, dim};
-    case BlockLayout::split_x:
-      if (kv == 0) return {head, Axis{"dim/x", g.head_dim / in.x, in.dim_outer}, token, Axis{"x", in.x, in.dim_inner}};
-      return {head, dim, token};
-  }
-  return {};
+  const PoolLayout l = pool_layout(g, s, PoolKind::primary, kv);
+  std::vector<Axis> axes;
+  for (int32_t i = 3; i < l.rank; ++i) axes.push_back(Axis{l.axis[i].name, l.axis[i].extent, l.axis[i].stride});
+  return axes;
 }
 
 std::string axes_text(const std::vector<Axis>& axes) {

@@ -125,9 +125,8 @@ std::string table_lookup_text(const Explanation& e);
 std::string terms_formula(const std::vector<OffsetTerm>& terms);
 
 // ---------------------------------------------------------------- pool tensor axes
-// One axis of a pool tensor as printed by layout/explain. The order of the
-// axes is the layout's definition (core/geometry.hpp header); every stride is
-// read from core's PoolStrides, never recomputed here.
+// One axis of a pool tensor as printed by layout/explain: core's layout object
+// (pool_layout, core/geometry.hpp) axis by axis, in its order, never restated.
 struct Axis {
   std::string name;
   int64_t extent = 0;
