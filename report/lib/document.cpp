@@ -204,8 +204,8 @@ DrawnPath difference_path(const sim::Scenario& s, const ReplayRecorder& rec, con
   // The pool element's cache slot in a request's table (a window ring's slot, or slot = position):
   // the token it holds after the op's step is the newest position the group's mapping puts there
   // (core's WindowMapping::cache_token, the mapping the ops use). The drawing must end at that slot.
-  const auto [group, layer_in_pool] = group_of_layer(sim::kv_groups(s), layer);
-  (void)layer_in_pool;
+  // .first, not a structured binding: clang 14 (Debian 12) cannot capture bindings in draw_slot.
+  const int32_t group = group_of_layer(sim::kv_groups(s), layer).first;
   auto draw_slot = [&](int32_t r, int64_t slot) {
     const WindowMapping& w = rec.window(group);
     int64_t token = rec.length_at(p.frame, r) - 1;

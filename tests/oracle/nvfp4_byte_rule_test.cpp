@@ -124,8 +124,11 @@ TEST_CASE("every nvfp4 op accepts strides whose nibble pairs share a byte, and w
       odd_block.block += 1;
       same.push_back(odd_block);
     }
-    for (auto& [name, run] : ops.all(blocks))
+    // Named references, not structured bindings: clang 14 cannot capture bindings in lambdas.
+    for (const auto& op : ops.all(blocks))
       for (const PoolStrides& s : same) {
+        const std::string& name = op.first;
+        const auto& run = op.second;
         HostPools want(g, dense), got(g, s);
         run(*backend, want.pools);
         const auto e = catch_validation([&] { run(*backend, got.pools); });
@@ -148,7 +151,9 @@ TEST_CASE("every nvfp4 op rejects, with one message, strides whose nibble pairs 
   const std::pair<PoolStrides, std::string> cases[] = {{odd_outer, "dim/x stride = 9 (must be even)"},
                                                        {odd_token, "token stride = 65 (must be even)"}};
   for (const auto& [s, why] : cases)
-    for (auto& [name, run] : ops.all(2)) {
+    for (const auto& op : ops.all(2)) {
+      const std::string& name = op.first;
+      const auto& run = op.second;
       HostPools pools(g, s);
       const std::vector<uint8_t> before = pools.bytes();
       const auto e = catch_validation([&] { run(*backend, pools.pools); });

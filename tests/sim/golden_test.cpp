@@ -107,7 +107,9 @@ void check_golden_replays(Backend& backend, bool may_update) {
       continue;
     }
     const ordered_json want = ordered_json::parse(in);
-    for (const auto& [key, value] : want["counters"].items()) {
+    for (const auto& item : want["counters"].items()) {  // no structured binding: INFO captures it (clang 14)
+      const std::string key = item.key();
+      const ordered_json& value = item.value();
       INFO("counter " << key);
       CHECK(got["counters"].value(key, ordered_json()) == value);
     }
