@@ -3,6 +3,7 @@
 // holds every row to its enum, its test file and docs/invariants.md.
 #include "kvsim/sim/invariant_table.hpp"
 
+#include <algorithm>
 #include <array>
 
 #include "kvsim/sim/replay_run.hpp"
@@ -12,75 +13,88 @@ namespace kvsim::sim {
 
 namespace {
 
-constexpr bool always(const Scenario&, const RunRecord&) { return true; }
+constexpr bool always(const Scenario&) { return true; }
+constexpr bool ran(const RunRecord&) { return true; }
 
 constexpr std::array<InvariantInfo, 13> kInvariants{{
     {Invariant::conservation, "conservation",
      "after every step, for both pools, free + referenced + cached = size, every block in exactly one of those "
      "states, each block's reference count equal to the table entries that hold it",
      "BlockManager::check_conservation() (sim/lib/block_manager.cpp), called by Runner::run()",
-     "tests/sim/block_manager_test.cpp \"block manager: conservation after every operation, page sizes 1, 3, 7, 17\"", false, always},
+     "tests/sim/block_manager_test.cpp \"block manager: conservation after every operation, page sizes 1, 3, 7, 17\"", false,
+     always, "", ran},
     {Invariant::chunking, "chunking",
      "outputs bit-equal to the same requests prefilled in one chunk (a whole-prompt scenario is compared with "
      "chunks of 5)",
      "replay(), the chunking re-run (sim/lib/replay.cpp)",
-     "tests/sim/replay_test.cpp \"replay: counters and every invariant, page sizes 1, 3, 7, 17\"", true, always},
+     "tests/sim/replay_test.cpp \"replay: counters and every invariant, page sizes 1, 3, 7, 17\"", true, always, "", ran},
     {Invariant::reuse, "reuse", "outputs bit-equal with prefix reuse on and off (layer by layer with [layers])",
      "replay(), the reuse re-run (sim/lib/replay.cpp)",
      "tests/sim/replay_test.cpp \"replay: prefix reuse hits, last-token recompute, eviction, offload and onboard\"", true,
-     [](const Scenario& s, const RunRecord&) { return s.reuse.enabled; }},
+     [](const Scenario& s) { return s.reuse.enabled; }, "reuse.enabled = true", ran},
     {Invariant::window, "window",
      "outputs at positions < W and every cached token bit-equal to the run without a window; with [layers], layer "
      "by layer against full attention in every layer",
      "replay(), the window re-run (sim/lib/replay.cpp)",
      "tests/sim/replay_test.cpp \"replay: both window modes, sinks with a bubble, window >= lengths\"", true,
-     [](const Scenario& s, const RunRecord&) { return s.window.mode != WindowMode::none; }},
+     [](const Scenario& s) { return s.window.mode != WindowMode::none || s.layers.enabled; },
+     "a window (window.mode = cyclic or release, or [layers])", ran},
     {Invariant::layout, "layout",
      "outputs and read-back gathers bit-equal across NHD / HND / split-x and in_block / per_layer",
      "replay(), the layout re-runs (sim/lib/replay.cpp)",
-     "tests/sim/replay_test.cpp \"replay: every write path and dtype keeps the invariants\"", true, always},
+     "tests/sim/replay_test.cpp \"replay: every write path and dtype keeps the invariants\"", true, always, "", ran},
     {Invariant::dense, "dense",
      "each checked query head's paged attention output within a stated bound of attention in double (Eigen) over "
      "the K/V gathered through the sequence's table",
      "Runner::check_dense() (sim/lib/replay_run.cpp)", "tests/sim/replay_test.cpp \"replay: counters and every invariant, page sizes 1, 3, 7, 17\" (and every other replay case)", false,
-     [](const Scenario& s, const RunRecord&) { return !s.mla.enabled; }},
+     [](const Scenario& s) { return !s.mla.enabled; },
+     "no MLA (the dense reference covers decode and prefill attention, not mla_attention)", ran},
     {Invariant::quantization, "quantization",
      "relative RMS error of a quantized cache's attention outputs against a bf16 cache within quantization_bound()",
      "quantization_error(), quantization_bound() (sim/lib/replay.cpp)",
      "tests/sim/replay_test.cpp \"replay: every write path and dtype keeps the invariants\"", true,
-     [](const Scenario& s, const RunRecord&) { return is_quantized(s.cache.dtype) && !s.mla.enabled; }},
+     [](const Scenario& s) { return is_quantized(s.cache.dtype) && !s.mla.enabled; },
+     "a quantized cache.dtype (fp8_e4m3, fp8_e5m2, int8, nvfp4) and no MLA (the bf16 comparison covers "
+     "decode and prefill attention)", ran},
     {Invariant::no_nan, "no_nan",
      "with every pool poisoned with NaN bytes before the run, no attention output holds NaN",
      "Runner::attend() (sim/lib/replay_run.cpp)",
      "tests/sim/replay_test.cpp \"replay: each fault is caught by its invariant, which passes with the fault off\"", false,
-     [](const Scenario&, const RunRecord& main) { return main.poisoned; }},
+     [](const Scenario& s) {
+       return s.cache.poison_nan ||
+              std::find(s.faults.begin(), s.faults.end(), Fault::v_tail_not_zeroed) != s.faults.end();
+     },
+     "cache.poison_nan = true (the pools are poisoned only then)", ran},
     {Invariant::offload, "offload",
      "every offload and onboard moves the block's bytes (each layer's K and V, and nvfp4 scales) unchanged, and "
      "every onboard returns exactly the bytes its offload was given (BLAKE2b-128 of the block, end to end)",
      "Runner::move() (sim/lib/replay_run.cpp)",
      "tests/sim/replay_test.cpp \"replay: prefix reuse hits, last-token recompute, eviction, offload and onboard\"", false,
-     [](const Scenario&, const RunRecord& main) { return main.offload_round_trips > 0; }},
+     [](const Scenario& s) { return s.reuse.offload; },
+     "reuse.offload = true", [](const RunRecord& main) { return main.offload_round_trips > 0; }},
     {Invariant::batch, "batch", "a request's outputs bit-equal in its batch, with the batch in reverse order, and alone",
      "replay(), the batch re-runs (sim/lib/replay.cpp)",
      "tests/sim/replay_test.cpp \"replay: preemption by recompute under pool pressure keeps outputs bit-equal\"", true,
-     [](const Scenario& s, const RunRecord&) { return s.requests.size() >= 2; }},
+     [](const Scenario& s) { return s.requests.size() >= 2; }, "at least two requests", ran},
     {Invariant::write, "write",
      "a write oracle independent of the pool read: every cache row a finished request reads back, and its indexer-K "
      "bytes, equal the value its write op was given, recomputed from the synthetic model through core's codecs",
      "Runner::check_written_row(), Runner::check_indexer_rows(), Runner::expected_row() (sim/lib/replay_run.cpp)",
      "tests/sim/replay_test.cpp \"replay: every write path and dtype keeps the invariants\"", false,
-     [](const Scenario&, const RunRecord& main) { return main.write_checked_rows > 0; }},
+     [](const Scenario& s) { return !(s.mla.enabled && s.cache.dtype == CacheDtype::nvfp4) || s.indexer_k_scatter; },
+     "a cache the write oracle models (not an nvfp4 MLA latent cache without indexer.k_scatter)", [](const RunRecord& main) { return main.write_checked_rows > 0; }},
     {Invariant::state_hit, "state_hit",
      "a prefix hit is never longer than the deepest valid snapshot of the recurrent states: every request that "
      "resumes at a position past 0 finds a snapshot there",
      "Runner::advance_recurrent(), Runner::restore_state() (sim/lib/replay_run.cpp)",
      "tests/sim/replay_test.cpp \"replay: recurrent states, snapshots at block boundaries, hits limited to them\"", false,
-     [](const Scenario& s, const RunRecord&) { return s.recurrent.layers > 0; }},
+     [](const Scenario& s) { return s.recurrent.layers > 0; }, "[recurrent] layers", ran},
     {Invariant::state_restore, "state_restore",
      "a restored recurrent state is byte-equal to the state recomputed from token 0 by core's recurrence",
      "Runner::restore_state() (sim/lib/replay_run.cpp)",
      "tests/sim/replay_test.cpp \"replay: recurrent states, snapshots at block boundaries, hits limited to them\"", false,
-     [](const Scenario&, const RunRecord& main) { return main.state_restores > 0; }},
+     [](const Scenario& s) { return s.recurrent.layers > 0; },
+     "[recurrent] layers", [](const RunRecord& main) { return main.state_restores > 0; }},
 }};
 
 constexpr std::array<FaultInfo, 15> kFaults{{
@@ -165,6 +179,32 @@ std::string describe_invariant_table() {
     if (!any) out += "  catches: no fault of its own\n";
   }
   return out;
+}
+
+bool invariant_applies(const Scenario& s, Invariant i, const RunRecord& main) {
+  return invariant_info(i).possible(s) && invariant_info(i).happened(main);
+}
+
+std::optional<std::string> never_checked(const Scenario& s, Invariant i) {
+  const InvariantInfo& info = invariant_info(i);
+  if (!info.possible(s)) return std::string(info.name) + " is checked only with " + std::string(info.needs);
+  // With faults on, the comparisons and the write oracle judge only what a
+  // fault targets (replay(): the others would see the fault too).
+  const InvariantSelection selection(s, std::nullopt);
+  if ((info.comparison || i == Invariant::write) && !selection.wanted(i)) {
+    std::string faults;
+    for (Fault f : s.faults) faults += (faults.empty() ? "" : ", ") + std::string(fault_name(f));
+    return std::string(info.name) + " is not judged while faults that target other invariants are on (" + faults +
+           ": only the invariants the faults target are compared)";
+  }
+  // Any fault may make an op reject its input, which ends the run there
+  // (counted as caught): what needs the run to get somewhere is not promised.
+  // (dense needs an attention op to have run: a rejected first write leaves it nothing.)
+  const bool needs_progress = info.happened != ran || i == Invariant::dense;
+  if (!s.faults.empty() && needs_progress && !selection.targeted(i))
+    return std::string(info.name) + " is not promised while a fault is on (" + std::string(fault_name(s.faults.front())) +
+           "): an op that rejects the faulty input ends the run before it may check anything";
+  return std::nullopt;
 }
 
 InvariantSelection::InvariantSelection(const Scenario& s, const std::optional<std::set<Invariant>>& selected)

@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <optional>
 #include <set>
 
@@ -181,6 +182,29 @@ std::string format_double(double x) {
   return buf;
 }
 
+// What the chunking re-run `c` of `s` prefills, said as it runs: once a
+// prompt wraps a cyclic ring, the scheduler cuts every chunk to what the ring
+// can take without overwriting keys the chunk's own queries attend to
+// (Scheduler::chunk_for), so "one chunk" is one chunk only until then.
+std::string chunking_comparison(const Scenario& s, const Scenario& c) {
+  const int64_t chunk = c.scheduler.chunk_size > 0 ? c.scheduler.chunk_size : std::numeric_limits<int64_t>::max();
+  const std::string what =
+      c.scheduler.chunk_size > 0 ? "prefill in chunks of " + std::to_string(chunk) : "one-chunk prefill";
+  int64_t longest = 0;
+  for (const RequestState& r : make_requests(s)) longest = std::max(longest, r.prompt_len);
+  for (const KvGroup& g : kv_groups(s)) {
+    if (g.mode != WindowMode::cyclic) continue;
+    const WindowMapping m = WindowMapping::make(g.window, g.sinks, s.cache.page_size, g.one_more_block);
+    const int64_t wraps_at = static_cast<int64_t>(m.sinks) + m.cyclic_len;
+    const int64_t ring_chunk = m.cyclic_len - (static_cast<int64_t>(m.window) - m.sinks) + 1;
+    if (longest > wraps_at && ring_chunk < chunk)
+      return what + " until the cyclic ring wraps at token " + std::to_string(wraps_at) + ", then chunks of " +
+             std::to_string(ring_chunk) + (ring_chunk == 1 ? " token" : " tokens") +
+             " (the most a wrapped ring takes without overwriting keys the chunk's own queries attend to)";
+  }
+  return what;
+}
+
 }  // namespace
 
 ScenarioReport replay(const Scenario& s, Backend& backend, const ReplayOptions& options) {
@@ -222,8 +246,10 @@ ScenarioReport replay(const Scenario& s, Backend& backend, const ReplayOptions& 
   rep.main_seconds = main.seconds;
 
   std::map<Invariant, InvariantReport> results;
+  std::set<Invariant> settled_by_rejection;
   auto settle = [&](Invariant inv, const Outcome& o) {
     if (!selected(inv)) return;  // reported as skipped below
+    if (settled_by_rejection.count(inv)) return;
     InvariantReport r;
     r.invariant = inv;
     r.detail = o.detail;
@@ -238,10 +264,16 @@ ScenarioReport replay(const Scenario& s, Backend& backend, const ReplayOptions& 
     results[inv] = r;
   };
 
-  if (!main.op_rejection.empty()) {
+  const bool rejected = !main.op_rejection.empty();
+  if (rejected) {
     // A fault made an op reject its input: validation caught it before any byte moved.
     for (Invariant inv : targeted) settle(inv, {true, true, "the op rejected the faulty input: " + main.op_rejection});
-  } else {
+    settled_by_rejection = targeted;
+  }
+  // The in-run invariants judge the steps that ran (with a rejection, those
+  // before it), so a must_pass about them holds whatever the fault does; the
+  // comparisons need a whole main run.
+  {
     settle(Invariant::conservation,
            {true, !main.conservation_violation.empty(),
             main.conservation_violation.empty()
@@ -286,7 +318,7 @@ ScenarioReport replay(const Scenario& s, Backend& backend, const ReplayOptions& 
                   ? std::to_string(main.offload_round_trips) + " offloads/onboards moved every byte unchanged"
                   : main.offload_violation});
 
-    if (options.comparison_invariants) {
+    if (options.comparison_invariants && !rejected) {
       ReplayOptions inner;
       inner.comparison_invariants = false;
       inner.dense_check = false;
@@ -323,7 +355,7 @@ ScenarioReport replay(const Scenario& s, Backend& backend, const ReplayOptions& 
         } else {
           c.scheduler.chunk_size = 5;  // odd chunks, against the scenario's whole-prompt prefill
         }
-        const std::string what = s.scheduler.chunk_size > 0 ? "one-chunk prefill" : "prefill in chunks of 5";
+        const std::string what = chunking_comparison(s, c);
         rerun(c, Invariant::chunking, [&](const RunRecord& r) { return compare(c, r, what); }, inner);
       }
       if (s.reuse.enabled && wanted(Invariant::reuse)) {
@@ -434,7 +466,7 @@ ScenarioReport replay(const Scenario& s, Backend& backend, const ReplayOptions& 
     const Invariant inv = info.invariant;
     auto it = results.find(inv);
     // Skipped: not selected, and one the scenario would have checked.
-    const bool applies = info.applies(s, main);
+    const bool applies = invariant_applies(s, inv, main);
     if (!selected(inv) && !applies) {
       InvariantReport r;
       r.invariant = inv;

@@ -5,12 +5,15 @@
 #include "kvsim/sim/scenario_file.hpp"
 
 #include <kvsim/validation/ops/attention.hpp>
+#include <kvsim/core/ops/qkv_preprocess.hpp>
 #include <kvsim/core/splitmix64.hpp>
 
 #include "kvsim/sim/model_presets.hpp"
 
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -38,11 +41,19 @@ SourceLocation location_of(const std::string& file, const toml::source_region& r
   return SourceLocation{file, static_cast<int>(r.begin.line), static_cast<int>(r.begin.column)};
 }
 
-[[noreturn]] void reject_at(const SourceLocation& at, const std::string& key, const std::string& message) {
-  fail(ErrorCode::bad_scenario, location_string(at.file, at.line, at.column) + ": " + key + ": " + message);
+// Text from the file, echoed in a message: cut after 64 characters, so a
+// 10 MB key or string does not come back whole.
+std::string clipped(std::string_view text) {
+  constexpr size_t kShown = 64;
+  if (text.size() <= kShown) return std::string(text);
+  return std::string(text.substr(0, kShown)) + "... (" + std::to_string(text.size()) + " characters)";
 }
 
-std::string in_quotes(std::string_view s) { return "\"" + std::string(s) + "\""; }
+[[noreturn]] void reject_at(const SourceLocation& at, const std::string& key, const std::string& message) {
+  fail(ErrorCode::bad_scenario, location_string(at.file, at.line, at.column) + ": " + clipped(key) + ": " + message);
+}
+
+std::string in_quotes(std::string_view s) { return "\"" + clipped(s) + "\""; }
 
 // "an integer (70000)", "a string (\"fp9\")": what the file actually holds.
 std::string describe(const toml::node& n) {
@@ -86,6 +97,8 @@ std::string unknown_key_message(std::string_view key, const std::vector<std::str
   std::string_view best;
   size_t best_distance = std::numeric_limits<size_t>::max();
   for (std::string_view v : valid) {
+    // Edits are at least the difference in length: a far longer key is no typo.
+    if (key.size() > v.size() + std::max<size_t>(2, key.size() / 3)) continue;
     // A key cut short ("chunk" for chunk_size) is as good as a one-letter typo.
     const bool truncated = !key.empty() && (v.starts_with(key) || key.starts_with(v));
     const size_t d = truncated ? 1 : edit_distance(key, v);
@@ -152,6 +165,10 @@ class Section {
     if (has(key)) {
       if (std::isfinite(d) && std::fabs(d) > std::numeric_limits<float>::max())
         wrong_type(key, *table_.get(key), "a number in float range");
+      // A value too small for a float would become 0 and be reported as "got 0".
+      if (d != 0.0 && static_cast<float>(d) == 0.0f)
+        wrong_type(key, *table_.get(key),
+                   "a number in float range (at least 1.4e-45 in magnitude; smaller rounds to 0 as a float)");
       out = static_cast<float>(d);
     }
   }
@@ -624,6 +641,27 @@ void check_mla(const Scenario& s, const Checker& c) {
                 std::string(write_path_name(s.cache.write_path)));
   c.require(!s.cache.shared_kv_allocation, "cache.shared_kv_allocation",
             "expected false with MLA (a latent pool has no K/V pair to share an allocation)");
+  if (nvfp4)
+    c.require(mla.d_ckv % codec::kNvfp4BlockElems == 0, "mla.d_ckv",
+              "expected a multiple of 16 with an nvfp4 cache (append_mla quantizes ckv in groups of 16), got " +
+                  std::to_string(mla.d_ckv));
+}
+
+// The head_dim the ops a replay runs accept (core's limits, so validation and
+// the ops cannot disagree): decode and prefill attention read at most
+// canon::kMaxHeadDim, qkv_preprocess_write writes at most kQkvMaxHeadDim.
+void check_head_dim_for_ops(const Scenario& s, const Checker& c) {
+  if (s.mla.enabled) return;  // mla_attention's own limit follows from d_ckv and d_kpe (check_mla)
+  const int32_t D = s.model.head_dim;
+  c.require(D <= canon::kMaxHeadDim, "model.head_dim",
+            "expected at most " + std::to_string(canon::kMaxHeadDim) +
+                " (decode and prefill attention keep a row of head_dim accumulators), got " + std::to_string(D));
+  if (s.cache.write_path == WritePath::qkv_preprocess)
+    c.require(D <= kQkvMaxHeadDim, "model.head_dim",
+              "expected at most " + std::to_string(kQkvMaxHeadDim) +
+                  " with cache.write_path = qkv_preprocess (its fused RoPE keeps a row on the stack; append_paged "
+                  "and reshape_and_cache take up to " + std::to_string(canon::kMaxHeadDim) + "), got " +
+                  std::to_string(D));
 }
 
 void check_cache(const Scenario& s, const Checker& c) {
@@ -662,6 +700,20 @@ void check_cache(const Scenario& s, const Checker& c) {
     c.require(k.dtype != CacheDtype::nvfp4, "cache.fresh_page_fill",
               "expected a cache dtype with one code per element (an nvfp4 element's value depends on its block scale)");
     c.require(!k.shared_kv_allocation, "cache.fresh_page_fill", "expected shared_kv_allocation = false");
+  }
+  // With NaN in every pool, no_nan holds only where the writer zeroes the V
+  // tail whole-page readers multiply by 0 (docs/invariants.md): anything else
+  // could only fail no_nan, so it is the fault, asked for by name.
+  const bool v_tail_fault =
+      std::find(s.faults.begin(), s.faults.end(), Fault::v_tail_not_zeroed) != s.faults.end();
+  if (k.poison_nan && !v_tail_fault && !s.mla.enabled) {
+    c.require(k.write_path == WritePath::qkv_preprocess && k.zero_v_tail, "cache.poison_nan",
+              "expected write_path = qkv_preprocess with zero_v_tail = true (only it zeroes the V tail of the last "
+              "block; append_paged, reshape_and_cache or an unzeroed tail show the pools' NaN and fail no_nan: switch "
+              "on faults.v_tail_not_zeroed to see that caught)");
+    c.require(s.model.nan_rate == 0.0f && s.model.inf_rate == 0.0f, "cache.poison_nan",
+              "expected model.nan_rate = inf_rate = 0 (NaN and Inf inputs reach the attention outputs whatever the "
+              "pools hold, so no_nan could only fail)");
   }
   if (k.engine) {
     c.require(!k.shared_kv_allocation, "cache.shared_kv_allocation",
@@ -953,6 +1005,8 @@ void check_faults(const Scenario& s, const Checker& c) {
                   std::string(write_path_name(s.cache.write_path)));
     c.require(s.cache.poison_nan, key(Fault::v_tail_not_zeroed),
               "expected cache.poison_nan = true (a tail that is not zeroed only shows when the pool holds NaN)");
+    c.require(s.cache.dtype != CacheDtype::int8, key(Fault::v_tail_not_zeroed),
+              "expected a cache dtype whose 0xFF bytes are NaN (a float, fp8 or nvfp4 cache; int8's 0xFF is -1)");
   }
   if (on(Fault::group_window_for_layer)) {
     bool sliding = false, full = false;
@@ -994,6 +1048,11 @@ void check_faults(const Scenario& s, const Checker& c) {
               "cache.page_size (a chunk that ends on a boundary snapshots the right state)");
   if (on(Fault::offload_before_copy))
     c.require(s.reuse.offload, key(Fault::offload_before_copy), "expected reuse.offload = true");
+  // A fault whose invariant this scenario never checks could only fail.
+  for (const Fault f : s.faults)
+    if (const std::optional<std::string> why = never_checked(s, invariant_for(f)))
+      c.reject(key(f),
+                "expected a scenario that checks the invariant that catches it, but " + *why);
   for (size_t i = 0; i < s.expect.must_catch.size(); ++i) {
     const Fault f = s.expect.must_catch[i];
     c.require(on(f), "expect.must_catch",
@@ -1015,6 +1074,10 @@ void check_expectations(const Scenario& s, const Checker& c) {
       {"expect.preemptions", &e.preemptions}};
   for (const auto& [key, value] : counts)
     if (*value) c.require(**value >= 0, key, "expected a count >= 0, got " + std::to_string(**value));
+  // must_pass of an invariant the replay never checks would report n/a and fail.
+  for (const Invariant i : e.must_pass)
+    if (const std::optional<std::string> why = never_checked(s, i))
+      c.reject("expect.must_pass", "expected invariants this scenario checks, got " + std::string(invariant_name(i)) + ": " + *why);
   if (e.reuse_hit_tokens.value_or(0) > 0)
     c.require(s.reuse.enabled, "expect.reuse_hit_tokens", "expected 0 or reuse.enabled = true (no reuse, no hits)");
   if (e.offloaded_blocks.value_or(0) > 0 || e.onboarded_blocks.value_or(0) > 0)
@@ -1036,6 +1099,7 @@ void check_scenario(const Scenario& s) {
   const Checker c(s);
   check_mla(s, c);  // first: an MLA width explains a wrong head_dim better than head_dim's range
   check_model(s, c);
+  check_head_dim_for_ops(s, c);
   check_cache(s, c);
   check_attention(s, c);
   check_window(s, c);
@@ -1112,14 +1176,25 @@ Scenario parse_scenario(std::string_view toml_text, const std::string& source_na
 }
 
 Scenario load_scenario_file(const std::string& path) {
+  // What the file system says, named: a symlink loop or a denied directory is
+  // not "no such file".
   std::error_code ec;
-  if (!fs::is_regular_file(path, ec))
+  const fs::file_status st = fs::status(path, ec);
+  if (ec && st.type() != fs::file_type::not_found)
+    fail(ErrorCode::bad_scenario, path + ":0:0: file: expected a readable scenario file, got " + ec.message());
+  if (!fs::is_regular_file(st))
     fail(ErrorCode::bad_scenario, path + ":0:0: file: expected a readable scenario file, got " +
-                                      (fs::exists(path, ec) ? "something that is not a regular file" : "no such file"));
+                                      (fs::exists(st) ? "something that is not a regular file" : "no such file"));
+  errno = 0;
   std::ifstream in(path, std::ios::binary);
+  if (!in)
+    fail(ErrorCode::bad_scenario, path + ":0:0: file: expected a readable scenario file, got " +
+                                      (errno ? std::string(std::strerror(errno)) : std::string("a file that cannot be opened")));
   std::ostringstream text;
   text << in.rdbuf();
-  if (!in && !in.eof()) fail(ErrorCode::bad_scenario, path + ":0:0: file: expected a readable scenario file");
+  if (!in && !in.eof())
+    fail(ErrorCode::bad_scenario, path + ":0:0: file: expected a readable scenario file, got a read error" +
+                                      (errno ? ": " + std::string(std::strerror(errno)) : std::string()));
   return parse_scenario(text.str(), path);
 }
 

@@ -9,12 +9,17 @@
 // rewrites every file; review the diff with git before committing it.
 #include <doctest/doctest.h>
 
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <map>
+#include <optional>
 #include <set>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -236,4 +241,232 @@ TEST_CASE("every scenario that passes validation replays without a ValidationErr
   MESSAGE(valid << " validated scenarios replayed, " << rejected << " rejected by validation");
   CHECK(valid >= 150);
   CHECK(rejected > 0);  // the sweep reaches impossible settings too (nvfp4 with split-x, wrapping chunks, ...)
+}
+
+// validate <=> run (issue 13 item 8), swept: every combination of the scenario
+// knobs (cache dtype x layout and write path x one structure: chunks, both
+// window modes, prefix reuse with partial copies or offload, [layers] in both
+// allocation models, [recurrent], NaN-poisoned pools, MLA with its indexer)
+// with no fault and with each fault in turn, expecting the fault caught
+// (must_catch) and every invariant the validator accepts in must_pass. Each
+// that validates is replayed with every comparison invariant and must meet
+// every expectation: a scenario that validates never fails for a reason
+// validation could have known. Those that do not validate are counted.
+namespace {
+
+// A scenario file built section by section (TOML allows each table once).
+struct ScenarioText {
+  std::map<std::string, std::string> sections;  // "[cache]" -> its lines
+  std::string tail;                              // [[prefix]] and [[request]] tables
+  ScenarioText& set(const std::string& section, const std::string& lines) {
+    sections[section] += lines;
+    return *this;
+  }
+  std::string str() const {
+    std::string out;
+    for (const auto& [name, lines] : sections) out += name + "\n" + lines;
+    return out + tail;
+  }
+};
+
+std::string quoted_list(const std::vector<std::string_view>& names) {
+  std::string out = "[";
+  for (size_t i = 0; i < names.size(); ++i) out += (i ? ", \"" : "\"") + std::string(names[i]) + "\"";
+  return out + "]";
+}
+
+bool validates(const std::string& text) {
+  try {
+    parse_scenario(text, "sweep.toml");
+    return true;
+  } catch (const ValidationError&) {
+    return false;
+  }
+}
+
+}  // namespace
+
+TEST_CASE("validate <=> run: every knob and expectation combination that validates replays as it promises") {
+  const std::unique_ptr<Backend> cpu = make_backend("cpu", BackendOptions{.threads = 2});
+  const std::string two_requests =
+      "[[request]]\ngenerated = 21\ndecode_tokens = 3\n[[request]]\narrival_step = 2\ngenerated = 9\ndecode_tokens = 4\n";
+  const std::string shared_prefix =
+      "[[prefix]]\nname = \"p\"\nlength = 24\n[[request]]\nprefixes = [\"p\"]\ngenerated = 5\ndecode_tokens = 3\n"
+      "[[request]]\narrival_step = 6\nprefixes = [\"p\"]\ngenerated = 7\ndecode_tokens = 3\n";
+  // Offload needs pressure: three prefixes through a pool of 10 blocks, then a hit on the first.
+  std::string offload_requests;
+  for (const char* doc : {"a", "b", "c"})
+    offload_requests += std::string("[[prefix]]\nname = \"") + doc + "\"\nlength = 24\n";
+  int arrival = 0;
+  for (const char* doc : {"a", "b", "c", "a"}) {
+    offload_requests += std::string("[[request]]\narrival_step = ") + std::to_string(arrival) + "\nprefixes = [\"" + doc +
+                        "\"]\ngenerated = 4\ndecode_tokens = 4\n";
+    arrival += 8;
+  }
+  struct Structure {
+    const char* name;
+    std::function<void(ScenarioText&)> apply;
+  };
+  const std::vector<Structure> structures = {
+      {"two requests", [&](ScenarioText& t) { t.tail = two_requests; }},
+      {"chunks of 8", [&](ScenarioText& t) { t.set("[scheduler]", "chunk_size = 8\n").tail = two_requests; }},
+      {"cyclic window with sinks",
+       [&](ScenarioText& t) {
+         t.set("[window]", "mode = \"cyclic\"\nwindow = 13\nsinks = 3\none_more_block = true\n")
+             .set("[scheduler]", "chunk_size = 4\n")
+             .tail = two_requests;
+       }},
+      {"release window",
+       [&](ScenarioText& t) { t.set("[window]", "mode = \"release\"\nwindow = 12\n").tail = two_requests; }},
+      {"prefix reuse, partial copies",
+       [&](ScenarioText& t) { t.set("[reuse]", "enabled = true\npartial = true\n").tail = shared_prefix; }},
+      {"prefix reuse with offload",
+       [&](ScenarioText& t) {
+         t.set("[cache]", "primary_blocks = 10\nsecondary_blocks = 16\n")
+             .set("[reuse]", "enabled = true\noffload = true\n")
+             .tail = offload_requests;
+       }},
+      {"[layers] hybrid, reuse",
+       [&](ScenarioText& t) {
+         t.set("[model]", "layers = 4\n")
+             .set("[layers]", "windows = [12, 0]\nallocation = \"hybrid\"\n")
+             .set("[reuse]", "enabled = true\n")
+             .set("[scheduler]", "chunk_size = 8\n")
+             .tail = shared_prefix;
+       }},
+      {"[layers] vswa cyclic",
+       [&](ScenarioText& t) {
+         t.set("[model]", "layers = 2\n")
+             .set("[layers]", "windows = [16, 0]\nallocation = \"vswa\"\nrule = \"cyclic\"\none_more_block = true\n")
+             .set("[scheduler]", "chunk_size = 8\n")
+             .tail = two_requests;
+       }},
+      {"[recurrent] with reuse",
+       [&](ScenarioText& t) {
+         // fault_snapshot_off_block_boundary's shape: chunks of 24 over pages of 16 cross boundaries.
+         t.set("[recurrent]", "layers = 2\nstate_size = 16\n")
+             .set("[cache]", "page_size = 16\n")
+             .set("[reuse]", "enabled = true\n")
+             .set("[scheduler]", "chunk_size = 24\n")
+             .tail = "[[prefix]]\nname = \"p\"\nlength = 64\n[[request]]\nprefixes = [\"p\"]\ngenerated = 20\n"
+                     "decode_tokens = 4\n[[request]]\narrival_step = 12\nprefixes = [\"p\"]\ngenerated = 30\n"
+                     "decode_tokens = 4\n";
+       }},
+      {"NaN-poisoned pools",
+       [&](ScenarioText& t) { t.set("[cache]", "poison_nan = true\n").tail = two_requests; }},
+      {"MLA attention and indexer",
+       [&](ScenarioText& t) {
+         t.set("[mla]", "enabled = true\nd_ckv = 64\nd_kpe = 16\nattention = true\n")
+             .set("[indexer]", "k_scatter = true\n")
+             .set("[cache]", "block_order = \"highest\"\nprimary_blocks = 16\n")
+             .set("[scheduler]", "chunk_size = 8\n")
+             .tail = two_requests;
+       }},
+      {"wide split-x heads",
+       [&](ScenarioText& t) {
+         t.set("[model]", "q_heads = 34\nkv_heads = 34\nhead_dim = 128\n").tail =
+             "[[request]]\ngenerated = 20\ndecode_tokens = 2\n[[request]]\ngenerated = 9\ndecode_tokens = 2\n";
+       }},
+  };
+  struct CacheKind {
+    const char* dtype;
+    const char* scales;
+  };
+  const CacheKind dtypes[] = {{"bf16", ""},
+                              {"fp16", ""},
+                              {"fp8_e4m3", "k_scale = 0.25\nv_scale = 0.125\n"},
+                              {"int8", "k_scale = 0.05\nv_scale = 0.025\n"},
+                              {"nvfp4", "k_global_scale = 0.01\nv_global_scale = 0.005\n"}};
+  const std::pair<const char*, const char*> layouts[] = {
+      {"nhd", "qkv_preprocess"}, {"hnd", "append_paged"}, {"split-x", "reshape_and_cache"}};
+
+  int replayed = 0, rejected = 0, with_fault = 0;
+  std::set<std::string> faults_replayed;
+  double seconds = 0;
+  const auto t0 = std::chrono::steady_clock::now();
+  for (const Structure& st : structures)
+    for (const CacheKind& kind : dtypes)
+      for (const auto& [layout, write_path] : layouts) {
+        ScenarioText base;
+        const bool float_cache = std::string(kind.dtype) == "bf16" || std::string(kind.dtype) == "fp16";
+        base.set("[model]", std::string("layers = 2\nq_heads = 4\nkv_heads = 2\nhead_dim = 32\ninput_dtype = \"") +
+                                (float_cache ? kind.dtype : "bf16") + "\"\n");
+        base.set("[cache]", std::string("dtype = \"") + kind.dtype + "\"\nlayout = \"" + layout +
+                                "\"\nwrite_path = \"" + write_path + "\"\npage_size = 4\n" + kind.scales);
+        st.apply(base);
+        if (base.sections["[cache]"].find("primary_blocks") == std::string::npos)
+          base.set("[cache]", "primary_blocks = 48\n");
+        // Each key once (TOML): a structure's line replaces the base's.
+        for (auto& [name, lines] : base.sections) {
+          std::map<std::string, std::string> keyed;
+          for (std::string_view rest = lines; !rest.empty();) {
+            const size_t nl = rest.find('\n');
+            const std::string line(rest.substr(0, nl));
+            keyed[line.substr(0, line.find(' '))] = line;
+            rest.remove_prefix(nl + 1);
+          }
+          lines.clear();
+          for (const auto& [key, line] : keyed) lines += line + "\n";
+        }
+        if (base.sections.count("[mla]")) {  // the latent row sets head_dim; MLA has its own write path and heads
+          base.sections["[model]"] = "layers = 2\n";
+          base.sections["[cache]"] = std::string("dtype = \"") + kind.dtype + "\"\npage_size = 4\n" + kind.scales +
+                                     "block_order = \"highest\"\nprimary_blocks = 16\n";
+          if (std::string(layout) != "nhd") continue;
+        }
+        std::vector<std::optional<FaultInfo>> variants{std::nullopt};
+        for (const FaultInfo& f : fault_table()) variants.push_back(f);
+        for (const std::optional<FaultInfo>& fault : variants) {
+          ScenarioText t = base;
+          if (fault)
+            t.set("[faults]", std::string(fault->name) + " = true\n")
+                .set("[expect]", "must_catch = [\"" + std::string(fault->name) + "\"]\n");
+          if (!validates(t.str())) {
+            ++rejected;
+            continue;
+          }
+          // must_pass: every invariant validation accepts for this scenario.
+          std::vector<std::string_view> must_pass;
+          for (const InvariantInfo& i : invariant_table()) {
+            ScenarioText one = t;
+            one.set("[expect]", "must_pass = [\"" + std::string(i.name) + "\"]\n");
+            if (validates(one.str())) must_pass.push_back(i.name);
+          }
+          t.set("[expect]", "must_pass = " + quoted_list(must_pass) + "\n");
+          const std::string text = t.str();
+          INFO(std::string(st.name) << ", " << std::string(kind.dtype) << " " << std::string(layout) << " " << std::string(write_path) << ", fault "
+                       << (fault ? std::string(fault->name) : "none") << ":\n" << text);
+          Scenario s;
+          try {
+            s = parse_scenario(text, "sweep.toml");
+          } catch (const ValidationError& e) {
+            FAIL_CHECK("each must_pass validated alone but not together: " << std::string(e.what()));
+            continue;
+          }
+          ScenarioReport r;
+          try {
+            r = replay(s, *cpu);
+          } catch (const std::exception& e) {
+            FAIL_CHECK("validated, then the replay threw: " << std::string(e.what()));
+            continue;
+          }
+          INFO(failure_details(r));
+          CHECK(r.ok);
+          ++replayed;
+          if (fault) {
+            ++with_fault;
+            faults_replayed.insert(std::string(fault->name));
+          }
+        }
+      }
+  seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  MESSAGE(replayed << " validated combinations replayed with every invariant (" << with_fault << " with a fault), "
+                   << rejected << " rejected by validation, " << seconds << " s");
+  CHECK(replayed >= 150);
+  CHECK(rejected > 0);
+  // Every fault is switched on somewhere the sweep reaches.
+  for (const FaultInfo& f : fault_table()) {
+    INFO("fault " << std::string(f.name) << " never validated in the sweep");
+    CHECK(faults_replayed.count(std::string(f.name)) == 1);
+  }
 }

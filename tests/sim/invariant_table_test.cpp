@@ -47,7 +47,9 @@ TEST_CASE("invariant table: one row per invariant, in enum order, names unique a
                    invariant_name);
   for (const InvariantInfo& i : invariant_table()) {
     CHECK(!i.checks.empty());
-    CHECK(static_cast<bool>(i.applies));
+    CHECK(static_cast<bool>(i.possible));
+    CHECK(static_cast<bool>(i.happened));
+    CHECK((i.needs.empty() == (i.possible == invariant_table()[0].possible)));  // a condition says what it needs
   }
   CHECK(invariant_table().size() == static_cast<size_t>(Invariant::state_restore) + 1);
   CHECK(invariant_names().size() == invariant_table().size());

@@ -6,10 +6,13 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <memory>
 #include <fstream>
 #include <set>
 #include <string>
 
+#include "backends/backend.hpp"
+#include "kvsim/sim/replay.hpp"
 #include "kvsim/sim/scenario_file.hpp"
 
 using namespace kvsim;
@@ -162,7 +165,7 @@ write_path = "reshape_and_cache"
 k_scale = 0.5
 v_scale = 0.25
 zero_v_tail = false
-poison_nan = true
+fresh_page_fill = 0.5
 
 [window]
 mode = "release"
@@ -207,7 +210,7 @@ evicted_blocks = 4
 offloaded_blocks = 0
 onboarded_blocks = 0
 preemptions = 3
-must_pass = ["conservation", "layout"]
+must_pass = ["conservation"]
 must_catch = ["stale_bad_page"]
 )";
   const Scenario s = parse_scenario(text, "dir/every_key.toml");
@@ -235,7 +238,9 @@ must_catch = ["stale_bad_page"]
   CHECK(s.cache.k_scale == 0.5f);
   CHECK(s.cache.v_scale == 0.25f);
   CHECK_FALSE(s.cache.zero_v_tail);
-  CHECK(s.cache.poison_nan);
+  CHECK(s.cache.fresh_page_fill == 0.5f);
+  // poison_nan goes with the write path that zeroes the V tail (qkv_preprocess).
+  CHECK(parse_scenario("[cache]\npoison_nan = true\n" + kOneRequest, "p.toml").cache.poison_nan);
   CHECK(s.window.mode == WindowMode::release);
   CHECK(s.window.window == 33);
   CHECK(s.scheduler.token_budget == 77);
@@ -261,7 +266,7 @@ must_catch = ["stale_bad_page"]
   CHECK(s.expect.offloaded_blocks == 0);
   CHECK(s.expect.onboarded_blocks == 0);
   CHECK(s.expect.preemptions == 3);
-  CHECK(s.expect.must_pass == std::vector<Invariant>{Invariant::conservation, Invariant::layout});
+  CHECK(s.expect.must_pass == std::vector<Invariant>{Invariant::conservation});
   CHECK(s.expect.must_catch == std::vector<Fault>{Fault::stale_bad_page});
   // [reuse] needs no window (checked elsewhere), so its keys are read here.
   const Scenario r = parse_scenario(
@@ -605,4 +610,79 @@ TEST_CASE("scenario file: model.preset fills the model's shape, and the file's o
     CHECK(std::string(e.what()).find("bad.toml:2:10: model.preset: expected one of llama-3.1-8b, llama-3.1-70b, "
                                      "qwen3-32b, mistral-7b, deepseek-v3") != std::string::npos);
   }
+}
+
+// Issue 13 item 8: each of these validated, then `kvsim run` refused it (exit
+// 2) or reported an expectation about an invariant it never checked as "n/a"
+// and failed (exit 1). Validation now rejects each by the rule the replay
+// would have hit, and the edge that is allowed replays.
+TEST_CASE("validate <=> run: what the replay would refuse or never check is rejected by validation") {
+  // head_dim: qkv_preprocess_write takes at most 512, attention at most 1024 (core's limits).
+  check_rejected("[model]\nhead_dim = 520\nq_heads = 2\n" + kOneRequest, "2:12: model.head_dim",
+                 "expected at most 512 with cache.write_path = qkv_preprocess");
+  check_rejected("[model]\nhead_dim = 1032\nq_heads = 2\n[cache]\nwrite_path = \"append_paged\"\n" + kOneRequest,
+                 "2:12: model.head_dim", "expected at most 1024 (decode and prefill attention");
+  const std::unique_ptr<Backend> cpu = make_backend("cpu", BackendOptions{.threads = 2});
+  for (const char* edge : {"head_dim = 512\n[cache]\nwrite_path = \"qkv_preprocess\"\n",
+                           "head_dim = 1024\n[cache]\nwrite_path = \"append_paged\"\n",
+                           "head_dim = 1024\n[cache]\nwrite_path = \"reshape_and_cache\"\n"}) {
+    INFO(edge);
+    const Scenario s = parse_scenario(std::string("[model]\nlayers = 1\nq_heads = 2\n") + edge +
+                                          "[[request]]\ngenerated = 3\ndecode_tokens = 1\n",
+                                      "edge.toml");
+    const ScenarioReport r = replay(s, *cpu);
+    CHECK(r.ok);
+  }
+  // MLA has no dense reference and no quantization comparison: their faults could only fail.
+  const std::string mla = "[mla]\nenabled = true\nd_ckv = 64\nd_kpe = 16\nattention = true\n[cache]\n";
+  check_rejected(mla + "[faults]\nstale_bad_page = true\n[expect]\nmust_catch = [\"stale_bad_page\"]\n" + kOneRequest,
+                 "8:18: faults.stale_bad_page", "dense is checked only with no MLA");
+  check_rejected(mla + "dtype = \"fp8_e4m3\"\nk_scale = 0.5\nv_scale = 0.25\n[faults]\nk_scale_for_v = true\n" +
+                     "[expect]\nmust_catch = [\"k_scale_for_v\"]\n" + kOneRequest,
+                 "11:17: faults.k_scale_for_v", "quantization is checked only with a quantized cache.dtype");
+  // append_mla quantizes an nvfp4 ckv in groups of 16, whatever head_dim sums to.
+  check_rejected("[mla]\nenabled = true\nd_ckv = 8\nd_kpe = 4\n[cache]\ndtype = \"nvfp4\"\n" + kOneRequest,
+                 "3:9: mla.d_ckv", "expected a multiple of 16 with an nvfp4 cache");
+  // must_pass of an invariant the scenario never checks.
+  check_rejected(mla + "[expect]\nmust_pass = [\"dense\"]\n" + kOneRequest, "8:13: expect.must_pass",
+                 "got dense: dense is checked only with no MLA");
+  check_rejected(mla + "dtype = \"fp8_e4m3\"\n[expect]\nmust_pass = [\"quantization\"]\n" + kOneRequest,
+                 "9:13: expect.must_pass", "got quantization: quantization is checked only with a quantized");
+  check_rejected("[expect]\nmust_pass = [\"window\"]\n" + kOneRequest, "2:13: expect.must_pass",
+                 "got window: window is checked only with a window");
+  check_rejected("[expect]\nmust_pass = [\"reuse\"]\n" + kOneRequest, "2:13: expect.must_pass",
+                 "got reuse: reuse is checked only with reuse.enabled = true");
+  check_rejected("[reuse]\nenabled = true\n[expect]\nmust_pass = [\"offload\"]\n" + kOneRequest,
+                 "4:13: expect.must_pass", "got offload: offload is checked only with reuse.offload = true");
+  check_rejected("[expect]\nmust_pass = [\"batch\"]\n" + kOneRequest, "2:13: expect.must_pass",
+                 "got batch: batch is checked only with at least two requests");
+  check_rejected("[expect]\nmust_pass = [\"no_nan\"]\n" + kOneRequest, "2:13: expect.must_pass",
+                 "got no_nan: no_nan is checked only with cache.poison_nan = true");
+  check_rejected("[expect]\nmust_pass = [\"state_restore\"]\n" + kOneRequest, "2:13: expect.must_pass",
+                 "got state_restore: state_restore is checked only with [recurrent] layers");
+  // With a fault on, only the invariants it targets are compared: another comparison is never judged.
+  check_rejected("[cache]\ndtype = \"int8\"\nk_scale = 0.5\nv_scale = 0.25\n[faults]\nk_scale_for_v = true\n"
+                 "[expect]\nmust_pass = [\"chunking\"]\n" + kOneRequest,
+                 "8:13: expect.must_pass", "got chunking: chunking is not judged while faults that target other "
+                 "invariants are on (k_scale_for_v");
+  // Any fault may make an op reject its input and end the run: what needs the run to get somewhere is not promised.
+  check_rejected("[cache]\ndtype = \"int8\"\nk_scale = 0.5\nv_scale = 0.25\n[faults]\nk_scale_for_v = true\n"
+                 "[expect]\nmust_pass = [\"dense\"]\n" + kOneRequest,
+                 "8:13: expect.must_pass", "got dense: dense is not promised while a fault is on (k_scale_for_v)");
+  // int8 has no NaN: its 0xFF bytes are -1, so a poisoned int8 pool shows no unzeroed tail.
+  check_rejected("[cache]\ndtype = \"int8\"\npoison_nan = true\n[faults]\nv_tail_not_zeroed = true\n" + kOneRequest,
+                 "5:21: faults.v_tail_not_zeroed", "int8's 0xFF is -1");
+  // NaN-poisoned pools without the V tail zeroed could only fail no_nan.
+  check_rejected("[cache]\npoison_nan = true\nwrite_path = \"append_paged\"\n" + kOneRequest, "2:14: cache.poison_nan",
+                 "expected write_path = qkv_preprocess with zero_v_tail = true");
+  check_rejected("[cache]\npoison_nan = true\nzero_v_tail = false\n" + kOneRequest, "2:14: cache.poison_nan",
+                 "switch on faults.v_tail_not_zeroed");
+  // What stays allowed: a must_pass the replay checks, next to a fault of another invariant.
+  const Scenario ok = parse_scenario("[cache]\ndtype = \"int8\"\nk_scale = 0.5\nv_scale = 0.25\n[faults]\n"
+                                     "k_scale_for_v = true\n[expect]\nmust_catch = [\"k_scale_for_v\"]\n"
+                                     "must_pass = [\"conservation\"]\n[[request]]\ngenerated = 20\n"
+                                     "decode_tokens = 2\n",
+                                     "ok.toml");
+  const ScenarioReport r = replay(ok, *cpu);
+  CHECK(r.ok);
 }

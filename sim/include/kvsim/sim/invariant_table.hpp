@@ -58,9 +58,14 @@ struct InvariantInfo {
   // Checked by re-running the scenario with one setting changed (replay.cpp);
   // the others are checked during the scenario's own run.
   bool comparison;
-  // Whether the scenario (and its own run) gives the invariant something to
-  // check; one that does not is reported n/a.
-  bool (*applies)(const Scenario& s, const RunRecord& main);
+  // Whether the scenario's settings give the invariant something to check,
+  // and what that takes in words: validation rejects a must_pass, or a fault,
+  // about an invariant the scenario never checks (never_checked below).
+  bool (*possible)(const Scenario& s);
+  std::string_view needs;
+  // Whether the scenario's own run gave it something (an offload, a restored
+  // state, a row the write oracle models): only the run can tell.
+  bool (*happened)(const RunRecord& main);
 };
 
 struct FaultInfo {
@@ -84,6 +89,15 @@ std::optional<Fault> parse_fault(std::string_view s);
 Invariant invariant_for(Fault f);
 std::vector<std::string_view> invariant_names();
 std::vector<std::string_view> fault_names();
+
+// Whether the replay of `s` checks invariant `i` (reported n/a otherwise):
+// the scenario makes it possible and its run gave it something.
+bool invariant_applies(const Scenario& s, Invariant i, const RunRecord& main);
+// Why the replay of `s` never checks invariant `i`, known from the scenario
+// alone: its settings give it nothing (InvariantInfo::needs), or faults are
+// switched on and none targets it (only the invariants a fault targets are
+// compared). nullopt: it is checked when the run gives it something.
+std::optional<std::string> never_checked(const Scenario& s, Invariant i);
 
 // The table as `kvsim run --list-invariants` prints it (docs/invariants.md).
 std::string describe_invariant_table();
