@@ -84,7 +84,8 @@ std::unique_ptr<DifferentialBackend> make_diff_backend(const BackendPair& pair, 
     try {
       sides[i] = make_backend(*names[i], options);
     } catch (const BackendUnavailable& e) {
-      throw ValidationError(ErrorCode::bad_argument, "kvsim diff needs the " + *names[i] + " backend: " + e.what());
+      // docs/errors.md: a backend this build or machine cannot run is backend_unavailable, as for --backend.
+      throw BackendUnavailable("kvsim diff needs the " + *names[i] + " backend: " + e.what());
     }
   }
   return std::make_unique<DifferentialBackend>(std::move(sides[0]), std::move(sides[1]));

@@ -211,9 +211,17 @@ void register_explain(CLI::App& app) {
   const std::string table_group = "Page table (one of)";
   // Lists are kept as text and parsed by numbers.hpp in explain(); "--flag="
   // reaches it as "" (an error naming the flag) instead of eating the next flag.
+  // An empty list is named as it is read, before CLI11 checks the required
+  // flags: `explain --block-table` names --block-table, not a missing --token.
   const auto list_option = [&](const std::string& name, std::optional<std::string>& target, const std::string& help) {
     return cmd
-        ->add_option_function<std::string>(name, [&target](const std::string& text) { target = text; }, help)
+        ->add_option_function<std::string>(
+            name,
+            [&target, name](const std::string& text) {
+              if (text.empty()) split_list(name, text);  // throws bad_argument naming the flag
+              target = text;
+            },
+            help)
         ->expected(0, 1)
         ->group(table_group);
   };

@@ -214,6 +214,14 @@ void register_run(CLI::App& app) {
   cmd->callback([opts, cmd] {
     if (cmd->count("--invariants") && opts->invariants.empty())
       fail(ErrorCode::bad_argument, "--invariants = '': empty value: expected none or a comma-separated list of invariants");
+    if (opts->list_invariants) {  // the table only: anything else given would be silently ignored
+      std::string extra = opts->files.empty() ? "" : "'" + printable(opts->files.front()) + "'";
+      for (const CLI::Option* o : cmd->get_options())
+        if (o->count() > 0 && !o->get_lnames().empty() && o->get_lnames().front() != "list-invariants" && extra.empty())
+          extra = "--" + o->get_lnames().front();
+      if (!extra.empty())
+        fail(ErrorCode::bad_argument, "--list-invariants prints the table and takes no scenario files or other flags, got " + extra);
+    }
     if (cmd->count("--dump") && opts->dump_dir.empty())
       fail(ErrorCode::bad_argument, "--dump = '': empty value: expected a folder to write the .npy files into");
     run(*opts);

@@ -26,7 +26,6 @@ void reject_unknown_subcommand(CLI::App& app, int argc, char** argv) {
   std::string path = "kvsim";
   for (int i = 1; i < argc; ++i) {
     const std::string word = argv[i];
-    if (word.empty() || word[0] == '-') return;
     const std::vector<CLI::App*> subs = level->get_subcommands([](CLI::App*) { return true; });
     if (subs.empty()) return;
     CLI::App* next = nullptr;
@@ -35,10 +34,42 @@ void reject_unknown_subcommand(CLI::App& app, int argc, char** argv) {
       if (sub->check_name(word)) next = sub;
       names += (names.empty() ? "" : ", ") + sub->get_name();
     }
+    // A flag where a subcommand belongs: name the flag, not the missing
+    // subcommand ("kvsim -x" is an unknown flag of kvsim, bad_usage).
+    if (!word.empty() && word[0] == '-') {
+      if (word != "--" && level->get_option_no_throw(word.substr(0, word.find('='))) == nullptr)
+        throw CLI::ExtrasError("The following argument was not expected: " + word + " (" + path +
+                                   " takes a subcommand first: one of " + names + ")",
+                               static_cast<int>(CLI::ExitCodes::ExtrasError));
+      return;
+    }
+    if (word.empty()) return;
     if (!next)
       throw kvsim::cli::UnknownSubcommand{"'" + word + "' is not a subcommand of " + path + " (one of: " + names + ")"};
     level = next;
     path += " " + word;
+  }
+}
+
+// "--flag=" with nothing after '=': CLI11 would take the next argument as
+// the value (`codec nvfp4 --global-scale= 1 2 ...` read "1" as the scale, and
+// "--" as one), so an empty value of a flag that needs one is named here.
+// Flags that may go without a value (explain's lists) keep their own message.
+void reject_empty_values(CLI::App& app, int argc, char** argv) {
+  CLI::App* level = &app;
+  for (int i = 1; i < argc; ++i) {
+    const std::string word = argv[i];
+    if (word == "--") return;
+    if (word.size() > 3 && word.starts_with("--") && word.back() == '=') {
+      const std::string name = word.substr(0, word.size() - 1);
+      const CLI::Option* opt = level->get_option_no_throw(name);
+      if (opt != nullptr && opt->get_expected_min() >= 1)
+        throw kvsim::ValidationError(kvsim::ErrorCode::bad_argument,
+                                     name + " = '': empty value: expected a value after '='");
+      continue;
+    }
+    for (CLI::App* sub : level->get_subcommands([](CLI::App*) { return true; }))
+      if (sub->check_name(word)) level = sub;
   }
 }
 
@@ -71,6 +102,7 @@ int main(int argc, char** argv) {
   int status = kExitOk;
   try {
     reject_unknown_subcommand(app, argc, argv);
+    reject_empty_values(app, argc, argv);
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     // --help / --version are "errors" with exit code 0 that print to stdout.

@@ -1,6 +1,7 @@
 // Trace flags: see trace_options.hpp.
 #include "trace_options.hpp"
 
+#include <cstdint>
 #include <fstream>
 #include <sstream>
 
@@ -76,14 +77,22 @@ void add_trace_scenario_options(CLI::App& cmd, TraceScenarioOptions& o) {
                  "deepseek-v3)")
       ->check([](const std::string& v) { return v.empty() ? std::string("empty value: expected a preset name") : std::string(); });
   cmd.add_option("--model-toml", o.model_toml_path, "A TOML file holding one [model] table for the scenario");
-  cmd.add_option("--kv-dtype", o.import.dtype, "Cache dtype of the scenario (fp32, fp16, bf16, fp8_e4m3, fp8_e5m2, int8, nvfp4)");
+  cmd.add_option("--kv-dtype", o.import.dtype, "Cache dtype of the scenario (fp32, fp16, bf16, fp8_e4m3, fp8_e5m2, int8, nvfp4)")
+      ->check([](const std::string& v) { return v.empty() ? std::string("empty value: expected a cache dtype") : std::string(); });
   add_int_option(cmd, "--secondary-blocks", o.import.secondary_blocks,
                  "A secondary (offload) tier of this many blocks, reuse.offload on; 0 = none", 0, int64_t{1} << 31);
   cmd.add_flag("--poison-nan", o.import.poison_nan,
-               "Fresh pages hold NaN and V tails are zeroed (cache.poison_nan, zero_v_tail: the no_nan invariant)");
-  cmd.add_option("--layer-windows", o.import.layer_windows,
-                 "Per-layer sliding windows, comma-separated (0 = full attention): [layers] windows, vLLM's hybrid manager")
-      ->delimiter(',');
+               "Fresh pages hold NaN and V tails are zeroed (cache.poison_nan, zero_v_tail: the no_nan invariant)")
+      ->disable_flag_override();  // a switch: "--poison-nan=2" is an error, not true
+  // Through the strict list grammar (numbers.hpp): "3,,4" is an error, not [3, 4].
+  cmd.add_option_function<std::string>(
+      "--layer-windows",
+      [&o](const std::string& text) {
+        o.import.layer_windows.clear();
+        for (int64_t w : parse_int_list("--layer-windows", text, 0, INT32_MAX))
+          o.import.layer_windows.push_back(static_cast<int32_t>(w));
+      },
+      "Per-layer sliding windows, comma-separated (0 = full attention): [layers] windows, vLLM's hybrid manager");
 }
 
 workload::Trace load_trace_file(const TraceFileOptions& o) {

@@ -1,6 +1,8 @@
 // .npy files and their manifest: see npy_dump.hpp.
 #include "kvsim/sim/npy_dump.hpp"
 
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 
@@ -9,6 +11,11 @@
 #include <kvsim/validation/errors.hpp>
 
 namespace kvsim::sim {
+
+namespace {
+// Why a file operation failed, as the system says it (": Permission denied").
+std::string reason() { return errno != 0 ? ": " + std::string(std::strerror(errno)) : std::string(); }
+}  // namespace
 
 NpyDump::NpyDump(std::string dir) : dir_(std::move(dir)) {
   std::error_code ec;
@@ -37,8 +44,9 @@ std::unique_ptr<std::ofstream> NpyDump::begin(const std::string& file, const std
   const size_t total = ((10 + header.size() + 1 + 63) / 64) * 64;
   header.append(total - 10 - header.size() - 1, ' ');
   header += '\n';
+  errno = 0;
   auto out = std::make_unique<std::ofstream>(dir_ + "/" + file, std::ios::binary);
-  if (!*out) fail(ErrorCode::bad_argument, "--dump: cannot write " + dir_ + "/" + file);
+  if (!*out) fail(ErrorCode::bad_argument, "--dump: cannot write " + dir_ + "/" + file + reason());
   const char magic[8] = {'\x93', 'N', 'U', 'M', 'P', 'Y', 1, 0};
   out->write(magic, 8);
   const uint16_t len = static_cast<uint16_t>(header.size());
@@ -52,8 +60,9 @@ std::unique_ptr<std::ofstream> NpyDump::begin(const std::string& file, const std
 }
 
 void NpyDump::append(std::ofstream& out, const void* data, size_t bytes, const std::string& file) {
+  errno = 0;
   out.write(static_cast<const char*>(data), static_cast<std::streamsize>(bytes));
-  if (!out) fail(ErrorCode::bad_argument, "--dump: cannot write " + file);
+  if (!out) fail(ErrorCode::bad_argument, "--dump: cannot write " + file + reason());
 }
 
 void NpyDump::write(const std::string& file, const void* data, size_t bytes, const std::string& descr,
@@ -66,8 +75,11 @@ void NpyDump::write(const std::string& file, const void* data, size_t bytes, con
 void NpyDump::write_manifest() const {
   nlohmann::json files = nlohmann::json::array();
   for (const std::string& e : entries_) files.push_back(nlohmann::json::parse(e));
+  errno = 0;
   std::ofstream out(dir_ + "/manifest.json");
   out << nlohmann::json{{"files", files}}.dump(1) << '\n';
+  out.flush();
+  if (!out) fail(ErrorCode::bad_argument, "--dump: cannot write " + dir_ + "/manifest.json" + reason());
 }
 
 }  // namespace kvsim::sim

@@ -4,6 +4,7 @@
 // output contract (nothing on stdout when a command fails, write errors and
 // unknown subcommands named, CLI11's errors in kvsim's form).
 #include <doctest/doctest.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -157,4 +158,208 @@ TEST_CASE("output contract: nothing on stdout on failure, write errors, unknown 
   check_rejected(kvsim({"layout", "--no-such-flag"}), "bad_usage");
   check_rejected(kvsim({"explain", "--block-table", "1"}), "bad_usage", "--token");
   check_rejected(kvsim({"layout", "--dtype", "fp64"}), "bad_usage");
+}
+
+// Issue 13 item 11: messages a new user tripped over, each through the binary.
+namespace {
+
+std::string temp_path(const std::string& name) { return "/tmp/kvsim_messages_test_" + name; }
+
+void write(const std::string& path, const std::string& text) { std::ofstream(path, std::ios::binary) << text; }
+
+// Runs kvsim without root's privileges (as nobody) where the test runs as
+// root, so file permissions hold; "" when that is not possible here.
+std::string unprivileged_prefix() {
+  if (geteuid() != 0) return " ";
+  if (std::system("command -v setpriv >/dev/null 2>&1") != 0) return "";
+  return "setpriv --reuid=65534 --regid=65534 --clear-groups ";
+}
+
+Result kvsim_unprivileged(const std::string& prefix, const std::vector<std::string>& args) {
+  std::string cmd = prefix + quote(KVSIM_BINARY);
+  for (const std::string& a : args) cmd += " " + quote(a);
+  const std::string err = temp_path("unprivileged.err");
+  cmd += " 2>" + quote(err) + " </dev/null";
+  Result r;
+  FILE* p = popen(cmd.c_str(), "r");
+  REQUIRE(p != nullptr);
+  std::array<char, 4096> buf{};
+  size_t n = 0;
+  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
+  const int st = pclose(p);
+  r.status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  r.err = slurp(err);
+  std::remove(err.c_str());
+  return r;
+}
+
+const std::string kScenario = std::string(KVSIM_SOURCE_DIR) + "/scenarios/quant_int8.toml";
+
+}  // namespace
+
+TEST_CASE("messages: a symlink loop, an unreadable file and an unwritable --dump folder say why") {
+  const std::string a = temp_path("loop_a.toml"), b = temp_path("loop_b.toml");
+  std::remove(a.c_str());
+  std::remove(b.c_str());
+  REQUIRE(symlink(b.c_str(), a.c_str()) == 0);
+  REQUIRE(symlink(a.c_str(), b.c_str()) == 0);
+  for (const char* cmd : {"validate", "run"}) {
+    const Result loop = kvsim({cmd, a});
+    check_rejected(loop, "bad_scenario", "Too many levels of symbolic links");
+    CHECK_FALSE(has(loop.err, "no such file"));
+  }
+  std::remove(a.c_str());
+  std::remove(b.c_str());
+  check_rejected(kvsim({"validate", temp_path("missing.toml")}), "bad_scenario", "got no such file");
+
+  const std::string prefix = unprivileged_prefix();
+  if (prefix.empty()) {
+    MESSAGE("running as root without setpriv: permissions cannot be tested here");
+    return;
+  }
+  const std::string locked = temp_path("locked.toml");
+  write(locked, "[[request]]\ngenerated = 3\n");
+  chmod(locked.c_str(), 0);
+  check_rejected(kvsim_unprivileged(prefix, {"validate", locked}), "bad_scenario", "got Permission denied");
+  std::remove(locked.c_str());
+
+  const std::string folder = temp_path("read_only_dir");
+  std::system(("rm -rf " + quote(folder)).c_str());
+  REQUIRE(mkdir(folder.c_str(), 0555) == 0);
+  chmod(folder.c_str(), 0555);
+  const Result inside = kvsim_unprivileged(prefix, {"run", kScenario, "--dump", folder + "/x"});
+  check_rejected(inside, "bad_argument", "cannot create the folder: Permission denied");
+  const Result into = kvsim_unprivileged(prefix, {"run", kScenario, "--dump", folder});
+  check_rejected(into, "bad_argument", ": Permission denied");
+  CHECK(has(into.err, "--dump: cannot write " + folder + "/"));
+  rmdir(folder.c_str());
+}
+
+TEST_CASE("messages: a float that rounds to 0, a pool size, a 10 MB key: what was given, readably") {
+  const std::string tiny = temp_path("tiny_scale.toml");
+  write(tiny, "[cache]\ndtype = \"fp8_e4m3\"\nk_scale = 1e-308\n[[request]]\ngenerated = 3\n");
+  const Result scale = kvsim({"validate", tiny});
+  check_rejected(scale, "bad_scenario", "cache.k_scale: expected a number in float range");
+  CHECK(has(scale.err, "got a float (1e-308)"));
+  CHECK_FALSE(has(scale.err, "got 0"));
+  std::remove(tiny.c_str());
+
+  // Sizes are counts, not "1638400000000.000000": exact below 2^64, else 4 digits.
+  const Result exact = kvsim({"layout", "--layers", "64", "--kv-heads", "64", "--head-dim", "4096", "--blocks", "2000000000"});
+  check_rejected(exact, "bad_geometry", "pool of 1073741824000000000 elements (16 bits each) overflows");
+  const Result huge = kvsim({"layout", "--layers", "1024", "--kv-heads", "1024", "--head-dim", "4096", "--blocks", "2000000000"});
+  check_rejected(huge, "bad_geometry", "pool of 2.7488e+20 elements");
+  for (const Result* r : {&exact, &huge}) CHECK_FALSE(has(r->err, ".000000"));
+
+  const std::string big = temp_path("big_key.toml");
+  write(big, "[model]\n" + std::string(10'000'000, 'k') + " = 1\n[[request]]\ngenerated = 3\n");
+  const Result key = kvsim({"validate", big});
+  check_rejected(key, "bad_scenario", " characters): unknown key");
+  CHECK(key.err.size() < 1000);
+  write(big, "[cache]\ndtype = \"" + std::string(10'000'000, 'v') + "\"\n[[request]]\ngenerated = 3\n");
+  const Result value = kvsim({"validate", big});
+  check_rejected(value, "bad_scenario", "cache.dtype: expected one of");
+  CHECK(value.err.size() < 1000);
+  std::remove(big.c_str());
+}
+
+TEST_CASE("messages: diff without a GPU, a flag without its value, a flag where a subcommand belongs") {
+  const Result diff = kvsim({"diff", kScenario});
+  if (!KVSIM_HAVE_CUDA || diff.status == 2) check_rejected(diff, "backend_unavailable", "kvsim diff needs the CUDA backend");
+
+  // explain --block-table without a value names it, not the missing --token.
+  const Result table = kvsim({"explain", "--block-table"});
+  check_rejected(table, "bad_argument", "--block-table = '': empty value");
+  CHECK_FALSE(has(table.err, "--token is required"));
+  check_rejected(kvsim({"explain", "--block-table", "1"}), "bad_usage", "--token is required");
+
+  // "--flag=" never takes the next argument as its value.
+  std::vector<std::string> block{"codec", "nvfp4", "--global-scale=", "--", "-inf"};
+  for (int i = 1; i < 16; ++i) block.push_back(std::to_string(i));
+  check_rejected(kvsim(block), "bad_argument", "--global-scale = '': empty value");
+  block.erase(block.begin() + 3);  // without "--": "1" is not taken as the scale
+  block[3] = "16";
+  check_rejected(kvsim(block), "bad_argument", "--global-scale = '': empty value");
+  check_rejected(kvsim({"run", "--dump=", kScenario}), "bad_argument", "--dump = '': empty value");
+
+  const Result x = kvsim({"-x"});
+  check_rejected(x, "bad_usage", "The following argument was not expected: -x");
+  CHECK(has(x.err, "one of layout, explain"));
+  CHECK_FALSE(has(x.err, "A subcommand is required"));
+  check_rejected(kvsim({"codec", "--nope", "1"}), "bad_usage", "--nope (kvsim codec takes a subcommand first");
+  CHECK(kvsim({"--version"}).status == 0);
+  CHECK(kvsim({"codec", "--help"}).status == 0);
+}
+
+TEST_CASE("messages: under a cyclic window, run --details says what the chunking comparison prefilled") {
+  const std::string path = temp_path("cyclic.toml");
+  // A ring of 35 tokens after 5 sinks wraps at token 40; without one_more_block a
+  // wrapped ring takes chunks of 1 token (the scenario itself prefills one at a time).
+  write(path, "[cache]\npage_size = 16\nprimary_blocks = 24\n[window]\nmode = \"cyclic\"\nwindow = 40\nsinks = 5\n"
+              "[scheduler]\nchunk_size = 1\n[[request]]\ngenerated = 50\ndecode_tokens = 4\n");
+  const Result r = kvsim({"run", path, "--details"});
+  INFO(r.out << r.err);
+  CHECK(r.status == 0);
+  CHECK(has(r.out, "chunking pass: "));
+  CHECK(has(r.out, " outputs bit-equal to one-chunk prefill until the cyclic ring wraps at token 40, then chunks of "
+                   "1 token"));
+  std::remove(path.c_str());
+}
+
+TEST_CASE("hostile input to the newer flags and tables: exit 2, the flag or key named, nothing on stdout") {
+  check_rejected(kvsim({"run", "--list-invariants", "extra.toml"}), "bad_argument", "got 'extra.toml'");
+  check_rejected(kvsim({"run", "--list-invariants", "--json"}), "bad_argument", "got --json");
+  const std::string trace = std::string(KVSIM_SOURCE_DIR) + "/traces/mooncake_synthetic_trace.jsonl";
+  const std::vector<std::pair<std::vector<std::string>, std::string>> bad_flags = {
+      {{"--kv-dtype", "fp64"}, "--kv-dtype"},          {{"--kv-dtype", ""}, "--kv-dtype"},
+      {{"--kv-dtype="}, "--kv-dtype"},                 {{"--secondary-blocks", "-1"}, "--secondary-blocks"},
+      {{"--secondary-blocks", "x"}, "--secondary-blocks"}, {{"--secondary-blocks="}, "--secondary-blocks"},
+      {{"--poison-nan=2"}, "poison-nan"},              {{"--poison-nan=maybe"}, "poison-nan"},
+      {{"--layer-windows", "a,b"}, "--layer-windows"}, {{"--layer-windows", "-5"}, "--layer-windows"},
+      {{"--layer-windows", "3,,4"}, "--layer-windows"}, {{"--layer-windows="}, "--layer-windows"},
+      {{"--layer-windows", "99999999999"}, "--layer-windows"},
+  };
+  for (const auto& [flag, name] : bad_flags)
+    for (const std::vector<std::string>& head :
+         {std::vector<std::string>{"trace", "import", trace}, std::vector<std::string>{"run", "--trace", trace}}) {
+      std::vector<std::string> args = head;
+      for (const char* a : {"--requests", "56:62", "--scale", "1/32"}) args.push_back(a);
+      args.insert(args.end(), flag.begin(), flag.end());
+      const Result r = kvsim(args);
+      INFO(head[0] << " " << flag[0] << " (" << flag.size() << " words): " << r.err);
+      CHECK(r.status == 2);
+      CHECK(r.out.empty());
+      CHECK(has(r.err, "kvsim: error: "));
+      CHECK(has(r.err, name));
+    }
+  const std::string path = temp_path("hostile.toml");
+  const std::vector<std::pair<std::string, std::string>> bad_tables = {
+      {"[attention]\norder = \"tensor\"\n", "attention.order"},
+      {"[attention]\norder = 3\n", "attention.order"},
+      {"[attention]\norder = \"\"\n", "attention.order"},
+      {"[attention]\norder = [\"mma\"]\n", "attention.order"},
+      {"[attention]\norder = \"mma\"\n[cache]\ndtype = \"nvfp4\"\n", "attention.order"},
+      {"[attention]\nordr = \"mma\"\n", "attention.ordr"},
+      {"attention = \"mma\"\n", "attention"},
+      {"[recurrent]\nlayers = -1\n", "recurrent.layers"},
+      {"[recurrent]\nlayers = 2000\n", "recurrent.layers"},
+      {"[recurrent]\nlayers = 1.5\n", "recurrent.layers"},
+      {"[recurrent]\nlayers = \"2\"\n", "recurrent.layers"},
+      {"[recurrent]\nlayers = 2\nstate_size = 0\n", "recurrent.state_size"},
+      {"[recurrent]\nlayers = 2\nstate_size = 100000\n", "recurrent.state_size"},
+      {"[recurrent]\nlayers = 2\nsnapshots = \"some\"\n", "recurrent.snapshots"},
+      {"[recurrent]\nlayers = 2\nsnapshots = 1\n", "recurrent.snapshots"},
+      {"[recurrent]\nlayers = 2\nstates = 3\n", "recurrent.states"},
+      {"recurrent = 3\n", "recurrent"},
+      {"[[recurrent]]\nlayers = 2\n", "recurrent"},
+      {"[recurrent]\nlayers = 2\n[window]\nmode = \"cyclic\"\nwindow = 8\n", "recurrent.layers"},
+      {"[recurrent]\nlayers = 2\n[reuse]\nenabled = true\npartial = true\n", "reuse.partial"},
+  };
+  for (const auto& [table, key] : bad_tables)
+    for (const char* cmd : {"validate", "run"}) {
+      write(path, table + "[[request]]\ngenerated = 5\n");
+      INFO(cmd << ":\n" << table);
+      check_rejected(kvsim({cmd, path}), "bad_scenario", ": " + key + ": ");
+    }
+  std::remove(path.c_str());
 }

@@ -4,6 +4,7 @@
 // named error.
 #pragma once
 
+#include <cstdio>
 #include <string>
 
 #include "errors.hpp"
@@ -53,9 +54,18 @@ inline void validate_geometry(const PoolGeometry& g) {
   const long double total = static_cast<long double>(g.layers) * g.kv_factor * g.kv_heads * g.tokens_per_block *
                             g.head_dim * static_cast<long double>(g.primary_blocks > g.secondary_blocks ? g.primary_blocks
                                                                                                         : g.secondary_blocks);
-  if (total * bits_per_element(g.dtype) > 9.0e18L)
-    bad(ErrorCode::bad_geometry, "pool of " + std::to_string(static_cast<double>(total)) +
-                                     " elements overflows 64-bit bit offsets");
+  if (total * bits_per_element(g.dtype) > 9.0e18L) {
+    // A count, never "1638400000000.000000": exact below 2^64 (each partial
+    // product is an integer the 64-bit mantissa holds), else 4 digits.
+    char count[32];
+    if (total < 18446744073709551616.0L)
+      std::snprintf(count, sizeof count, "%llu", static_cast<unsigned long long>(total));
+    else
+      std::snprintf(count, sizeof count, "%.4Le", total);
+    bad(ErrorCode::bad_geometry, "pool of " + std::string(count) + " elements (" +
+                                     std::to_string(bits_per_element(g.dtype)) +
+                                     " bits each) overflows 64-bit bit offsets");
+  }
 }
 
 // Caller strides must keep every element inside `pool_elements` and map
