@@ -37,12 +37,14 @@ std::string slurp(const std::string& path) {
 
 // Runs `kvsim ARGS` through bash with stdin from `input`; `redirect` replaces
 // the stdout capture (e.g. "> /dev/full").
-Result kvsim(const std::vector<std::string>& args, const std::string& input = "", const std::string& redirect = "") {
+// `prefix` goes before the binary (e.g. setpriv to run it without root).
+Result kvsim(const std::vector<std::string>& args, const std::string& input = "", const std::string& redirect = "",
+             const std::string& prefix = "") {
   char err_name[] = "/tmp/kvsim_hard_err_XXXXXX", in_name[] = "/tmp/kvsim_hard_in_XXXXXX";
   close(mkstemp(err_name));
   close(mkstemp(in_name));
   std::ofstream(in_name, std::ios::binary) << input;
-  std::string cmd = quote(KVSIM_BINARY);
+  std::string cmd = prefix + quote(KVSIM_BINARY);
   for (const std::string& a : args) cmd += " " + quote(a);
   cmd += " <" + quote(in_name) + " 2>" + quote(err_name) + (redirect.empty() ? "" : " " + redirect);
   Result r;
@@ -176,21 +178,7 @@ std::string unprivileged_prefix() {
 }
 
 Result kvsim_unprivileged(const std::string& prefix, const std::vector<std::string>& args) {
-  std::string cmd = prefix + quote(KVSIM_BINARY);
-  for (const std::string& a : args) cmd += " " + quote(a);
-  const std::string err = temp_path("unprivileged.err");
-  cmd += " 2>" + quote(err) + " </dev/null";
-  Result r;
-  FILE* p = popen(cmd.c_str(), "r");
-  REQUIRE(p != nullptr);
-  std::array<char, 4096> buf{};
-  size_t n = 0;
-  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
-  const int st = pclose(p);
-  r.status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-  r.err = slurp(err);
-  std::remove(err.c_str());
-  return r;
+  return kvsim(args, "", "", prefix);
 }
 
 const std::string kScenario = std::string(KVSIM_SOURCE_DIR) + "/scenarios/quant_int8.toml";

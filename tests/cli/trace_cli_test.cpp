@@ -140,7 +140,7 @@ TEST_CASE("two cache set-ups of one Mooncake window between them check every inv
   CHECK(r.out.rfind("kvsim: error: bad_argument: --kv-dtype = 'fp9': expected fp32,", 0) == 0);
   r = run("trace import " + kTrace + " --requests 0:2 --layer-windows 256,-1 2>&1");
   CHECK(r.code == 2);
-  CHECK(r.out.find("--layer-windows: expected windows >= 0") != std::string::npos);
+  CHECK(r.out.find("--layer-windows entry 1 = '-1': out of range: must be in [0, 2147483647]") != std::string::npos);
 }
 
 TEST_CASE("trace schedule (metadata only) reports the counters kvsim run reports for the same window") {
