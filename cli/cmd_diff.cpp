@@ -27,9 +27,11 @@
 #include "backends/op_generator.hpp"
 #include "commands.hpp"
 #include "kvsim/report/report.hpp"
+#include "kvsim/sim/estimate.hpp"
 #include "kvsim/sim/replay.hpp"
 #include "kvsim/sim/scenario_file.hpp"
 #include "numbers.hpp"
+#include "progress_line.hpp"
 
 namespace kvsim::cli {
 namespace {
@@ -143,7 +145,9 @@ void run(const DiffOptions& o) {
   std::optional<report::ReportFolder> folder;
   if (o.report_dir) folder.emplace(*o.report_dir);
   std::vector<DiffRun> runs;
+  ProgressLine progress;
   for (const sim::Scenario& s : scenarios) {
+    progress.start(s.name, 1, sim::estimate_replay(s, std::nullopt, /*comparisons=*/false).token_layers);
     report::ReplayRecorder recorder;
     sim::ScenarioReport replayed;
     report::FirstDifferenceOp first_op;
@@ -151,6 +155,7 @@ void run(const DiffOptions& o) {
       sim::ReplayOptions ro;
       ro.comparison_invariants = false;  // diff compares backends, not settings
       if (folder) ro.observer = &recorder;
+      if (progress.on()) ro.progress = [&](const sim::RunProgress& p) { progress.update(p); };
       ro.before_op = [&](const sim::OpContext& c) {
         first_op.before_op(c, diff);
         diff.set_context("scenario " + s.name + ", step " + std::to_string(c.step) + ", layer " +
@@ -169,6 +174,7 @@ void run(const DiffOptions& o) {
       folder->add(s, replayed, recorder,
                   r.difference ? "DIFFERENT" : (r.failure.empty() ? "identical" : "FAILED: " + r.failure), paths);
     }
+    progress.clear();
     if (!o.json)
       std::printf("%-44s %8lld ops %14lld bytes  %s\n", s.name.c_str(),
                   static_cast<long long>(runs.back().counters.ops),

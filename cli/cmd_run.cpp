@@ -4,9 +4,8 @@
 // Exit 0 when every invariant held (or caught its fault) and every
 // expectation was met, 1 otherwise, 2 for bad input (a malformed file, a bad
 // flag). docs/run.md documents the table and the --json object.
-#include <unistd.h>
-
 #include <cstdio>
+#include <filesystem>
 #include <iostream>
 #include <memory>
 #include <optional>
@@ -23,6 +22,7 @@
 #include "kvsim/sim/replay.hpp"
 #include "kvsim/sim/scenario_file.hpp"
 #include "numbers.hpp"
+#include "progress_line.hpp"
 #include "trace_options.hpp"
 
 namespace kvsim::cli {
@@ -35,6 +35,7 @@ struct RunOptions {
   bool json = false;
   bool details = false;
   std::string dump_dir;
+  bool force = false;  // --force: --dump may write into a folder that holds files
   TraceFileOptions trace;  // --trace FILE: a window of a request trace as one more scenario
   TraceScenarioOptions trace_scenario;
   std::string invariants;  // --invariants LIST|none; "" = every invariant
@@ -60,6 +61,56 @@ std::string invariants_cell(const sim::ScenarioReport& r) {
   return s;
 }
 
+// --json's "failures" of one scenario: every failed invariant with its
+// message, every missed expectation with what was expected and what came.
+nlohmann::json failures_json(const sim::ScenarioReport& r) {
+  nlohmann::json out = nlohmann::json::array();
+  for (const sim::InvariantReport& i : r.invariants)
+    if (i.status == sim::InvariantStatus::fail)
+      out.push_back({{"kind", "invariant"}, {"invariant", std::string(sim::invariant_name(i.invariant))},
+                     {"message", i.detail}});
+  auto value = [](const std::variant<int64_t, std::string>& v) {
+    return std::holds_alternative<int64_t>(v) ? nlohmann::json(std::get<int64_t>(v)) : nlohmann::json(std::get<std::string>(v));
+  };
+  for (size_t k = 0; k < r.expectation_details.size(); ++k) {
+    const sim::ExpectationFailure& f = r.expectation_details[k];
+    nlohmann::json j{{"kind", f.expectation == "max_steps" ? "max_steps" : "expectation"},
+                     {"expectation", f.expectation},
+                     {"expected", value(f.expected)},
+                     {"got", value(f.got)},
+                     {"message", r.expectation_failures[k]}};
+    if (!f.subject.empty()) j["subject"] = f.subject;
+    out.push_back(j);
+  }
+  return out;
+}
+
+// --dump DIR: the folder of each scenario (DIR itself for one, DIR/NAME for
+// several, DIR/NAME-2, -3, ... when names repeat: two files of one name in
+// different folders), checked before anything runs: DIR must be empty or
+// absent unless --force (dump_not_empty, exit 2).
+std::vector<std::string> dump_folders(const RunOptions& o, const std::vector<sim::Scenario>& scenarios) {
+  std::vector<std::string> dirs(scenarios.size());
+  if (o.dump_dir.empty()) return dirs;
+  std::error_code ec;
+  const bool exists = std::filesystem::exists(o.dump_dir, ec);
+  if (exists && !o.force && !std::filesystem::is_empty(o.dump_dir, ec)) {
+    std::cout.flush();
+    std::cerr << "kvsim: error: dump_not_empty: --dump " << o.dump_dir
+              << ": the folder already holds files (a dump mixed with an older one is neither); give an empty or new "
+                 "folder, or --force to write into it\n";
+    throw ExitStatus{kExitUsage};
+  }
+  if (scenarios.size() == 1) return {o.dump_dir};
+  std::set<std::string> used;
+  for (size_t i = 0; i < scenarios.size(); ++i) {
+    std::string name = scenarios[i].name;
+    for (int n = 2; !used.insert(name).second; ++n) name = scenarios[i].name + "-" + std::to_string(n);
+    dirs[i] = o.dump_dir + "/" + name;
+  }
+  return dirs;
+}
+
 void run(const RunOptions& o) {
   if (o.list_invariants) {
     std::fputs(sim::describe_invariant_table().c_str(), stdout);
@@ -83,26 +134,29 @@ void run(const RunOptions& o) {
   bo.threads = o.threads;
   std::unique_ptr<Backend> backend = make_backend(o.backend, bo);
   // Every scenario must fit the backend before the first one allocates (exit 2, insufficient_memory).
-  for (const sim::Scenario& s : scenarios) sim::check_fits(s, sim::estimate_replay(s, selected), *backend);
-  const bool progress = isatty(STDERR_FILENO) != 0;
+  std::vector<sim::ReplayEstimate> estimates;
+  for (const sim::Scenario& s : scenarios) {
+    estimates.push_back(sim::estimate_replay(s, selected));
+    sim::check_fits(s, estimates.back(), *backend);
+  }
+  const std::vector<std::string> dump_dirs = dump_folders(o, scenarios);
+  ProgressLine progress;
   std::optional<report::ReportFolder> folder;
   if (o.report_dir) folder.emplace(*o.report_dir);
 
   std::vector<sim::ScenarioReport> reports;
-  for (const sim::Scenario& s : scenarios) {
+  for (size_t i = 0; i < scenarios.size(); ++i) {
+    const sim::Scenario& s = scenarios[i];
     sim::ReplayOptions ro;
     ro.invariants = selected;
     report::ReplayRecorder recorder;
     if (folder) ro.observer = &recorder;
-    if (!o.dump_dir.empty()) ro.dump_dir = scenarios.size() == 1 ? o.dump_dir : o.dump_dir + "/" + s.name;
-    if (progress)
-      ro.after_step = [&](int64_t step, const sim::ReplayCounters& c) {
-        std::fprintf(stderr, "\r%-40s step %lld, %lld tokens", s.name.c_str(), static_cast<long long>(step),
-                     static_cast<long long>(c.prefill_tokens + c.decode_tokens));
-      };
+    ro.dump_dir = dump_dirs[i];
+    progress.start(s.name, estimates[i].runs, estimates[i].token_layers);
+    if (progress.on()) ro.progress = [&](const sim::RunProgress& p) { progress.update(p); };
     reports.push_back(sim::replay(s, *backend, ro));
     if (folder) folder->add(s, reports.back(), recorder, invariants_cell(reports.back()));
-    if (progress) std::fprintf(stderr, "\r%-40s checking invariants done%20s\r%80s\r", s.name.c_str(), "", "");
+    progress.clear();
   }
 
   bool all_ok = true;
@@ -115,20 +169,21 @@ void run(const RunOptions& o) {
       for (const sim::InvariantReport& i : r.invariants)
         if (i.status != sim::InvariantStatus::not_applicable)
           inv[std::string(sim::invariant_name(i.invariant))] = std::string(sim::invariant_status_name(i.status));
-      nlohmann::json entry{{"name", r.name}, {"invariants", inv}, {"ok", r.ok}};
+      nlohmann::json entry{{"name", r.name}, {"invariants", inv}, {"ok", r.ok}, {"failures", failures_json(r)}};
       for (const sim::CounterField& c : sim::kReportedCounters) entry[std::string(c.name)] = r.counters.*c.value;
       list.push_back(entry);
     }
     std::cout << nlohmann::json{{"scenarios", list}, {"ok", all_ok}}.dump(2) << '\n';
   } else {
-    std::printf("%-40s %6s %8s %7s %7s %6s %6s %6s  %s\n", "scenario", "steps", "prefill", "decode", "reused",
-                "evict", "offld", "preem", "invariants");
+    std::printf("%-40s %6s %8s %7s %7s %6s %6s %6s %6s  %s\n", "scenario", "steps", "prefill", "decode", "reused",
+                "evict", "offld", "onbrd", "preem", "invariants");
     for (const sim::ScenarioReport& r : reports)
-      std::printf("%-40s %6lld %8lld %7lld %7lld %6lld %6lld %6lld  %s%s\n", r.name.c_str(),
+      std::printf("%-40s %6lld %8lld %7lld %7lld %6lld %6lld %6lld %6lld  %s%s\n", r.name.c_str(),
                   static_cast<long long>(r.counters.steps), static_cast<long long>(r.counters.prefill_tokens),
                   static_cast<long long>(r.counters.decode_tokens), static_cast<long long>(r.counters.reuse_hit_tokens),
                   static_cast<long long>(r.counters.evicted_blocks), static_cast<long long>(r.counters.offloaded_blocks),
-                  static_cast<long long>(r.counters.preemptions), invariants_cell(r).c_str(), r.ok ? "" : "  NOT OK");
+                  static_cast<long long>(r.counters.onboarded_blocks), static_cast<long long>(r.counters.preemptions),
+                  invariants_cell(r).c_str(), r.ok ? "" : "  NOT OK");
     double main_s = 0, total_s = 0;
     int64_t token_layers = 0;
     for (const sim::ScenarioReport& r : reports) {
@@ -200,8 +255,10 @@ void register_run(CLI::App& app) {
   cmd->add_flag("--details", opts->details,
                 "Also print what each checked invariant compared, its bound and its worst case");
   cmd->add_option("--dump", opts->dump_dir,
-                  "Write pools, scale pools, queries and attention outputs as .npy files plus manifest.json to DIR "
-                  "(DIR/SCENARIO/ for several scenarios)");
+                  "Write pools, scale pools, every write and attention op's inputs, tables and scales and the "
+                  "attention outputs as .npy files plus manifest.json to DIR "
+                  "(DIR/SCENARIO/ for several scenarios, DIR/SCENARIO-2/ for a repeated name); DIR must be empty or new");
+  cmd->add_flag("--force", opts->force, "With --dump: write into DIR even if it holds files");
   add_trace_file_options(*cmd, opts->trace, /*positional=*/false);
   add_trace_scenario_options(*cmd, opts->trace_scenario);
   cmd->add_option("--invariants", opts->invariants,

@@ -36,6 +36,12 @@ std::string NpyDump::descr_for(CacheDtype t) {
 std::unique_ptr<std::ofstream> NpyDump::begin(const std::string& file, const std::string& descr,
                                               const std::vector<int64_t>& shape, int64_t step, const std::string& op,
                                               int32_t layer, CacheDtype kvsim_dtype) {
+  return begin(file, descr, shape, step, op, layer, std::string(dtype_name(kvsim_dtype)));
+}
+
+std::unique_ptr<std::ofstream> NpyDump::begin(const std::string& file, const std::string& descr,
+                                              const std::vector<int64_t>& shape, int64_t step, const std::string& op,
+                                              int32_t layer, const std::string& manifest_dtype) {
   std::string shape_text = "(";
   for (size_t i = 0; i < shape.size(); ++i) shape_text += std::to_string(shape[i]) + (shape.size() == 1 || i + 1 < shape.size() ? "," : "");
   shape_text += ")";
@@ -54,7 +60,7 @@ std::unique_ptr<std::ofstream> NpyDump::begin(const std::string& file, const std
   out->write(len_bytes, 2);
   out->write(header.data(), static_cast<std::streamsize>(header.size()));
   nlohmann::json e = {{"file", file}, {"step", step},   {"op", op},
-                      {"layer", layer}, {"dtype", std::string(dtype_name(kvsim_dtype))}, {"shape", shape}};
+                      {"layer", layer}, {"dtype", manifest_dtype}, {"shape", shape}};
   entries_.push_back(e.dump());
   return out;
 }

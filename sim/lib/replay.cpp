@@ -220,12 +220,24 @@ ScenarioReport replay(const Scenario& s, Backend& backend, const ReplayOptions& 
   auto wanted = [&](Invariant inv) { return selection.wanted(inv); };
   const bool compare_quantization = options.comparison_invariants && is_quantized(s.cache.dtype) && !s.mla.enabled &&
                                     wanted(Invariant::quantization);
-  auto run_timed = [&](const Scenario& scenario, Backend& be, const ReplayOptions& o) {
+  // Each run by name for the progress line (ReplayOptions::progress).
+  int32_t runs_started = 0;
+  int64_t token_layers_done = 0;
+  auto run_timed = [&](const Scenario& scenario, Backend& be, const ReplayOptions& o, const std::string& name) {
     const Phase paused(clock, nullptr);
     const auto r0 = std::chrono::steady_clock::now();
     auto since_r0 = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - r0).count(); };
+    ReplayOptions told = o;
+    if (options.progress)
+      told.after_step = [&, then = o.after_step, index = runs_started, before = token_layers_done](
+                            int64_t step, const ReplayCounters& c) {
+        if (then) then(step, c);
+        options.progress({name, index, step, c.prefill_tokens + c.decode_tokens, c.token_layers, before});
+      };
+    ++runs_started;
     try {
-      RunRecord r = run_scenario(scenario, be, o);
+      RunRecord r = run_scenario(scenario, be, told);
+      token_layers_done += r.counters.token_layers;
       rep.timings += r.timings;
       // The run's set-up before its clock started and its pools' release after it stopped.
       rep.timings.other += std::max(0.0, since_r0() - r.timings.total());
@@ -240,7 +252,7 @@ ScenarioReport replay(const Scenario& s, Backend& backend, const ReplayOptions& 
   main_options.dense_check = options.dense_check && selected(Invariant::dense);
   main_options.write_check = options.write_check && selected(Invariant::write);
   main_options.spill_attention = compare_quantization;
-  const RunRecord main = run_timed(s, backend, main_options);
+  const RunRecord main = run_timed(s, backend, main_options, "replay");
   rep.counters = main.counters;
   rep.content_hash = main.content_hash;
   rep.main_seconds = main.seconds;
@@ -334,15 +346,16 @@ ScenarioReport replay(const Scenario& s, Backend& backend, const ReplayOptions& 
         if (c.differing_key && !c.located) {
           ReplayOptions capture = inner;
           capture.capture = c.differing_key;
-          const RunRecord a = run_timed(s, backend, capture), b = run_timed(changed, backend, capture);
+          const RunRecord a = run_timed(s, backend, capture, "locating the difference (the scenario)"),
+                          b = run_timed(changed, backend, capture, "locating the difference (" + what + ")");
           if (a.captured && b.captured) c.first_difference = describe_difference(*c.differing_key, *a.captured, *b.captured);
         }
         return from_comparison(c, what);
       };
-      auto rerun = [&](const Scenario& changed, Invariant inv, const std::function<Outcome(const RunRecord&)>& judge,
-                       const ReplayOptions& o) {
+      auto rerun = [&](const Scenario& changed, Invariant inv, const std::string& what,
+                       const std::function<Outcome(const RunRecord&)>& judge, const ReplayOptions& o) {
         try {
-          settle(inv, judge(run_timed(changed, backend, o)));
+          settle(inv, judge(run_timed(changed, backend, o, std::string(invariant_name(inv)) + " (" + what + ")")));
         } catch (const ValidationError& e) {
           settle(inv, {false, false, std::string("the comparison run was rejected: ") + e.what()});
         }
@@ -356,12 +369,12 @@ ScenarioReport replay(const Scenario& s, Backend& backend, const ReplayOptions& 
           c.scheduler.chunk_size = 5;  // odd chunks, against the scenario's whole-prompt prefill
         }
         const std::string what = chunking_comparison(s, c);
-        rerun(c, Invariant::chunking, [&](const RunRecord& r) { return compare(c, r, what); }, inner);
+        rerun(c, Invariant::chunking, what, [&](const RunRecord& r) { return compare(c, r, what); }, inner);
       }
       if (s.reuse.enabled && wanted(Invariant::reuse)) {
         Scenario c = s;
         c.reuse.enabled = false;
-        rerun(c, Invariant::reuse, [&](const RunRecord& r) { return compare(c, r, "reuse off"); }, inner);
+        rerun(c, Invariant::reuse, "reuse off", [&](const RunRecord& r) { return compare(c, r, "reuse off"); }, inner);
       }
       if (s.layers.enabled && wanted(Invariant::window)) {
         // Per layer: a full layer's outputs at every position, a sliding
@@ -373,7 +386,7 @@ ScenarioReport replay(const Scenario& s, Backend& backend, const ReplayOptions& 
         for (const RequestState& r : make_requests(s)) blocks += (r.final_len + s.cache.page_size - 1) / s.cache.page_size;
         c.cache.primary_blocks = std::max(c.cache.primary_blocks, blocks);
         rerun(
-            c, Invariant::window,
+            c, Invariant::window, "full attention in every layer",
             [&](const RunRecord& r) {
               return compare(c, r,
                              "full attention in every layer (each sliding layer's positions < its W, every full "
@@ -395,7 +408,7 @@ ScenarioReport replay(const Scenario& s, Backend& backend, const ReplayOptions& 
         const int64_t W = s.window.window;
         // Queries at positions < W attend exactly what they would without a window.
         rerun(
-            c, Invariant::window,
+            c, Invariant::window, "no window",
             [&](const RunRecord& r) {
               return compare(c, r, "no window (positions < W = " + std::to_string(W) + ", and every cached token)",
                              [&](const OutputKey& k) { return k.kind != OutputKind::attention || k.position < W; });
@@ -420,7 +433,7 @@ ScenarioReport replay(const Scenario& s, Backend& backend, const ReplayOptions& 
           c.cache.engine.reset();
           const std::string what = std::string(layout_name(layout)) + " " + std::string(placement_name(placement));
           try {
-            merge(total, compare(c, run_timed(c, backend, inner), what));
+            merge(total, compare(c, run_timed(c, backend, inner, "layout (" + what + ")"), what));
           } catch (const ValidationError& e) {
             merge(total, {false, false, what + " rejected: " + e.what()});
           }
@@ -432,7 +445,7 @@ ScenarioReport replay(const Scenario& s, Backend& backend, const ReplayOptions& 
         c.cache.dtype = CacheDtype::bf16;
         ReplayOptions spilled = inner;
         spilled.spill_attention = true;
-        rerun(c, Invariant::quantization, [&](const RunRecord& r) {
+        rerun(c, Invariant::quantization, "a bf16 cache", [&](const RunRecord& r) {
           const Phase comparing(clock, &rep.timings.comparisons);
           const QuantizationError q = quantization_error(main, r);
           const double bound = quantization_bound(s.cache.dtype);
@@ -452,7 +465,7 @@ ScenarioReport replay(const Scenario& s, Backend& backend, const ReplayOptions& 
                                                                  {&alone, "request " + s.requests.front().id + " alone"}};
         for (const auto& [c, what] : runs) {
           try {
-            merge(total, compare(*c, run_timed(*c, backend, inner), what));
+            merge(total, compare(*c, run_timed(*c, backend, inner, "batch (" + what + ")"), what));
           } catch (const ValidationError& e) {
             merge(total, {false, false, what + " rejected: " + e.what()});
           }
@@ -491,10 +504,14 @@ ScenarioReport replay(const Scenario& s, Backend& backend, const ReplayOptions& 
   }
 
   // Expectations.
+  auto missed = [&](ExpectationFailure f, std::string message) {
+    rep.expectation_details.push_back(std::move(f));
+    rep.expectation_failures.push_back(std::move(message));
+  };
   auto expect_count = [&](const char* name, const std::optional<int64_t>& want, int64_t got) {
     if (want && *want != got)
-      rep.expectation_failures.push_back(std::string("expected ") + name + " = " + std::to_string(*want) + ", got " +
-                                         std::to_string(got));
+      missed({name, "", *want, got},
+             std::string("expected ") + name + " = " + std::to_string(*want) + ", got " + std::to_string(got));
   };
   const Expectations& ex = s.expect;
   expect_count("reuse_hit_tokens", ex.reuse_hit_tokens, main.counters.reuse_hit_tokens);
@@ -503,8 +520,8 @@ ScenarioReport replay(const Scenario& s, Backend& backend, const ReplayOptions& 
   expect_count("onboarded_blocks", ex.onboarded_blocks, main.counters.onboarded_blocks);
   expect_count("preemptions", ex.preemptions, main.counters.preemptions);
   if (!main.finished)
-    rep.expectation_failures.push_back("did not finish within scheduler.max_steps = " +
-                                       std::to_string(s.scheduler.max_steps));
+    missed({"max_steps", "", s.scheduler.max_steps, main.counters.steps},
+           "did not finish within scheduler.max_steps = " + std::to_string(s.scheduler.max_steps));
   auto status_of = [&](Invariant inv) {
     for (const InvariantReport& r : rep.invariants)
       if (r.invariant == inv) return r.status;
@@ -513,17 +530,20 @@ ScenarioReport replay(const Scenario& s, Backend& backend, const ReplayOptions& 
   // Expectations about an invariant --invariants left out are left out too.
   for (Invariant inv : ex.must_pass)
     if (selected(inv) && status_of(inv) != InvariantStatus::pass)
-      rep.expectation_failures.push_back("expected invariant " + std::string(invariant_name(inv)) + " to pass, got " +
-                                         std::string(invariant_status_name(status_of(inv))));
+      missed({"must_pass", std::string(invariant_name(inv)), std::string("pass"),
+              std::string(invariant_status_name(status_of(inv)))},
+             "expected invariant " + std::string(invariant_name(inv)) + " to pass, got " +
+                 std::string(invariant_status_name(status_of(inv))));
   for (Fault f : ex.must_catch) {
     if (!selected(invariant_for(f))) continue;
+    const std::string fault(fault_name(f));
     if (std::find(s.faults.begin(), s.faults.end(), f) == s.faults.end())
-      rep.expectation_failures.push_back("expected fault " + std::string(fault_name(f)) +
-                                         " to be caught, but it is not switched on");
+      missed({"must_catch", fault, std::string("caught"), std::string("not switched on")},
+             "expected fault " + fault + " to be caught, but it is not switched on");
     else if (status_of(invariant_for(f)) != InvariantStatus::caught)
-      rep.expectation_failures.push_back("expected fault " + std::string(fault_name(f)) + " to be caught by " +
-                                         std::string(invariant_name(invariant_for(f))) + ", got " +
-                                         std::string(invariant_status_name(status_of(invariant_for(f)))));
+      missed({"must_catch", fault, std::string("caught"), std::string(invariant_status_name(status_of(invariant_for(f))))},
+             "expected fault " + fault + " to be caught by " + std::string(invariant_name(invariant_for(f))) + ", got " +
+                 std::string(invariant_status_name(status_of(invariant_for(f)))));
   }
   clock.stop();
   rep.total_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

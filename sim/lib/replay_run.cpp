@@ -170,6 +170,11 @@ void parallel_rows(int64_t n, const Body& body) {
   });
 }
 
+// The backend op a write path runs (the names notify() gives them).
+std::string write_op_name(WritePath p) {
+  return p == WritePath::qkv_preprocess ? "qkv_preprocess_write" : std::string(write_path_name(p));
+}
+
 // The synthetic model's per-(tensor, head, dim) hash for every element of one
 // layer (SyntheticModel::dim_seed): made once per layer, then each value costs
 // the position's part of the chain only.
@@ -399,6 +404,25 @@ class Runner final : public BlockMover {
   // its own digest), recorded in the order given.
   void record_rows(const std::vector<OutputKey>& keys, const std::vector<const float*>& rows, size_t bytes);
   void hash_content(const void* data, size_t bytes);
+  // --dump: what another kernel needs to be driven from the files, per op
+  // (stepS_layerL_OP_NAME.npy): its input tensors, index tables and scales.
+  std::string dump_stem(int32_t layer, const std::string& op) const {
+    return "step" + std::to_string(step_) + "_layer" + std::to_string(layer) + "_" + op;
+  }
+  template <class T>
+  void dump_table(int32_t layer, const std::string& op, const std::string& name, const std::vector<T>& values,
+                  std::vector<int64_t> shape = {}) {
+    if (shape.empty()) shape = {static_cast<int64_t>(values.size())};
+    dump_->write_table(dump_stem(layer, op) + "_" + name + ".npy", values, shape, step_, op, layer);
+  }
+  void dump_tensor(int32_t layer, const std::string& op, const std::string& name, const std::vector<uint8_t>& bytes,
+                   CacheDtype t, const std::vector<int64_t>& shape) {
+    dump_->write(dump_stem(layer, op) + "_" + name + ".npy", bytes.data(), bytes.size(), NpyDump::descr_for(t), shape,
+                 step_, op, layer, t);
+  }
+  // A write op's tables (every write path): the step's block table, new and
+  // cached lengths per sequence, each token's position and cache slot.
+  void dump_write_tables(const LayerWrite& w, const std::string& op);
   const LayerSeeds& layer_seeds(int32_t layer) const;
   // One backend op; its time goes to kernels, and with the backend's kernel
   // timing on, the rest of the call (validation, index uploads) to op_host.
@@ -862,6 +886,10 @@ void Runner::cache_slot(const LayerWrite& w, const StepToken& k, int64_t& block,
 void Runner::write_layer(int32_t layer, const std::vector<Entry>& es, int64_t nnz, BackendBuffer& q_buf,
                          CacheDtype& q_dtype) {
   const LayerWrite w = plan_layer_write(layer, es, nnz);
+  if (dump_) {
+    const Phase dumping(clock_, &rec_.timings.recording);
+    dump_write_tables(w, write_op_name(s_.cache.write_path));
+  }
   switch (s_.cache.write_path) {
     case WritePath::qkv_preprocess: write_qkv_preprocess(w, es, q_buf, q_dtype); break;
     case WritePath::append_paged:
@@ -875,6 +903,28 @@ void Runner::write_layer(int32_t layer, const std::vector<Entry>& es, int64_t nn
       break;
   }
   if (s_.indexer_k_scatter) scatter_indexer_k(w, es);
+}
+
+void Runner::dump_write_tables(const LayerWrite& w, const std::string& op) {
+  const int32_t P = g_.tokens_per_block;
+  dump_table(w.layer, op, "block_table", w.table, {static_cast<int64_t>(w.seq_lens.size()), w.columns});
+  dump_table(w.layer, op, "seq_lens", w.seq_lens);
+  dump_table(w.layer, op, "cache_lens", w.cache_lens);
+  std::vector<int64_t> positions, slots;
+  for (const StepToken& t : w.toks) {
+    positions.push_back(t.op_position);
+    int64_t block = 0;
+    int32_t entry = 0;
+    if (t.reaches) cache_slot(w, t, block, entry);
+    slots.push_back(t.reaches ? block * P + entry : -1);
+  }
+  dump_table(w.layer, op, "positions", positions);
+  dump_table(w.layer, op, "slots", slots);
+  dump_table(w.layer, op, "indptr", w.indptr);
+  dump_table(w.layer, op, "indices", w.indices);
+  dump_table(w.layer, op, "last_page_len", w.last_page_len);
+  dump_table(w.layer, op, "scales",
+             std::vector<float>{s_.cache.k_scale, s_.cache.v_scale, s_.cache.k_global_scale, s_.cache.v_global_scale});
 }
 
 // Q for attention when the write op does not produce it.
@@ -913,6 +963,10 @@ void Runner::write_qkv_preprocess(const LayerWrite& w, const std::vector<Entry>&
       }
   });
   inputs.reset();
+  if (dump_) {
+    const Phase dumping(clock_, &rec_.timings.recording);
+    dump_tensor(w.layer, "qkv_preprocess_write", "qkv", qkv, in_t, {w.nnz, width});
+  }
   BackendBuffer qkv_b(be_, qkv.size());
   transfer([&] { qkv_b.upload(qkv.data(), qkv.size()); });
   q_dtype = in_t;
@@ -982,6 +1036,14 @@ Runner::AppendInputs Runner::append_inputs(const LayerWrite& w, bool mla) {
     }
   });
   inputs.reset();
+  if (dump_) {
+    const Phase dumping(clock_, &rec_.timings.recording);
+    const std::string op = mla ? "append_mla" : "append_paged";
+    dump_tensor(w.layer, op, mla ? "ckv" : "k", a, in_t, {in.n, heads, in.a_dim});
+    dump_tensor(w.layer, op, mla ? "kpe" : "v", b, in_t, {in.n, heads, in.b_dim});
+    dump_table(w.layer, op, "batch_indices", in.batch);
+    dump_table(w.layer, op, "append_positions", in.positions);
+  }
   in.a = BackendBuffer(be_, a.size());
   in.b = BackendBuffer(be_, b.size());
   transfer([&] { in.a.upload(a.data(), a.size()); });
@@ -1048,6 +1110,12 @@ void Runner::write_reshape_and_cache(const LayerWrite& w, const std::vector<Entr
       }
   });
   inputs.reset();
+  if (dump_) {
+    const Phase dumping(clock_, &rec_.timings.recording);
+    dump_tensor(w.layer, "reshape_and_cache", "k", k, in_t, {w.nnz, H, D});
+    dump_tensor(w.layer, "reshape_and_cache", "v", v, in_t, {w.nnz, H, D});
+    dump_table(w.layer, "reshape_and_cache", "slot_mapping", slots);  // as the op is given it (a fault's included)
+  }
   BackendBuffer k_b(be_, k.size()), v_b(be_, v.size());
   transfer([&] { k_b.upload(k.data(), k.size()); });
   transfer([&] { v_b.upload(v.data(), v.size()); });
@@ -1184,6 +1252,16 @@ void Runner::attend(int32_t layer, const std::vector<Entry>& es, size_t first, s
                  op_name, layer, q_dtype);
     dump_->write(stem + "_out.npy", out.data(), out.size() * 4, "<f4", {rows, Hq, D}, step_, op_name, layer,
                  CacheDtype::fp32);
+    dump_table(layer, op_name, "block_table", tables.table,
+               {static_cast<int64_t>(batch.size()), static_cast<int64_t>(tables.columns)});
+    dump_table(layer, op_name, "seq_lens", tables.seq_lens);
+    dump_table(layer, op_name, "q_indptr", q_indptr);
+    std::vector<int64_t> positions;
+    for (const Entry& e : batch)
+      for (int32_t i = 0; i < e.e->n; ++i) positions.push_back(e.e->start + i);
+    dump_table(layer, op_name, "positions", positions);
+    dump_table(layer, op_name, "scales",
+               std::vector<float>{sc.k_scale, sc.v_scale, sc.k_global_scale, sc.v_global_scale, sc.sm_scale});
   }
   const size_t row_elems = static_cast<size_t>(Hq) * D;
   std::vector<OutputKey> keys;

@@ -8,7 +8,10 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <set>
+#include <sstream>
 #include <string>
+#include <vector>
 #include <sys/wait.h>
 
 #include <nlohmann/json.hpp>
@@ -41,9 +44,11 @@ TEST_CASE("kvsim run --json: one object of the documented shape, exit 0") {
   CHECK(j.size() == 2);
   CHECK(j.at("ok") == true);
   REQUIRE(j.at("scenarios").size() == 2);
-  const std::vector<std::string> keys{"decode_tokens",    "evicted_blocks",       "invariants",      "name",
-                                      "offloaded_blocks", "ok",                   "onboarded_blocks", "partial_reuse_tokens",
-                                      "preemptions",      "prefill_tokens",       "reuse_hit_tokens", "steps"};
+  const std::vector<std::string> keys{"decode_tokens",    "evicted_blocks",   "failures",
+                                      "invariants",       "name",             "offloaded_blocks",
+                                      "ok",               "onboarded_blocks", "partial_reuse_tokens",
+                                      "preemptions",      "prefill_tokens",   "reuse_hit_tokens",
+                                      "steps"};
   for (const auto& s : j["scenarios"]) {
     std::vector<std::string> got;
     for (const auto& [k, v] : s.items()) got.push_back(k);
@@ -53,6 +58,7 @@ TEST_CASE("kvsim run --json: one object of the documented shape, exit 0") {
       CHECK(s[k].is_number_integer());
     for (const auto& [name, status] : s["invariants"].items())
       CHECK((status == "pass" || status == "fail" || status == "caught"));
+    CHECK(s["failures"] == nlohmann::json::array());  // ok: no reason to give
   }
   CHECK(j["scenarios"][0]["name"] == "chunked_prefill_page_one");
   CHECK(j["scenarios"][0]["invariants"]["conservation"] == "pass");
@@ -98,6 +104,18 @@ TEST_CASE("kvsim run --dump: files numpy can load and a manifest") {
   REQUIRE(m.good());
   const nlohmann::json j = nlohmann::json::parse(m);
   CHECK(j["files"].size() > 2);
+  // What another kernel needs, per op: inputs, tables, positions, slots, scales (this scenario writes with
+  // append_paged).
+  std::set<std::string> names;
+  for (const auto& f : j["files"]) names.insert(f["file"].get<std::string>());
+  INFO(j.dump());
+  for (const char* k : {"prefill_attention_q.npy", "prefill_attention_out.npy", "prefill_attention_block_table.npy",
+                        "prefill_attention_seq_lens.npy", "prefill_attention_q_indptr.npy",
+                        "prefill_attention_positions.npy", "prefill_attention_scales.npy", "append_paged_k.npy",
+                        "append_paged_v.npy", "append_paged_block_table.npy", "append_paged_cache_lens.npy",
+                        "append_paged_positions.npy", "append_paged_slots.npy", "append_paged_indptr.npy",
+                        "append_paged_batch_indices.npy", "append_paged_scales.npy"})
+    CHECK(names.count(std::string("step0_layer0_") + k) == 1);
   for (const auto& f : j["files"]) {
     CHECK(f.contains("step"));
     CHECK(f.contains("op"));
@@ -124,7 +142,9 @@ TEST_CASE("kvsim run --dump: files numpy can load and a manifest") {
     shape += ")";
     CHECK(header.find("'shape': " + shape) != std::string::npos);
     CHECK(header.find("'fortran_order': False") != std::string::npos);
-    const size_t item = header.find("<f4") != std::string::npos ? 4 : header.find("<u2") != std::string::npos ? 2 : 1;
+    size_t item = 1;
+    for (const auto& [descr, bytes_per] : {std::pair<const char*, size_t>{"<f4", 4}, {"<i4", 4}, {"<i8", 8}, {"<u2", 2}, {"<f2", 2}})
+      if (header.find(descr) != std::string::npos) item = bytes_per;
     CHECK(bytes.size() - 10 - header_len == static_cast<size_t>(elements) * item);
   }
   std::filesystem::remove_all(dir);
@@ -199,4 +219,103 @@ TEST_CASE("kvsim run --backend reference replays like the cpu backend: same coun
   CHECK(reference.code == cpu.code);
   CHECK(nlohmann::json::parse(reference.out) == nlohmann::json::parse(cpu.out));
   CHECK(nlohmann::json::parse(reference.out)["scenarios"].size() == 2);
+}
+
+TEST_CASE("kvsim run --json: a failed scenario gives every reason, each with what was expected and what came") {
+  const std::string unmet =
+      write_temp("kvsim_run_reasons.toml",
+                 "[scheduler]\nmax_steps = 3\n\n[[request]]\nid = \"a\"\ngenerated = 9\ndecode_tokens = 6\n\n"
+                 "[expect]\npreemptions = 2\nevicted_blocks = 1\n");
+  const Result r = run("run --json " + unmet);
+  CHECK(r.code == 1);
+  const nlohmann::json j = nlohmann::json::parse(r.out);
+  const nlohmann::json& f = j["scenarios"][0]["failures"];
+  INFO(f.dump());
+  auto reason = [&](const std::string& expectation) {
+    for (const auto& x : f)
+      if (x.value("expectation", "") == expectation) return x;
+    FAIL("no failure for " << expectation);
+    return nlohmann::json();
+  };
+  CHECK(reason("evicted_blocks") == nlohmann::json{{"kind", "expectation"}, {"expectation", "evicted_blocks"},
+                                                   {"expected", 1}, {"got", 0},
+                                                   {"message", "expected evicted_blocks = 1, got 0"}});
+  CHECK(reason("preemptions")["expected"] == 2);
+  CHECK(reason("preemptions")["got"] == 0);
+  const nlohmann::json steps = reason("max_steps");
+  CHECK(steps["kind"] == "max_steps");
+  CHECK(steps["expected"] == 3);
+  CHECK(steps["got"] == 3);
+  CHECK(steps["message"] == "did not finish within scheduler.max_steps = 3");
+  for (const auto& x : f) CHECK((x["kind"] == "expectation" || x["kind"] == "max_steps" || x["kind"] == "invariant"));
+}
+
+TEST_CASE("kvsim run: the table counts onboarded blocks") {
+  const Result r = run("run " + scenario("prefix_reuse_offload_onboard.toml"));
+  CHECK(r.code == 0);
+  const size_t header = r.out.find("offld  onbrd  preem");
+  CHECK(header != std::string::npos);
+  const nlohmann::json j = nlohmann::json::parse(run("run --json " + scenario("prefix_reuse_offload_onboard.toml")).out);
+  const int64_t onboarded = j["scenarios"][0]["onboarded_blocks"];
+  CHECK(onboarded > 0);
+  // The row's cells: name, steps, prefill, decode, reused, evict, offld, onbrd, preem, ...
+  const size_t row = r.out.find("\nprefix_reuse_offload_onboard");
+  REQUIRE(row != std::string::npos);
+  std::istringstream cells(r.out.substr(row + 1, r.out.find('\n', row + 1) - row - 1));
+  std::vector<std::string> cell;
+  for (std::string c; cells >> c;) cell.push_back(c);
+  REQUIRE(cell.size() > 8);
+  CHECK(std::stoll(cell[7]) == onboarded);
+}
+
+TEST_CASE("kvsim run --dump: a folder holding files is refused unless --force; repeated names get their own folders") {
+  const auto dir = std::filesystem::temp_directory_path() / "kvsim_run_dump_refuse";
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir / "old.npy") << "x";
+  const Result refused =
+      kvsim::test::run_shell(std::string(KVSIM_BINARY) + " run --dump " + dir.string() + " " +
+                             scenario("chunked_prefill_page_one.toml") + " 2>&1");
+  CHECK(refused.code == 2);
+  CHECK(refused.out.find("kvsim: error: dump_not_empty: --dump " + dir.string()) == 0);
+  CHECK(refused.out.find("--force") != std::string::npos);
+  CHECK(!std::filesystem::exists(dir / "manifest.json"));  // nothing written
+  CHECK(run("run --force --dump " + dir.string() + " " + scenario("chunked_prefill_page_one.toml")).code == 0);
+  CHECK(std::filesystem::exists(dir / "manifest.json"));
+
+  // Two files named alike in two folders: DIR/NAME and DIR/NAME-2.
+  const auto other = std::filesystem::temp_directory_path() / "kvsim_run_dump_twin";
+  std::filesystem::create_directories(other);
+  std::filesystem::copy_file(scenario("chunked_prefill_page_one.toml"), other / "chunked_prefill_page_one.toml",
+                             std::filesystem::copy_options::overwrite_existing);
+  std::filesystem::remove_all(dir);
+  CHECK(run("run --dump " + dir.string() + " " + scenario("chunked_prefill_page_one.toml") + " " +
+            (other / "chunked_prefill_page_one.toml").string())
+            .code == 0);
+  CHECK(std::filesystem::exists(dir / "chunked_prefill_page_one" / "manifest.json"));
+  CHECK(std::filesystem::exists(dir / "chunked_prefill_page_one-2" / "manifest.json"));
+  std::filesystem::remove_all(dir);
+  std::filesystem::remove_all(other);
+}
+
+TEST_CASE("kvsim run on a terminal: the progress line names every run, its step, tokens/s and the time left") {
+  if (std::system("command -v script > /dev/null 2>&1") != 0) {
+    MESSAGE("skipped: util-linux's script (a pseudo-terminal) is not installed");
+    return;
+  }
+  // stderr on a pseudo-terminal (script), stdout to /dev/null: what a terminal shows while it runs.
+  const Result r = kvsim::test::run_shell("script -qec \"" + std::string(KVSIM_BINARY) + " run " +
+                                          scenario("prefix_reuse_system_prompt.toml") + " > /dev/null\" /dev/null");
+  CHECK(r.code == 0);
+  INFO(r.out);
+  for (const char* run : {"run 1/7 replay: step 1,", "run 2/7 chunking (prefill in chunks of 5): step",
+                          "run 3/7 reuse (reuse off): step", "run 4/7 layout (", "run 6/7 batch (the batch in reverse order)",
+                          "run 7/7 batch (request first alone)"})
+    CHECK(r.out.find(std::string("prefix_reuse_system_prompt: ") + run) != std::string::npos);
+  CHECK(r.out.find(" tokens/s, about ") != std::string::npos);
+  CHECK(r.out.find(" left") != std::string::npos);
+  // Not a terminal: nothing on stderr.
+  const Result quiet = kvsim::test::run_shell(std::string(KVSIM_BINARY) + " run " +
+                                              scenario("prefix_reuse_system_prompt.toml") + " 2>&1 >/dev/null");
+  CHECK(quiet.out.empty());
 }

@@ -13,6 +13,7 @@
 #include <set>
 #include <string>
 #include <string_view>
+#include <variant>
 #include <vector>
 
 #include "backends/backend.hpp"
@@ -131,11 +132,21 @@ struct OutputKey {
   auto operator<=>(const OutputKey&) const = default;
 };
 
+// One missed expectation, field by field (kvsim run --json's "failures").
+struct ExpectationFailure {
+  // The [expect] key (a counter, must_pass, must_catch), or max_steps for a
+  // replay that did not finish within scheduler.max_steps.
+  std::string expectation;
+  std::string subject;                      // must_pass: the invariant; must_catch: the fault; else empty
+  std::variant<int64_t, std::string> expected, got;  // counters as numbers; statuses as text
+};
+
 struct ScenarioReport {
   std::string name;
   ReplayCounters counters;
   std::vector<InvariantReport> invariants;
   std::vector<std::string> expectation_failures;  // "expected evicted_blocks = 3, got 2"
+  std::vector<ExpectationFailure> expectation_details;  // the same failures in the same order, field by field
   uint64_t content_hash = 0;  // FNV-1a over final pools and every attention output (golden replays)
   bool ok = false;            // every invariant pass/caught/n.a., every expectation met
   double main_seconds = 0.0;   // wall time of the scenario's own replay (throughput: counters.token_layers / this)
@@ -153,11 +164,24 @@ struct OpContext {
   std::vector<std::string> sequence_ids;
 };
 
+// Where replay() is: which run, and how far that run has got.
+struct RunProgress {
+  std::string run;        // "replay" (the scenario's own), else the comparison: "chunking (one-chunk prefill)", ...
+  int32_t run_index = 0;  // 0 for the scenario's own run, then 1, 2, ... in the order they run
+  int64_t step = 0;       // the step just done (steps count from 0)
+  int64_t tokens = 0;     // tokens this run has prefilled and decoded so far
+  int64_t token_layers = 0;  // token-layers of this run so far
+  int64_t token_layers_before = 0;  // token-layers of the runs before this one
+};
+
 struct ReplayOptions {
   // Called before every backend op (kvsim diff labels differences with it).
   std::function<void(const OpContext&)> before_op;
   // Called after every step (progress display).
   std::function<void(int64_t step, const ReplayCounters&)> after_step;
+  // Called after every step of every run replay() makes, its own and each
+  // comparison re-run (kvsim run's progress line).
+  std::function<void(const RunProgress&)> progress;
   // Told the start, every block event and the state after every step of the
   // scenario's own run (not the comparison re-runs); nullptr = none.
   StepObserver* observer = nullptr;
