@@ -65,7 +65,8 @@ def replay(scenario, *, outputs=False):
 
     With ``outputs=True`` also the run's outputs, exactly what ``kvsim run
     SCENARIO --dump DIR`` writes (docs/run.md): ``outputs`` is a list of
-    ``{file, step, op, layer, dtype, shape, array}`` (the query rows and
+    ``{file, step, op, layer, dtype, shape, array}`` (every write and
+    attention op's inputs, index tables and scales, the query rows and
     fp32 outputs of every attention op, the final pools as flat raw bytes,
     nvfp4 scale pools, indexer caches); ``dtype`` is the kvsim dtype (bf16
     arrays are uint16 bit patterns, fp8 codes uint8).
