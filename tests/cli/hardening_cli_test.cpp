@@ -253,7 +253,7 @@ TEST_CASE("messages: a float that rounds to 0, a pool size, a 10 MB key: what wa
 
 TEST_CASE("messages: diff without a GPU, a flag without its value, a flag where a subcommand belongs") {
   const Result diff = kvsim({"diff", kScenario});
-  if (!KVSIM_HAVE_CUDA || diff.status == 2) check_rejected(diff, "backend_unavailable", "kvsim diff needs the CUDA backend");
+  if (!KVSIM_HAVE_CUDA || diff.status == 2) check_rejected(diff, "backend_unavailable", "kvsim diff needs the cuda backend");
 
   // explain --block-table without a value names it, not the missing --token.
   const Result table = kvsim({"explain", "--block-table"});
