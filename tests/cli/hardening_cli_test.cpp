@@ -307,9 +307,11 @@ TEST_CASE("hostile input to the newer flags and tables: exit 2, the flag or key 
       {{"--layer-windows", "3,,4"}, "--layer-windows"}, {{"--layer-windows="}, "--layer-windows"},
       {{"--layer-windows", "99999999999"}, "--layer-windows"},
   };
-  for (const auto& [flag, name] : bad_flags)
+  for (const auto& bad : bad_flags)  // no structured binding: INFO captures it (clang 14)
     for (const std::vector<std::string>& head :
          {std::vector<std::string>{"trace", "import", trace}, std::vector<std::string>{"run", "--trace", trace}}) {
+      const std::vector<std::string>& flag = bad.first;
+      const std::string& name = bad.second;
       std::vector<std::string> args = head;
       for (const char* a : {"--requests", "56:62", "--scale", "1/32"}) args.push_back(a);
       args.insert(args.end(), flag.begin(), flag.end());
@@ -343,8 +345,10 @@ TEST_CASE("hostile input to the newer flags and tables: exit 2, the flag or key 
       {"[recurrent]\nlayers = 2\n[window]\nmode = \"cyclic\"\nwindow = 8\n", "recurrent.layers"},
       {"[recurrent]\nlayers = 2\n[reuse]\nenabled = true\npartial = true\n", "reuse.partial"},
   };
-  for (const auto& [table, key] : bad_tables)
+  for (const auto& bad : bad_tables)  // no structured binding: INFO captures it (clang 14)
     for (const char* cmd : {"validate", "run"}) {
+      const std::string& table = bad.first;
+      const std::string& key = bad.second;
       write(path, table + "[[request]]\ngenerated = 5\n");
       INFO(cmd << ":\n" << table);
       check_rejected(kvsim({cmd, path}), "bad_scenario", ": " + key + ": ");

@@ -386,7 +386,9 @@ TEST_CASE("validate <=> run: every knob and expectation combination that validat
   const auto t0 = std::chrono::steady_clock::now();
   for (const Structure& st : structures)
     for (const CacheKind& kind : dtypes)
-      for (const auto& [layout, write_path] : layouts) {
+      for (const auto& layout_and_path : layouts) {  // no structured binding: INFO captures it (clang 14)
+        const char* const layout = layout_and_path.first;
+        const char* const write_path = layout_and_path.second;
         ScenarioText base;
         const bool float_cache = std::string(kind.dtype) == "bf16" || std::string(kind.dtype) == "fp16";
         base.set("[model]", std::string("layers = 2\nq_heads = 4\nkv_heads = 2\nhead_dim = 32\ninput_dtype = \"") +
