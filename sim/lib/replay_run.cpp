@@ -263,7 +263,23 @@ class Runner final : public BlockMover {
       bm_->set_event_listener([o = opt.observer](const BlockEvent& e) { o->block_event(e); });
       opt.observer->start(s, *bm_, reqs_);
     }
+    // The dump folder before any pool: a folder that cannot be made is refused with nothing allocated.
+    if (!opt.dump_dir.empty()) dump_ = std::make_unique<NpyDump>(opt.dump_dir);
     allocate_pools();
+    // A throw past here skips ~Runner (the object never finished): the pools go back first.
+    try {
+      finish_setup(s, opt);
+    } catch (...) {
+      release_owned_pools();
+      throw;
+    }
+  }
+  void release_owned_pools() noexcept {
+    if (own_pools_)
+      for (KvPools& p : pool_sets_) be_.release_pools(p);
+    own_pools_ = false;
+  }
+  void finish_setup(const Scenario& s, const ReplayOptions& opt) {
     sm_scale_ = 1.0f / std::sqrt(static_cast<float>(g_.head_dim));
     if (is_quantized(g_.dtype) && g_.dtype != CacheDtype::nvfp4) {
       scales_.k_scale = s.cache.k_scale;
@@ -292,17 +308,13 @@ class Runner final : public BlockMover {
         be_.fill(indexer_.back().get(), 0, bytes);
       }
     }
-    if (!opt.dump_dir.empty()) dump_ = std::make_unique<NpyDump>(opt.dump_dir);
     if (opt.spill_attention) {
       rec_.spill = std::make_shared<SpillFile>();
       rec_.spill_kinds[static_cast<int>(OutputKind::attention)] = true;
     }
     rec_.capture_key = opt.capture;
   }
-  ~Runner() override {
-    if (own_pools_)
-      for (KvPools& p : pool_sets_) be_.release_pools(p);
-  }
+  ~Runner() override { release_owned_pools(); }
 
   RunRecord run();
 

@@ -4,6 +4,8 @@
 // pasted under it, byte for byte after trimming trailing spaces.
 #include <doctest/doctest.h>
 
+#include "../support/sanitizer.hpp"
+
 #include <array>
 #include <cstdio>
 #include <filesystem>
@@ -79,21 +81,6 @@ std::string run_shell(const std::string& command) {
   pclose(p);
   return out;
 }
-
-// AddressSanitizer reserves terabytes of shadow address space at start, so a
-// transcript that caps virtual memory (`ulimit -v`) cannot start under it: the
-// sanitizer build (scripts/sanitize.sh) skips those, and says so.
-#if defined(__SANITIZE_ADDRESS__)
-constexpr bool kAddressSanitizer = true;
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-constexpr bool kAddressSanitizer = true;
-#else
-constexpr bool kAddressSanitizer = false;
-#endif
-#else
-constexpr bool kAddressSanitizer = false;
-#endif
 
 }  // namespace
 

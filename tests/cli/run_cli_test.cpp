@@ -16,6 +16,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "../support/sanitizer.hpp"
 #include "../support/shell_command.hpp"
 
 namespace {
@@ -188,6 +189,10 @@ TEST_CASE("kvsim run: a scenario larger than the memory left is refused by name 
   const std::string file = big_pool_scenario("kvsim_run_too_big.toml", 1536);
   const Result v = run("validate " + file);
   CHECK(v.code == 0);
+  if (kAddressSanitizer) {
+    MESSAGE("skipped the ulimit -v run: it cannot start under AddressSanitizer");
+    return;
+  }
   const Result r = run_with_stderr("ulimit -v 2000000; ", "run " + file);
   CHECK(r.code == 2);
   CHECK(r.out.find("kvsim: error: insufficient_memory: kvsim_run_too_big: the replay needs about 3.") == 0);
