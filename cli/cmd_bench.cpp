@@ -425,6 +425,8 @@ void register_bench(CLI::App& app) {
     opts->output_given = cmd->count("--output") > 0;
     if (cmd->count("--invariants") && opts->invariants.empty())
       fail(ErrorCode::bad_argument, "--invariants = '': empty value: expected none or a comma-separated list of invariants");
+    for (const std::string& file : opts->scenarios)
+      if (file.empty()) fail(ErrorCode::bad_argument, "--scenario = '': empty value: expected a scenario file");
     run_bench(*opts);
   });  // BackendUnavailable: main's backend_unavailable, exit 2
 }

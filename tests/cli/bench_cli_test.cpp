@@ -160,6 +160,9 @@ TEST_CASE("kvsim bench: option errors are named") {
   const Result baseline = run("bench --sequences 3 --tokens 5 --baseline /nonexistent.json");
   CHECK(baseline.status == 2);
   CHECK(baseline.out.find("--baseline /nonexistent.json: cannot open") != std::string::npos);
+  const Result empty_scenario = run("bench --scenario ''");
+  CHECK(empty_scenario.status == 2);
+  CHECK(empty_scenario.out.find("bad_argument: --scenario = '': empty value") != std::string::npos);
 }
 
 TEST_CASE("kvsim bench --backend cuda: a table on a GPU machine, else a named error and no table") {
