@@ -29,6 +29,10 @@ class Backend {
   virtual void to_host(void* host_dst, const void* src, size_t bytes) = 0;
   virtual void fill(void* dst, uint8_t byte, size_t bytes) = 0;
   virtual void synchronize() {}
+  // Waits for all work queued on this backend's device by anyone, the
+  // caller's streams included (cuda: cudaDeviceSynchronize): before an op on
+  // memory another library just wrote (the Python module, PyTorch tensors).
+  virtual void wait_for_device() {}
   // Free memory now, in bytes: where allocate() draws from, and the host's
   // (the smaller of MemAvailable and what `ulimit -v` leaves). A host
   // backend's allocations are host memory: backend_is_host.

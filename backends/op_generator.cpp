@@ -239,6 +239,21 @@ TensorView OpGenerator::tensor(CacheDtype dtype, std::vector<int64_t> shape, boo
   return t;
 }
 
+TensorView OpGenerator::nan_output(int64_t rows, int64_t cols) {
+  TensorView t;
+  t.dtype = CacheDtype::fp32;
+  t.rank = 2;
+  t.shape[0] = rows;
+  t.shape[1] = cols;
+  t.stride[0] = cols;
+  t.stride[1] = 1;
+  const size_t bytes = static_cast<size_t>(std::max<int64_t>(rows * cols, 1)) * sizeof(float);
+  buffers_.emplace_back(backend_, bytes);
+  backend_.fill(buffers_.back().get(), 0xFF, bytes);
+  t.data = buffers_.back().get();
+  return t;
+}
+
 std::string OpGenerator::run(GeneratedOp op, const OpKnobs& knobs) {
   buffers_.clear();
   const PoolGeometry& g = pools_.geometry;
@@ -457,6 +472,8 @@ std::string OpGenerator::run(GeneratedOp op, const OpKnobs& knobs) {
       const AttentionOrder order = mma_order::offered_for(g.dtype) ? knobs.order : AttentionOrder::fp32;
       what << ", batch " << batch << ", Hq " << Hq << ", window " << window.window << "/" << window.sinks;
       if (order != AttentionOrder::fp32) what << ", order " << attention_order_name(order);
+      const bool with_lse = attention_ops_++ % 2 == 1;
+      if (with_lse) what << ", lse";
       if (op == GeneratedOp::decode_attention) {
         DecodeAttentionOp o;
         o.layer = layer;
@@ -468,6 +485,7 @@ std::string OpGenerator::run(GeneratedOp op, const OpKnobs& knobs) {
         o.scales = sc;
         o.window = window;
         o.order = order;
+        if (with_lse) o.lse = nan_output(batch, Hq);
         backend_.decode_attention(pools_, o);
       } else {
         std::vector<int32_t> q_indptr{0};
@@ -486,6 +504,7 @@ std::string OpGenerator::run(GeneratedOp op, const OpKnobs& knobs) {
         o.window = window;
         o.order = order;
         what << ", queries " << rows;
+        if (with_lse) o.lse = nan_output(rows, Hq);
         backend_.prefill_attention(pools_, o);
       }
       break;

@@ -72,8 +72,12 @@ class OpGenerator {
   KvPools pools_;
   bool have_pools_ = false;
   std::vector<BackendBuffer> buffers_;  // an op's tensors, freed before the next op
+  int64_t attention_ops_ = 0;            // every other attention op also writes its LSE
 
   TensorView tensor(CacheDtype dtype, std::vector<int64_t> shape, bool padded);
+  // An fp32 output [rows, cols] filled with NaN bytes, drawing nothing from the
+  // RNG (so adding it changed no generated sequence).
+  TensorView nan_output(int64_t rows, int64_t cols);
   void release_pools();
 };
 

@@ -230,6 +230,8 @@ __global__ void __launch_bounds__(kMergeThreads)
     const int32_t d = threadIdx.x + i * kMergeThreads;
     if (i < dims && d < D) store_float(a.out.data, a.out.dtype, a.out.offset(row, qh, d), (merged[i] / L) * a.scales.v_scale);
   }
+  // The LSE from the same M and L as the oracle's (core's store_lse; every thread holds the same chain).
+  if (threadIdx.x == 0) store_lse(a, row, qh, global_max, L);
 }
 
 }  // namespace
@@ -382,6 +384,7 @@ void decode_attention(const KvPools& pools, const DecodeAttentionOp& op, cudaStr
   }
   AttentionPlan plan = make_plan("decode_attention", pools, op.layer, op.q, op.out, op.block_table,
                                  op.max_blocks_per_seq, op.scales, op.window, seq, position, stream);
+  plan.args.lse = op.lse;  // written by the merge kernel
   set_order(plan, op.order);
   if (kernels_start) KVSIM_CUDA_CHECK("attention timing", cudaEventRecord(kernels_start, stream));  // after the upload
   launch_plan(plan, stream);
@@ -399,6 +402,7 @@ void prefill_attention(const KvPools& pools, const PrefillAttentionOp& op, cudaS
     }
   AttentionPlan plan = make_plan("prefill_attention", pools, op.layer, op.q, op.out, op.block_table,
                                  op.max_blocks_per_seq, op.scales, op.window, seq, position, stream);
+  plan.args.lse = op.lse;  // written by the merge kernel
   set_order(plan, op.order);
   if (kernels_start) KVSIM_CUDA_CHECK("attention timing", cudaEventRecord(kernels_start, stream));  // after the upload
   launch_plan(plan, stream);

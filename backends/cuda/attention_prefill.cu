@@ -469,6 +469,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   for (int i = 0; i < 8; ++i) {
     const int u = pu0 + i, r = u / G;
     if (r >= blk.rows) continue;
+    if (lane == 0) store_lse(a, int64_t{blk.first_row} + r, kv_head * G + u % G, sm.global_max[u], out_sum[i]);
 #pragma unroll
     for (int c = 0; c < C; ++c) {
       const int d = lane * C + c;
@@ -591,6 +592,7 @@ void prefill_attention_tiled(const KvPools& pools, const PrefillAttentionOp& op,
   a.layer = op.layer;
   a.q = op.q;
   a.out = op.out;
+  a.lse = op.lse;
   a.block_table = reinterpret_cast<const int32_t*>(table);
   a.max_blocks_per_seq = op.max_blocks_per_seq;
   a.scales = op.scales;

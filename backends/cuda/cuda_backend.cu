@@ -119,6 +119,11 @@ void CudaBackend::fill(void* dst, uint8_t byte, size_t bytes) {
 
 void CudaBackend::synchronize() { KVSIM_CUDA_CHECK("synchronize", cudaStreamSynchronize(stream_)); }
 
+void CudaBackend::wait_for_device() {
+  KVSIM_CUDA_CHECK("wait_for_device", cudaSetDevice(device_));
+  KVSIM_CUDA_CHECK("wait_for_device", cudaDeviceSynchronize());
+}
+
 std::vector<const void*> CudaBackend::upload(const char* op, std::initializer_list<HostArray> arrays) {
   size_t total = 0;
   for (const HostArray& a : arrays) total += align_up(a.bytes);
@@ -183,9 +188,6 @@ double CudaBackend::run_end(double host_seconds) {
 
 // ---------------------------------------------------------------- attention (part B's kernels)
 void CudaBackend::run_decode_attention(const KvPools& pools, const DecodeAttentionOp& op) {
-  // The LSE output is the CPU oracle's (its kernels do not write it yet): refused before any work.
-  if (!op.lse.empty())
-    fail(ErrorCode::bad_argument, "decode_attention: the lse output is computed by the cpu backend only");
 #if KVSIM_CUDA_ATTENTION
   cuda::decode_attention(pools, op, stream_, kernel_timing() ? kernels_start_ : nullptr);
   finish("decode_attention");
@@ -197,9 +199,6 @@ void CudaBackend::run_decode_attention(const KvPools& pools, const DecodeAttenti
 }
 
 void CudaBackend::run_prefill_attention(const KvPools& pools, const PrefillAttentionOp& op) {
-  // The LSE output is the CPU oracle's (its kernels do not write it yet): refused before any work.
-  if (!op.lse.empty())
-    fail(ErrorCode::bad_argument, "prefill_attention: the lse output is computed by the cpu backend only");
 #if KVSIM_CUDA_ATTENTION
   cuda::prefill_attention(pools, op, stream_, kernel_timing() ? kernels_start_ : nullptr);
   finish("prefill_attention");

@@ -41,6 +41,7 @@ class CudaBackend final : public Backend {
   void to_host(void* host_dst, const void* src, size_t bytes) override;
   void fill(void* dst, uint8_t byte, size_t bytes) override;
   void synchronize() override;
+  void wait_for_device() override;
   MemoryInfo memory_info() const override;  // cudaMemGetInfo's free device memory
 
   cudaStream_t stream() const { return stream_; }

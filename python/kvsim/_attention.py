@@ -54,7 +54,7 @@ def run(bound, q, *, seq_lens, block_table, q_indptr=None, sm_scale, k_scale=1.0
     """Decode (q_indptr None: one query per sequence) or causal prefill; returns (out, lse or None).
 
     ``lse`` is None (not computed) or a float32 [rows, Hq] tensor (any
-    strides) written in place. Tensors on CUDA are staged through the host.
+    strides) written in place. CUDA tensors run on kvsim's CUDA backend.
     """
     staged = T.Staged()
     qh = staged.host(q)

@@ -6,12 +6,16 @@ Tensors cross into C++ through DLPack. Two things are handled here:
   passed as ``uint8`` views of the same memory (``t.view(torch.uint8)``), with
   the kvsim dtype named explicitly; the extension also reads DLPack 1.0's
   float8 type codes (10 e4m3fn, 12 e5m2) when a producer exports them.
-* CUDA tensors: the module runs the CPU oracle, so CUDA tensors are copied to
-  the host, the op runs there, and the tensors it writes are copied back
-  (``Staged``). Host tensors are used in place, strides and all.
+* CUDA tensors: a module built with the CUDA backend (``kvsim.has_cuda``)
+  hands them to it as they are, and the op runs there in place; a module
+  without it copies them to the host, runs the CPU oracle and copies the
+  tensors it wrote back (``Staged``). Host tensors are used in place, strides
+  and all. ``host_copy`` is for Python-side code that reads values itself.
 """
 
 import numpy as np
+
+from . import _kvsim
 
 try:
     import torch
@@ -74,7 +78,7 @@ class Staged:
     def host(self, x, written=False):
         if x is None:
             return None
-        if on_cuda(x):
+        if on_cuda(x) and not _kvsim.has_cuda:
             h = x.detach().to("cpu")
             if written:
                 self._back.append((x, h))
@@ -85,6 +89,11 @@ class Staged:
         for dev, h in self._back:
             dev.copy_(h)
         self._back = []
+
+
+def host_copy(x):
+    """x itself on the host; a CUDA tensor's host copy (for code that reads the values)."""
+    return x.detach().to("cpu") if on_cuda(x) else x
 
 
 def empty_like(x):

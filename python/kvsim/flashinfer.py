@@ -46,7 +46,7 @@ def append_paged_kv_cache(append_key, append_value, batch_indices, positions, pa
     [pages, 2, H, P, D] (HND) tensor or a (k_cache, v_cache) tuple, the CSR
     table ``kv_indices``/``kv_indptr``/``kv_last_page_len`` that already
     includes the appended tokens. Tensors are numpy arrays or torch tensors
-    (CPU in place; CUDA through host copies written back).
+    (CPU in place; CUDA in place on kvsim's CUDA backend).
 
     kvsim extensions: ``cache_dtype`` names what a uint8 cache holds
     ("fp8_e4m3", "fp8_e5m2", "nvfp4"); for nvfp4 the cache is packed bytes

@@ -9,8 +9,9 @@ cuKVCacheBlockPartialCopy) and, with a secondary pool, ``offload`` /
 ``onboard`` (TensorRT-LLM's host offloading, contract MoveBlocksOp).
 ``LatentPool`` is DeepSeek MLA's latent cache ([ckv | kpe] per token) with
 ``append_mla`` and ``mla_attention``. Each op validates before it moves a byte; a
-raised kvsim.Error leaves the tensors unchanged. CUDA tensors are staged
-through the host per op (docs/python.md).
+raised kvsim.Error leaves the tensors unchanged. CUDA tensors run on the
+CUDA backend in place (a module built without it stages them through the
+host; docs/python.md).
 """
 
 from dataclasses import dataclass
@@ -83,7 +84,7 @@ class Pools:
         out = np.zeros((int(num_tokens), self.geometry.kv_heads, self.geometry.head_dim), np.float32)
         # Read only: K and V of two tensors are read from one fresh copy, so the
         # output can never fall inside the pool's address range (gather's rule).
-        host = [T.Staged().host(t) for t in self.tensors]
+        host = [T.host_copy(t) for t in self.tensors]
         bound = Bound(self.engine, list(T.stack_pair(*host)) if len(host) == 2 else host, *self._args,
                       self.scale_tensors)
         _kvsim.gather(bound.pools, int(layer), int(kv), T.int_array(block_ids), int(num_tokens), out, float(scale),

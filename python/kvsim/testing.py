@@ -330,7 +330,7 @@ def attention_report(actual, q, cache, *, indptr=None, indices=None, last_page_l
     # K/V read back through kvsim's gather, from host copies: two cache tensors as one fresh buffer (V right
     # after K), so no output buffer can fall inside the pool's address range (gather's overlap rule).
     def host_copy(ts):
-        host = [T.Staged().host(t) for t in ts]
+        host = [T.host_copy(t) for t in ts]
         return list(T.stack_pair(*host)) if len(host) == 2 else host
     bound_kv = Bound(engine, host_copy(tensors), dtype, layout, 1, heads, page, head_dim,
                      host_copy(scales))  # read only: never finished

@@ -15,11 +15,14 @@
 #include <pybind11/stl.h>
 
 #include <dlpack/dlpack.h>
+#include <dlfcn.h>
 #include <execinfo.h>
+#include <ucontext.h>
 #include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <iterator>
@@ -48,6 +51,7 @@ constexpr uint8_t kDLFloat8_e5m2 = 12;
 struct Borrowed {
   py::object capsule;
   DLTensor* t = nullptr;
+  bool on_cuda() const { return t->device.device_type == kDLCUDA; }
 };
 
 Borrowed borrow(py::handle obj, const std::string& what) {
@@ -61,9 +65,15 @@ Borrowed borrow(py::handle obj, const std::string& what) {
     fail(ErrorCode::shape_mismatch, what + ": __dlpack__ did not return a DLPack tensor capsule");
   }
   b.t = &managed->dl_tensor;
-  if (b.t->device.device_type != kDLCPU && b.t->device.device_type != kDLCUDAHost)
-    fail(ErrorCode::bad_argument, what + ": a device tensor reached the host module (the Python layer stages CUDA "
-                                         "tensors through host copies)");
+  const DLDeviceType type = b.t->device.device_type;
+  // CUDA tensors run on the CUDA backend (device 0, the one CudaBackend uses);
+  // without it the Python layer stages them through host copies.
+  if (type == kDLCUDA && (!KVSIM_HAVE_CUDA || b.t->device.device_id != 0))
+    fail(ErrorCode::bad_argument, what + ": a tensor on cuda:" + std::to_string(b.t->device.device_id) +
+                                      (KVSIM_HAVE_CUDA ? ": kvsim's CUDA backend runs on cuda:0"
+                                                       : " reached a module built without CUDA"));
+  if (type != kDLCPU && type != kDLCUDAHost && type != kDLCUDA)
+    fail(ErrorCode::bad_argument, what + ": DLPack device type " + std::to_string(type) + " is neither the host nor CUDA");
   if (b.t->dtype.lanes != 1) fail(ErrorCode::shape_mismatch, what + ": vector element types are not supported");
   return b;
 }
@@ -127,6 +137,15 @@ TensorView view_of(const Borrowed& b, CacheDtype dtype, int rank, const std::str
     v.stride[i] = dl_stride(t, i);
   }
   return v;
+}
+
+// A new 1-D C-contiguous array of n elements, from a shape vector. Not
+// array_t(count): built with pybind11 3.1 and numpy 2 (the GPU machine's venv)
+// that constructor gave arrays whose every element read back as the first
+// (docs/python.md), and writing n elements through mutable_data() overran it.
+template <class T>
+py::array_t<T> new_vector(py::ssize_t n) {
+  return py::array_t<T>(std::vector<py::ssize_t>{n});
 }
 
 template <class T>
@@ -390,6 +409,77 @@ Backend& cpu() {
   return *backend;
 }
 
+// The CUDA backend, made on first use like cpu(); backend_unavailable without a GPU.
+Backend& cuda() {
+  static Backend* const backend = make_backend("cuda").release();
+  return *backend;
+}
+
+// The backend an op runs on: the CPU oracle when every tensor (the pool's and
+// the op's) is host memory, the CUDA backend when every one is a CUDA tensor
+// (kernels read and write them in place); a mix is refused by name. Before a
+// CUDA op, every kernel already queued on the device (the caller's, e.g.
+// PyTorch's stream) finishes, so the op reads what the caller wrote; the op
+// itself ends synchronized.
+Backend& backend_for(const char* op, const EnginePools* p, std::initializer_list<const Borrowed*> tensors) {
+  int cuda_count = 0, count = 0;
+  std::string first_cuda, first_host;
+  const auto note = [&](const Borrowed& b, const char* what) {
+    ++count;
+    if (b.on_cuda()) {
+      if (cuda_count++ == 0) first_cuda = what;
+    } else if (first_host.empty()) {
+      first_host = what;
+    }
+  };
+  if (p != nullptr)
+    for (const Borrowed& b : p->keep) note(b, "the cache");
+  for (const Borrowed* b : tensors)
+    if (b != nullptr && b->t != nullptr) note(*b, "an input or output tensor");
+  if (cuda_count == 0) return cpu();
+  if (cuda_count != count)
+    fail(ErrorCode::bad_argument, std::string(op) + ": tensors on different devices (" + first_cuda + " on cuda:0, " +
+                                      first_host + " on the host): rule: one device per op");
+  Backend& b = cuda();
+  b.wait_for_device();
+  return b;
+}
+
+// A host view of `v`'s elements for code in this module that reads or writes
+// them on the host (a CUDA tensor is downloaded into `bytes`); put_back()
+// uploads them again after a host write.
+struct HostElements {
+  Backend* backend = nullptr;
+  TensorView device_view, view;
+  std::vector<uint8_t> bytes;
+  size_t extent_bytes = 0;
+  HostElements(Backend& b, const TensorView& v) : device_view(v), view(v) {
+    if (&b == &cpu() || v.empty()) return;
+    backend = &b;
+    int64_t last = 0;
+    for (int i = 0; i < v.rank; ++i) last += v.stride[i] * (v.shape[i] - 1);
+    extent_bytes = static_cast<size_t>(((last + 1) * bits_per_element(v.dtype) + 7) / 8);
+    bytes.resize(extent_bytes);
+    b.to_host(bytes.data(), v.data, extent_bytes);
+    view.data = bytes.data();
+  }
+  void put_back() {
+    if (backend != nullptr) backend->to_backend(device_view.data, bytes.data(), extent_bytes);
+  }
+};
+
+// A contiguous host array the module built (a RoPE table, gathered rows) as a
+// tensor in `b`'s memory: itself on the CPU, a device copy held by `keep` on CUDA.
+TensorView on_backend(Backend& b, const TensorView& host, BackendBuffer& keep) {
+  if (&b == &cpu() || host.empty()) return host;
+  const size_t bytes = static_cast<size_t>((host.numel() * bits_per_element(host.dtype) + 7) / 8);
+  keep = BackendBuffer(b, bytes);
+  keep.upload(host.data, bytes);
+  TensorView v = host;
+  v.data = keep.get();
+  return v;
+}
+
 // ---------------------------------------------------------------- ops
 
 // FlashInfer's append coordinates (batch_indices, positions and the CSR page
@@ -421,7 +511,7 @@ void append_paged(const EnginePools& p, int32_t layer, py::handle k, py::handle 
   at.into(op);
   op.k_global_scale = k_global_scale;
   op.v_global_scale = v_global_scale;
-  cpu().append_paged(p.pools, op);
+  backend_for("append_paged", &p, {&kb, &vb}).append_paged(p.pools, op);
 }
 
 void reshape_and_cache(const EnginePools& p, int32_t layer, py::handle key, py::handle value, py::handle slot_mapping,
@@ -435,7 +525,7 @@ void reshape_and_cache(const EnginePools& p, int32_t layer, py::handle key, py::
   op.slot_mapping = slots;
   op.k_scale = k_scale;
   op.v_scale = v_scale;
-  cpu().reshape_and_cache(p.pools, op);
+  backend_for("reshape_and_cache", &p, {&kb, &vb}).reshape_and_cache(p.pools, op);
 }
 
 // What decode and prefill attention take alike: q and out (fp32 or the input
@@ -463,12 +553,14 @@ TensorView lse_view(const py::object& lse, std::vector<Borrowed>& keep) {
 
 // FlashInfer's convention: the natural-log LSE the op wrote, in base 2
 // (core's lse_base2: one multiply by fp32 log2(e)), in place.
-void lse_to_base2(const TensorView& lse) {
+void lse_to_base2(Backend& b, const TensorView& lse) {
+  HostElements host(b, lse);
   for (int64_t r = 0; r < lse.shape[0]; ++r)
     for (int64_t h = 0; h < lse.shape[1]; ++h) {
-      float& x = static_cast<float*>(lse.data)[lse.offset(r, h)];
+      float& x = static_cast<float*>(host.view.data)[host.view.offset(r, h)];
       x = canonical_nan(canon::lse_base2(x));
     }
+  host.put_back();
 }
 
 void decode_attention(const EnginePools& p, int32_t layer, py::handle q, py::handle out, py::handle seq_lens,
@@ -482,8 +574,9 @@ void decode_attention(const EnginePools& p, int32_t layer, py::handle q, py::han
   const std::vector<int32_t> lens = int_list<int32_t>(seq_lens), table = int_list<int32_t>(block_table);
   op.seq_lens = lens;
   op.block_table = table;
-  cpu().decode_attention(p.pools, op);
-  if (lse_base2 && !op.lse.empty()) lse_to_base2(op.lse);
+  Backend& b = backend_for("decode_attention", &p, {&qb, &ob, keep.empty() ? nullptr : &keep[0]});
+  b.decode_attention(p.pools, op);
+  if (lse_base2 && !op.lse.empty()) lse_to_base2(b, op.lse);
 }
 
 void prefill_attention(const EnginePools& p, int32_t layer, py::handle q, py::handle out, py::handle q_indptr,
@@ -500,8 +593,9 @@ void prefill_attention(const EnginePools& p, int32_t layer, py::handle q, py::ha
   op.q_indptr = qi;
   op.seq_lens = lens;
   op.block_table = table;
-  cpu().prefill_attention(p.pools, op);
-  if (lse_base2 && !op.lse.empty()) lse_to_base2(op.lse);
+  Backend& b = backend_for("prefill_attention", &p, {&qb, &ob, keep.empty() ? nullptr : &keep[0]});
+  b.prefill_attention(p.pools, op);
+  if (lse_base2 && !op.lse.empty()) lse_to_base2(b, op.lse);
 }
 
 // TensorRT-LLM's write path (applyBiasRopeUpdateKVCache) over its pool:
@@ -522,12 +616,15 @@ void qkv_preprocess(const EnginePools& p, int32_t layer, int32_t num_q_heads, py
     keep.push_back(borrow(bias, "qkv_bias"));
     op.bias = view_of(keep.back(), dtype_of(*keep.back().t, "", "qkv_bias"), 1, "qkv_bias");
   }
+  Backend& b = backend_for("qkv_preprocess_write", &p, {&xb, &ob, keep.empty() ? nullptr : &keep[0]});
   RopeTable table;
+  BackendBuffer table_on_backend;
   if (rope == "neox" || rope == "gptj") {
     op.rope_style = rope == "neox" ? RopeStyle::neox : RopeStyle::gptj;
     op.rotary_dim = rotary_dim;
     table = build_rope_table(rotary_dim, max_position, rope_base);
-    op.cos_sin = contiguous_view(table.cos_sin.data(), CacheDtype::fp32, {max_position, rotary_dim});
+    op.cos_sin = on_backend(b, contiguous_view(table.cos_sin.data(), CacheDtype::fp32, {max_position, rotary_dim}),
+                            table_on_backend);
   } else if (rope != "none") {
     fail(ErrorCode::bad_argument, "rope '" + rope + "': expected none, neox (GPT-NeoX) or gptj (GPT-J)");
   }
@@ -547,7 +644,7 @@ void qkv_preprocess(const EnginePools& p, int32_t layer, int32_t num_q_heads, py
   op.scale_orig_quant[2] = v_scale;
   op.nvfp4_global_scale[1] = kg;
   op.nvfp4_global_scale[2] = vg;
-  cpu().qkv_preprocess_write(p.pools, op);
+  b.qkv_preprocess_write(p.pools, op);
 }
 
 // gather_paged (contract §5.9's read side): one sequence's K (kv = 0) or V
@@ -564,7 +661,7 @@ void gather(const EnginePools& p, int32_t layer, int32_t kv, py::handle block_id
   op.out = view_of(ob, dtype_of(*ob.t, "", "out"), 3, "out");
   op.scale = scale;
   op.global_scale = global_scale;
-  cpu().gather_paged(p.pools, op);
+  backend_for("gather_paged", &p, {&ob}).gather_paged(p.pools, op);
 }
 
 // vLLM's copy_blocks (whole blocks, data and nvfp4 scales) and TensorRT-LLM's
@@ -576,7 +673,7 @@ void copy_blocks(const EnginePools& p, py::handle src, py::handle dst) {
   for (size_t i = 0; i < s.size(); ++i) pairs.emplace_back(s[i], d[i]);
   CopyBlocksOp op;
   op.pairs = pairs;
-  cpu().copy_blocks(p.pools, op);
+  backend_for("copy_blocks", &p, {}).copy_blocks(p.pools, op);
 }
 
 void partial_copy(const EnginePools& p, int32_t src_block, int32_t dst_block, int32_t num_tokens) {
@@ -584,7 +681,7 @@ void partial_copy(const EnginePools& p, int32_t src_block, int32_t dst_block, in
   op.src_block = src_block;
   op.dst_block = dst_block;
   op.num_tokens = num_tokens;
-  cpu().partial_copy(p.pools, op);
+  backend_for("partial_copy", &p, {}).partial_copy(p.pools, op);
 }
 
 // ---------------------------------------------------------------- MLA, offload, onboard
@@ -604,7 +701,7 @@ void append_mla(const EnginePools& p, int32_t layer, py::handle ckv, py::handle 
   at.into(op);
   op.ckv_global_scale = ckv_global_scale;
   op.kpe_scale = kpe_scale;
-  cpu().append_mla(p.pools, op);
+  backend_for("append_mla", &p, {&cb, &kb}).append_mla(p.pools, op);
 }
 
 // vLLM's concat_and_cache_mla (csrc/cache_kernels.cu): token i's [kv_c | k_pe]
@@ -667,16 +764,20 @@ void concat_and_cache_mla(const EnginePools& p, py::handle kv_c, py::handle k_pe
       }
     return contiguous_view(bytes.data(), to, {static_cast<int64_t>(rows.size()), width});
   };
+  // CUDA inputs are read on the host (the gather and quantization above), the gathered rows uploaded.
+  Backend& b = backend_for("concat_and_cache_mla", &p, {&cb, &kb});
+  const HostElements ckv_host(b, ckv), kpe_host(b, kpe);
   std::vector<uint8_t> ckv_bytes, kpe_bytes;
+  BackendBuffer ckv_on_backend, kpe_on_backend;
   AppendMlaOp op;
-  op.ckv = gathered(ckv, ckv_bytes);
-  op.kpe = gathered(kpe, kpe_bytes);
+  op.ckv = on_backend(b, gathered(ckv_host.view, ckv_bytes), ckv_on_backend);
+  op.kpe = on_backend(b, gathered(kpe_host.view, kpe_bytes), kpe_on_backend);
   op.batch_indices = batch;
   op.positions = positions;
   op.indptr = indptr;
   op.indices = indices;
   op.last_page_len = last;
-  cpu().append_mla(p.pools, op);
+  b.append_mla(p.pools, op);
 }
 
 // DeepSeek-V3 absorbed MLA attention (core/ops/mla_attention.hpp): q [rows,
@@ -703,7 +804,7 @@ void mla_attention(const EnginePools& p, int32_t layer, py::handle q, py::handle
   op.scale = scale;
   op.ckv_global_scale = ckv_global_scale;
   op.kpe_scale = kpe_scale;
-  cpu().mla_attention(p.pools, op);
+  backend_for("mla_attention", &p, {&qb, &ob}).mla_attention(p.pools, op);
 }
 
 // TensorRT-LLM's offloading (contract: MoveBlocksOp): offload copies primary
@@ -713,8 +814,9 @@ void move_blocks(const EnginePools& p, py::handle primary, py::handle secondary,
   MoveBlocksOp op;
   op.primary = a;
   op.secondary = b;
-  if (to_secondary) cpu().offload(p.pools, op);
-  else cpu().onboard(p.pools, op);
+  Backend& backend = backend_for(to_secondary ? "offload" : "onboard", &p, {});
+  if (to_secondary) backend.offload(p.pools, op);
+  else backend.onboard(p.pools, op);
 }
 
 // TensorRT-LLM's indexer K cache scatter (DeepSeek sparse attention): fp8
@@ -730,7 +832,7 @@ void indexer_k_scatter(py::handle k_fp8, py::handle k_scale, py::handle slots_fp
   op.cache = view_of(cb, dtype_of(*cb.t, "fp8_e4m3", "k_cache"), 4, "k_cache");
   op.slot_mapping_fp8 = fp8;
   op.slot_mapping_scale = scale;
-  cpu().indexer_k_scatter(op);
+  backend_for("indexer_k_scatter", nullptr, {&kb, &sb, &cb}).indexer_k_scatter(op);
 }
 
 // FlashInfer's CSR page table (kv_indptr, kv_indices, kv_last_page_len) as
@@ -744,7 +846,7 @@ py::tuple csr_to_dense(const EnginePools& p, py::handle indptr, py::handle indic
   const CsrPageTable t = make_csr_view(ip, ix, lpl, g);
   int32_t max_pages = 0;
   for (int32_t b = 0; b < t.batch; ++b) max_pages = std::max(max_pages, t.num_pages(b));
-  py::array_t<int32_t> lens(t.batch), table({static_cast<py::ssize_t>(t.batch), static_cast<py::ssize_t>(max_pages)});
+  py::array_t<int32_t> lens = new_vector<int32_t>(t.batch), table({static_cast<py::ssize_t>(t.batch), static_cast<py::ssize_t>(max_pages)});
   int32_t* row = table.mutable_data();
   for (int32_t b = 0; b < t.batch; ++b, row += max_pages) {
     if (t.length(b) > INT32_MAX) fail(ErrorCode::shape_mismatch, "sequence " + std::to_string(b) + " is longer than 2^31 tokens");
@@ -884,8 +986,8 @@ py::array_t<uint8_t> nvfp4_quantize(py::array_t<float, py::array::c_style | py::
   if (x.size() % codec::kNvfp4BlockElems != 0)
     fail(ErrorCode::shape_mismatch, "nvfp4_quantize: the element count must be a multiple of 16");
   const py::ssize_t groups = x.size() / codec::kNvfp4BlockElems;
-  py::array_t<uint8_t> packed(x.size() / 2);
-  scales_out = py::array_t<uint8_t>(groups);
+  py::array_t<uint8_t> packed = new_vector<uint8_t>(x.size() / 2);
+  scales_out = new_vector<uint8_t>(groups);
   for (py::ssize_t gi = 0; gi < groups; ++gi)
     scales_out.mutable_data()[gi] =
         codec::nvfp4_quantize16(x.data() + gi * 16, global_scale, packed.mutable_data() + gi * 8);
@@ -922,11 +1024,64 @@ py::dict replay(const std::string& path, const std::string& dump_dir) {
 constexpr int kFatalSignals[] = {SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGABRT};
 struct sigaction previous_actions[std::size(kFatalSignals)];
 
-void print_native_backtrace(int sig) {
+// Writes "label 0x<hex> (object+0x<offset>)" with only write(2): no stdio in a handler.
+void write_address(const char* label, const void* address) {
+  char line[512];
+  size_t n = 0;
+  auto put = [&](const char* text) {
+    while (*text != 0 && n + 1 < sizeof(line)) line[n++] = *text++;
+  };
+  auto put_hex = [&](std::uintptr_t v) {
+    char digits[2 + 2 * sizeof(v) + 1];
+    size_t k = sizeof(digits) - 1;
+    digits[k] = 0;
+    do {
+      digits[--k] = "0123456789abcdef"[v & 15];
+      v >>= 4;
+    } while (v != 0 && k > 2);
+    digits[--k] = 'x';
+    digits[--k] = '0';
+    put(digits + k);
+  };
+  put(label);
+  put_hex(reinterpret_cast<std::uintptr_t>(address));
+  Dl_info info = {};
+  if (dladdr(address, &info) != 0 && info.dli_fname != nullptr) {
+    put(" (");
+    put(info.dli_fname);
+    put("+");
+    put_hex(reinterpret_cast<std::uintptr_t>(address) - reinterpret_cast<std::uintptr_t>(info.dli_fbase));
+    if (info.dli_sname != nullptr) {
+      put(" near ");
+      put(info.dli_sname);
+    }
+    put(")");
+  }
+  put("\n");
+  ssize_t ignored = write(STDERR_FILENO, line, n);
+  (void)ignored;
+}
+
+void print_native_backtrace(int sig, siginfo_t* info, void* context) {
   static const char head[] = "\nkvsim: fatal signal, native backtrace (KVSIM_SEGV_BACKTRACE):\n";
   ssize_t ignored = write(STDERR_FILENO, head, sizeof(head) - 1);
   void* frames[64];
   backtrace_symbols_fd(frames, backtrace(frames, 64), STDERR_FILENO);
+  // The unwinder cannot walk past a jump into data (a bad indirect call): the
+  // faulting PC, the fault address and the word at the stack pointer (a call's
+  // return address, i.e. the caller) name where it came from.
+#if defined(__x86_64__) && defined(REG_RIP)
+  if (context != nullptr) {
+    const auto* uc = static_cast<const ucontext_t*>(context);
+    write_address("kvsim: faulting pc ", reinterpret_cast<const void*>(uc->uc_mcontext.gregs[REG_RIP]));
+    if (info != nullptr) write_address("kvsim: fault address ", info->si_addr);
+    const auto* sp = reinterpret_cast<void* const*>(uc->uc_mcontext.gregs[REG_RSP]);
+    for (int i = 0; i < 4; ++i) write_address("kvsim: stack word (return address?) ", sp[i]);
+  }
+#else
+  (void)info;
+  (void)context;
+#endif
   for (size_t i = 0; i < std::size(kFatalSignals); ++i)
     if (kFatalSignals[i] == sig) sigaction(sig, &previous_actions[i], nullptr);
   (void)ignored;
@@ -939,9 +1094,9 @@ void install_backtrace_handler() {
   void* warm[1];
   backtrace(warm, 1);  // loads libgcc's unwinder now, not inside the handler
   struct sigaction action = {};
-  action.sa_handler = print_native_backtrace;
+  action.sa_sigaction = print_native_backtrace;
   sigemptyset(&action.sa_mask);
-  action.sa_flags = SA_NODEFER;
+  action.sa_flags = SA_NODEFER | SA_SIGINFO;
   for (size_t i = 0; i < std::size(kFatalSignals); ++i) sigaction(kFatalSignals[i], &action, &previous_actions[i]);
 }
 
@@ -1008,5 +1163,6 @@ PYBIND11_MODULE(_kvsim, m) {
     for (Engine e : kEngines) names.emplace_back(engine_name(e));
     return names;
   });
-  m.attr("has_cuda") = py::bool_(false);  // ops run on the CPU oracle; CUDA tensors are staged by the Python layer
+  // Built with the CUDA backend: ops on CUDA tensors run there (backend_for); else the Python layer stages them.
+  m.attr("has_cuda") = py::bool_(KVSIM_HAVE_CUDA != 0);
 }

@@ -50,6 +50,9 @@ def test_codecs_agree_with_the_cli():
     assert kvsim.codec.decode("e4m3", kvsim.codec.encode("e4m3", [1.5, -448])).tolist() == [1.5, -448]
     packed, scales = kvsim.codec.nvfp4_quantize(np.arange(16, dtype=np.float32), 1.0)
     assert packed.shape == (8,) and scales.shape == (1,)
+    # Each of the 8 bytes is its own element (pybind11 3.1's array_t(count) gave arrays whose every
+    # element read back as the first: docs/python.md).
+    assert packed.strides == (1,) and len(set(packed.tolist())) > 4
 
 
 def test_replay_runs_a_builtin_scenario():
@@ -121,6 +124,8 @@ def test_segv_backtrace_handler_prints_the_native_stack_and_chains():
     assert r.returncode == -11, (r.returncode, r.stderr)
     assert "kvsim: fatal signal, native backtrace (KVSIM_SEGV_BACKTRACE)" in r.stderr
     assert "Fatal Python error: Segmentation fault" in r.stderr  # faulthandler ran after ours
+    assert "kvsim: faulting pc 0x" in r.stderr and "kvsim: fault address 0x0" in r.stderr, r.stderr
+    assert "kvsim: stack word (return address?) 0x" in r.stderr
     env.pop("KVSIM_SEGV_BACKTRACE")
     r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert r.returncode == -11 and "native backtrace" not in r.stderr

@@ -245,3 +245,38 @@ def test_bad_attention_input_raises_named_errors_and_writes_nothing(device):
     with pytest.raises(kvsim.errors.BadArgument):
         kvsim.vllm.flash_attn_varlen_func(q, cache[:, 0], cache[:, 1], 1, [0, 1, 2, 3], 9, seqused_k=LENS,
                                           block_table=np.zeros((3, 3), np.int32), softcap=50.0)
+
+
+def test_csr_to_dense_gives_each_request_its_own_length():
+    """The dense view of a CSR table: one length per request, one row of pages each (-1 past the end). On the
+    GPU machine (pybind11 3.1, numpy 2) the lengths once all read back as the first request's."""
+    from kvsim import _kvsim
+    from kvsim._pools import Bound
+    cache = torch.zeros(9, 2, P, H, D, dtype=torch.bfloat16)
+    bound = Bound("flashinfer", [cache], "bf16", "nhd", 1, H, P, D)
+    lens, table = _kvsim.csr_to_dense(bound.pools, *csr(LENS, PAGES))
+    assert lens.tolist() == LENS and lens.strides == (4,)
+    assert table.tolist() == [[3, 6, -1], [1, 0, 8], [5, -1, -1]]
+
+
+def test_cuda_tensors_run_on_the_cuda_backend_with_the_oracles_bytes():
+    """A module built with CUDA runs ops on CUDA tensors on its CUDA backend, in place: decode's out and base-2
+    LSE equal the CPU oracle's bytes; a host q against a CUDA cache is refused by name, nothing written."""
+    if not (torch.cuda.is_available() and kvsim.has_cuda):
+        pytest.skip("needs a GPU and a kvsim module built with CUDA")
+    q = torch.randn(len(LENS), HQ, D, generator=torch.Generator().manual_seed(5)).bfloat16()
+    indptr, indices, last = csr(LENS, PAGES)
+    got = {}
+    for dev in ("cpu", "cuda"):
+        cache = filled_cache(dev)[0]
+        w = kvsim.flashinfer.BatchDecodeWithPagedKVCacheWrapper(None, "NHD")
+        w.plan(indptr, indices, last, HQ, H, D, P)
+        out, lse = w.run(q.to(dev), cache, return_lse=True)
+        assert out.device.type == dev and lse.device.type == dev
+        got[dev] = (out.cpu().view(torch.int16), lse.cpu().view(torch.int32))
+    assert torch.equal(got["cpu"][0], got["cuda"][0]) and torch.equal(got["cpu"][1], got["cuda"][1])
+    before = cache.clone()
+    out = torch.zeros(len(LENS), HQ, D, dtype=torch.bfloat16)
+    with pytest.raises(kvsim.errors.BadArgument, match="different devices"):
+        w.run(q, cache, out=out)
+    assert torch.equal(cache, before) and not out.any()
