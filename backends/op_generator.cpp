@@ -339,8 +339,13 @@ std::string OpGenerator::run(GeneratedOp op, const OpKnobs& knobs) {
       const bool fp8 = g.dtype == CacheDtype::fp8_e4m3 || g.dtype == CacheDtype::fp8_e5m2;
       ReshapeAndCacheOp o;
       o.layer = layer;
-      o.key = tensor(fp8 && coin(rng_) ? float_input : g.dtype, {T, H, D}, coin(rng_));
-      o.value = tensor(fp8 && coin(rng_) ? float_input : g.dtype, {T, H, D}, coin(rng_));
+      // One draw per statement: a call's arguments are evaluated in an unspecified order (g++ took
+      // the last one first, clang the first), so two draws in one call gave other sequences per compiler.
+      for (TensorView* input : {&o.key, &o.value}) {
+        const bool padded = coin(rng_);
+        const CacheDtype dtype = fp8 && coin(rng_) ? float_input : g.dtype;
+        *input = tensor(dtype, {T, H, D}, padded);
+      }
       o.slot_mapping = slots;
       o.k_scale = uniform_float(rng_, 0.05f, 4.0f);
       o.v_scale = uniform_float(rng_, 0.05f, 4.0f);
@@ -372,7 +377,8 @@ std::string OpGenerator::run(GeneratedOp op, const OpKnobs& knobs) {
       const int64_t width = static_cast<int64_t>(o.num_q_heads + 2 * H) * D;
       o.qkv = tensor(in, {tokens, width}, coin(rng_));
       if (coin(rng_)) o.bias = tensor(in, {width}, false);
-      o.q_out = tensor(coin(rng_) ? in : pick(rng_, kFloatInputs), {tokens, o.num_q_heads, D}, coin(rng_));
+      const bool q_out_padded = coin(rng_);  // drawn before the dtype, as g++ evaluated the call (above)
+      o.q_out = tensor(coin(rng_) ? in : pick(rng_, kFloatInputs), {tokens, o.num_q_heads, D}, q_out_padded);
       const RopeStyle styles[] = {RopeStyle::none, RopeStyle::neox, RopeStyle::gptj};
       o.rope_style = pick(rng_, styles);
       if (o.rope_style != RopeStyle::none) {

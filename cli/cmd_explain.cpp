@@ -48,6 +48,7 @@ struct ExplainOptions {
   ExplainRequest at;
   bool json = false;
   std::optional<std::string> svg_file;
+  std::optional<int32_t> null_block;  // --null-block
 };
 
 // ---------------------------------------------------------------- parsing
@@ -80,6 +81,7 @@ std::vector<int32_t> parse_table(const std::string& text, const std::string& fla
 // The library's request: the flags' geometry and the parsed tables.
 ExplainRequest explain_request(const ExplainOptions& o) {
   ExplainRequest r = o.at;
+  r.null_block = o.null_block;
   r.geometry = make_geometry(o.geometry);
   r.engine = engine_option(o.geometry);
   if (o.block_table) {
@@ -119,12 +121,16 @@ Json explanation_json(const Explanation& e) {
     j["window"] = Json{{"window", e.window.window},
                        {"sinks", e.window.sinks},
                        {"one_more_block", e.window.one_more_block},
+                       {"linear", e.window.linear},
                        {"bubble", e.window.bubble},
-                       {"cyclic_len", e.window.cyclic_len},
+                       {"cyclic_len", e.window.linear ? Json(nullptr) : Json(e.window.cyclic_len)},
                        {"is_sink", e.window.is_sink(e.token)}};
   } else {
     j["window"] = nullptr;
   }
+  j["layer_windows"] = e.layer_windows.empty() ? Json(nullptr) : Json(e.layer_windows);
+  j["null_block"] = e.null_block ? Json(*e.null_block) : Json(nullptr);
+  j["null_entries"] = e.null_block ? Json(e.null_entries) : Json(nullptr);
   j["cache_token"] = e.cache_token;
   j["page_divider"] = Json{{"page_size", e.divider.page_size},
                            {"pow2", e.divider.pow2},
@@ -179,7 +185,7 @@ Json explanation_json(const Explanation& e) {
   }
 
   Json f;
-  if (e.window.enabled()) {
+  if (e.window.enabled() && !e.window.linear) {
     f["bubble"] = bubble_formula(e.window);
     f["cyclic_len"] = cyclic_formula(e.window);
   }
@@ -251,6 +257,20 @@ void register_explain(CLI::App& app) {
       ->group(window_group);
   add_int_option(*cmd, "--sinks", opts->at.sinks, "Sink tokens S", INT32_MIN, INT32_MAX)->group(window_group);
   cmd->add_flag("--one-more-block", opts->at.one_more_block, "cyclic_len = W + P - S instead of W - S")
+      ->group(window_group);
+  add_int_list_option(*cmd, "--layer-windows", opts->at.layer_windows,
+                      "Per-layer attention: one window per layer, 0 = full (Gemma 3: 1024,1024,1024,1024,1024,0); "
+                      "--layer's entry is its window",
+                      0, INT32_MAX)
+      ->group(window_group);
+  cmd->add_option_function<std::string>(
+         "--null-block",
+         [opts](const std::string& text) {
+           opts->null_block = static_cast<int32_t>(parse_int("--null-block", text, INT32_MIN, INT32_MAX));
+         },
+         "vLLM hybrid KV cache manager: the table is indexed by position (no ring) and entries equal to this block "
+         "are the null block (a sliding group's released pages); vLLM's null block is 0")
+      ->expected(0, 1)
       ->group(window_group);
 
   cmd->add_flag("--json", opts->json, "Print one JSON object (schema in docs/index-arithmetic.md)");

@@ -64,9 +64,33 @@ Explanation explain(const ExplainRequest& o) {
   }
   const PoolGeometry& g = e.g;
 
-  if (o.one_more_block && o.window == 0)
-    fail(ErrorCode::bad_window, "--one-more-block needs a window (--window W > 0)");
-  e.window = WindowMapping::make(o.window, o.sinks, g.tokens_per_block, o.one_more_block);
+  // The explained layer's window: its entry of the per-layer list, else the one window.
+  int32_t window = o.window;
+  if (!o.layer_windows.empty()) {
+    if (o.window != 0)
+      fail(ErrorCode::bad_argument, "give the window once: --window W or --layer-windows (one per layer), not both");
+    if (static_cast<int64_t>(o.layer_windows.size()) != g.layers)
+      fail(ErrorCode::bad_argument, "--layer-windows has " + std::to_string(o.layer_windows.size()) +
+                                        " entries for " + std::to_string(g.layers) + " layers: rule: one per layer");
+    if (o.layer >= 0 && o.layer < g.layers) window = o.layer_windows[static_cast<size_t>(o.layer)];
+    e.layer_windows = o.layer_windows;
+  }
+  if (o.one_more_block && window == 0)
+    fail(ErrorCode::bad_window, "--one-more-block needs a window (--window W > 0, or the layer's --layer-windows entry)");
+  if (o.null_block) {
+    if (*o.null_block < 0 || *o.null_block >= g.primary_blocks)
+      fail(ErrorCode::block_out_of_range, "--null-block " + std::to_string(*o.null_block) +
+                                              ": rule: a primary block id < primary_blocks = " +
+                                              std::to_string(g.primary_blocks));
+    if (o.one_more_block)
+      fail(ErrorCode::bad_window, "--null-block is vLLM's hybrid manager (slot = position, no ring): "
+                                  "--one-more-block is TensorRT-LLM's ring");
+    e.null_block = o.null_block;
+  }
+  // vLLM's hybrid manager indexes its tables by absolute position; TensorRT-LLM's
+  // cyclic window maps the position into its ring (getKVTokenIdx).
+  e.window = o.null_block ? WindowMapping::make_linear(window, o.sinks, g.tokens_per_block)
+                          : WindowMapping::make(window, o.sinks, g.tokens_per_block, o.one_more_block);
   validate_window(e.window);
 
   auto out_of_range = [](const char* what, int64_t value, int64_t limit, const char* limit_name) {
@@ -125,6 +149,24 @@ Explanation explain(const ExplainRequest& o) {
             std::to_string(e.logical_page) + ", entry " + std::to_string(e.entry) + "): indices[" +
             std::to_string(e.page_slot) + "]";
   }
+  // The hybrid manager's null entries of this sequence's pages, and the
+  // token's own entry: a null block holds no token of this layer.
+  if (e.null_block) {
+    const int64_t first = e.csr ? e.indptr[e.seq] : 0;
+    const int64_t end = e.csr ? e.indptr[e.seq + 1] : static_cast<int64_t>(e.block_table.size());
+    for (int64_t i = first; i < end; ++i)
+      if ((e.csr ? e.indices[i] : e.block_table[i]) == *e.null_block) e.null_entries.push_back(i);
+    if (!e.ref.is_bad() && !e.ref.is_secondary() && e.ref.block() == *e.null_block)
+      fail(ErrorCode::bad_window,
+           where + " = " + std::to_string(*e.null_block) + ", the null block: " +
+               (e.window.enabled()
+                    ? "token " + std::to_string(e.token) + " lies before layer " + std::to_string(e.layer) +
+                          "'s sliding window of " + std::to_string(e.window.window) +
+                          " (vLLM's hybrid manager releases a sliding group's pages wholly before its window)"
+                    : "layer " + std::to_string(e.layer) +
+                          " has full attention, and a full-attention group never holds the null block (a sliding "
+                          "group's table used for a full layer, vLLM PR #51756)"));
+  }
   // BAD_PAGE, out-of-range ids and secondary (not onboarded) references all
   // stop here with core's named error.
   validate_block_ref(e.ref, g, where, /*is_write=*/true);
@@ -177,6 +219,9 @@ Explanation explain(const ExplainRequest& o) {
 std::string window_formula(const Explanation& e) {
   const WindowMapping& w = e.window;
   if (!w.enabled()) return "no window: cache_token = token = " + std::to_string(e.cache_token);
+  if (w.linear)
+    return "linear window (vLLM: slot = position, the window chooses the attended keys only): cache_token = token = " +
+           std::to_string(e.cache_token);
   if (w.is_sink(e.token))
     return "token " + std::to_string(e.token) + " < sinks " + std::to_string(w.sinks) + ": cache_token = token = " +
            std::to_string(e.cache_token);
@@ -311,11 +356,20 @@ std::vector<ExplainStep> explain_steps(const Explanation& e) {
   std::vector<ExplainStep> steps;
 
   ExplainStep window{"window", "window mapping", {}};
+  if (!e.layer_windows.empty())
+    window.lines.push_back("layer " + std::to_string(e.layer) + " of [" + join_numbers(e.layer_windows) + "]: " +
+                           (e.window.enabled() ? "sliding window W = " + std::to_string(e.window.window)
+                                               : std::string("full attention (W = 0)")));
+  if (e.null_block)
+    window.lines.push_back("vLLM hybrid manager: the table is indexed by absolute position (no ring), null block " +
+                           std::to_string(*e.null_block));
   if (e.window.enabled()) {
     window.lines.push_back("W = " + std::to_string(e.window.window) + ", S = " + std::to_string(e.window.sinks) +
                            ", P = " + P + (e.window.one_more_block ? ", one more block" : ""));
-    window.lines.push_back(bubble_formula(e.window));
-    window.lines.push_back(cyclic_formula(e.window));
+    if (!e.window.linear) {  // a linear window has no ring: no bubble, no cyclic length
+      window.lines.push_back(bubble_formula(e.window));
+      window.lines.push_back(cyclic_formula(e.window));
+    }
   }
   window.lines.push_back(window_formula(e));
   steps.push_back(window);
@@ -341,9 +395,28 @@ std::vector<ExplainStep> explain_steps(const Explanation& e) {
   }
   steps.push_back(page);
 
-  steps.push_back({"table",
-                   std::string("block table") + (e.csr ? "" : " [" + join_numbers(e.block_table) + "]"),
-                   {table_lookup_text(e), "vLLM " + slot_formula(e)}});
+  ExplainStep table{"table",
+                    std::string("block table") + (e.csr ? "" : " [" + join_numbers(e.block_table) + "]"),
+                    {table_lookup_text(e), "vLLM " + slot_formula(e)}};
+  if (e.null_block) {
+    std::string entries;
+    for (const int64_t i : e.null_entries)
+      entries += (entries.empty() ? "" : ", ") + std::string(e.csr ? "indices[" : "block_table[") + std::to_string(i) + "]";
+    const bool before_token = !e.null_entries.empty() && e.null_entries.front() < e.page_slot;
+    if (e.null_entries.empty())
+      table.lines.push_back("null entries: none (no page of this sequence released)");
+    else if (e.window.enabled())
+      table.lines.push_back("null entries (block " + std::to_string(*e.null_block) + ", released: outside layer " +
+                            std::to_string(e.layer) + "'s window): " + entries);
+    else
+      table.lines.push_back("null entries (block " + std::to_string(*e.null_block) + "): " + entries +
+                            (before_token ? ": layer " + std::to_string(e.layer) +
+                                                " has full attention and needs every page before its token: this "
+                                                "table lost them (a sliding group's table read for a full layer, "
+                                                "vLLM PR #51756)"
+                                          : " (after the token's page: padding)"));
+  }
+  steps.push_back(table);
 
   ExplainStep element{"element",
                       std::string(e.engine ? "element offsets (engine_layout strides + element_offset, unit "

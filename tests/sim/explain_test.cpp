@@ -139,3 +139,58 @@ TEST_CASE("explain: bad requests raise core's named errors") {
   r.block_table = {4, 99};
   CHECK(error_of(r) == ErrorCode::block_out_of_range);
 }
+
+TEST_CASE("explain: a layer's own window from --layer-windows, and the null entries of a hybrid group table") {
+  // Gemma-3-like: layers 0 and 1 slide over 8 tokens, layer 2 is global; vLLM's hybrid manager keeps a
+  // sliding group's table indexed by position with released pages pointing at the null block 0.
+  ExplainRequest r;
+  r.geometry = geometry(BlockLayout::nhd, LayerPlacement::in_block, CacheDtype::bf16, 4);
+  r.layer_windows = {8, 8, 0};
+  r.null_block = 0;
+  r.block_table = {0, 0, 7, 9};  // pages 0 and 1 released
+  r.token = 13;
+  r.layer = 1;
+  const Explanation e = explain(r);
+  CHECK(e.window.enabled());
+  CHECK(e.window.window == 8);
+  CHECK(e.window.linear);             // no ring: the slot is the position
+  CHECK(e.cache_token == 13);
+  CHECK(e.ref.block() == 9);
+  CHECK(e.null_entries == std::vector<int64_t>{0, 1});
+  const std::string text = explain_text(e);
+  CHECK(text.find("layer 1 of [8,8,0]: sliding window W = 8") != std::string::npos);
+  CHECK(text.find("null entries (block 0, released: outside layer 1's window): block_table[0], block_table[1]") !=
+        std::string::npos);
+  CHECK(text.find("cyclic_len") == std::string::npos);  // a linear window has no ring to print
+
+  // The global layer: no window; the same table read for it is the group-window bug (vLLM PR #51756).
+  r.layer = 2;
+  r.token = 13;
+  const Explanation full = explain(r);
+  CHECK_FALSE(full.window.enabled());
+  CHECK(explain_text(full).find("layer 2 has full attention and needs every page before its token") !=
+        std::string::npos);
+  r.token = 5;  // on page 1: the null block
+  CHECK(error_of(r) == ErrorCode::bad_window);
+  r.layer = 0;  // sliding layer, token before its window
+  CHECK(error_of(r) == ErrorCode::bad_window);
+
+  // Without the hybrid manager the layer's window is TensorRT-LLM's ring (VSWA): token 13 -> slot 13 mod 8 = 5.
+  r.null_block.reset();
+  r.block_table = {3, 7};
+  r.token = 13;
+  const Explanation ring = explain(r);
+  CHECK_FALSE(ring.window.linear);
+  CHECK(ring.cache_token == 5);
+  CHECK(ring.ref.block() == 7);
+
+  // Bad requests: one entry per layer, not both forms of the window, a null block inside the pool.
+  r.layer_windows = {8, 0};
+  CHECK(error_of(r) == ErrorCode::bad_argument);
+  r.layer_windows = {8, 8, 0};
+  r.window = 8;
+  CHECK(error_of(r) == ErrorCode::bad_argument);
+  r.window = 0;
+  r.null_block = 12;
+  CHECK(error_of(r) == ErrorCode::block_out_of_range);
+}

@@ -35,6 +35,14 @@ struct ExplainRequest {
   int32_t layer = 0, head = 0, dim = 0;
   int32_t window = 0, sinks = 0;  // window 0 = none
   bool one_more_block = false;
+  // Per-layer attention (Gemma 3, gpt-oss, Mistral): one window per layer, 0 =
+  // full attention; the explained layer's entry is its window (instead of
+  // `window`). Empty: `window` for every layer.
+  std::vector<int32_t> layer_windows;
+  // vLLM's hybrid KV cache manager: the table is indexed by absolute position
+  // (no ring) and entries equal to this block are the null block (a sliding
+  // group's pages wholly before its window, released). Unset: no null block.
+  std::optional<int32_t> null_block;
   // The engine's own tensors (validation/engine_presets.hpp): layout, placement and
   // strides from the engine; offsets are also given inside the engine tensor.
   std::optional<Engine> engine;
@@ -72,6 +80,9 @@ struct Explanation {
   WindowMapping window;
   int64_t token = 0;
   int32_t layer = 0, head = 0, dim = 0;
+  std::vector<int32_t> layer_windows;  // ExplainRequest::layer_windows
+  std::optional<int32_t> null_block;   // ExplainRequest::null_block
+  std::vector<int64_t> null_entries;   // table positions (the sequence's pages) that hold the null block
   int64_t cache_token = 0;  // after the window mapping
   PageDivider divider;
   bool csr = false;
