@@ -22,6 +22,7 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <memory>
 #include <fstream>
 #include <optional>
@@ -325,6 +326,7 @@ class Runner final : public BlockMover {
     op.dst_block = dst;
     op.num_tokens = tokens;
     notify("partial_copy", 0, std::vector<std::string>{});
+    dump_move("partial_copy", {{"blocks", {src, dst}}, {"num_tokens", {tokens}}});
     op_call([&] { be_.partial_copy(pool_sets_[0], op); });
   }
   void offload(int32_t primary, int32_t secondary) override { move(primary, secondary, true); }
@@ -435,6 +437,21 @@ class Runner final : public BlockMover {
   // A write op's tables (every write path): the step's block table, new and
   // cached lengths per sequence, each token's position and cache slot.
   void dump_write_tables(const LayerWrite& w, const std::string& op);
+  // A block move's ids (partial_copy, offload, onboard: no layer, several a
+  // step): stepS_OPk_NAME.npy, k counting that op's moves within the step.
+  void dump_move(const std::string& op, const std::vector<std::pair<std::string, std::vector<int32_t>>>& tables) {
+    if (!dump_) return;
+    const Phase dumping(clock_, &rec_.timings.recording);
+    if (moves_step_ != step_) {
+      moves_step_ = step_;
+      moves_in_step_.clear();
+    }
+    const std::string stem = "step" + std::to_string(step_) + "_" + op + std::to_string(moves_in_step_[op]++);
+    for (const auto& [name, values] : tables)
+      dump_->write_table(stem + "_" + name + ".npy", values, {static_cast<int64_t>(values.size())}, step_, op, -1);
+  }
+  int64_t moves_step_ = -1;
+  std::map<std::string, int32_t> moves_in_step_;
   const LayerSeeds& layer_seeds(int32_t layer) const;
   // One backend op; its time goes to kernels, and with the backend's kernel
   // timing on, the rest of the call (validation, index uploads) to op_host.
@@ -674,6 +691,7 @@ void Runner::move(int32_t primary, int32_t secondary, bool to_secondary) {
   op.primary = std::span<const int32_t>(&primary, 1);
   op.secondary = std::span<const int32_t>(&secondary, 1);
   notify(to_secondary ? "offload" : "onboard", 0, std::vector<std::string>{});
+  dump_move(to_secondary ? "offload" : "onboard", {{"primary", {primary}}, {"secondary", {secondary}}});
   if (to_secondary)
     op_call([&] { be_.offload(pool_sets_[0], op); });
   else
@@ -716,6 +734,7 @@ void Runner::finish_pending_offloads() {
     op.primary = std::span<const int32_t>(&primary, 1);
     op.secondary = std::span<const int32_t>(&secondary, 1);
     notify("offload", 0, std::vector<std::string>{});
+    dump_move("offload", {{"primary", {primary}}, {"secondary", {secondary}}});
     op_call([&] { be_.offload(pool_sets_[0], op); });
   }
   pending_offloads_.clear();
@@ -1188,6 +1207,13 @@ void Runner::scatter_indexer_k(const LayerWrite& w, const std::vector<Entry>& es
   const int64_t indexer_blocks = indexer_past_cache_ ? g_.primary_blocks / 2 : g_.primary_blocks;
   op.cache = contiguous_view(indexer_[w.layer].get(), CacheDtype::fp8_e4m3, {indexer_blocks, P, 1, indexer_row_});
   notify("indexer_k_scatter", w.layer, es);
+  if (dump_) {
+    const Phase dumping(clock_, &rec_.timings.recording);
+    dump_tensor(w.layer, "indexer_k_scatter", "k_fp8", kb, CacheDtype::fp8_e4m3, {T, kIndexerDim});
+    dump_tensor(w.layer, "indexer_k_scatter", "k_scale", sb, CacheDtype::fp8_e4m3, {T, kIndexerScaleBytes});
+    dump_table(w.layer, "indexer_k_scatter", "slot_mapping_fp8", map_k);
+    dump_table(w.layer, "indexer_k_scatter", "slot_mapping_scale", map_s);
+  }
   op_call([&] { be_.indexer_k_scatter(op); });
 }
 
@@ -1349,6 +1375,21 @@ void Runner::attend_mla(int32_t layer, const std::vector<Entry>& es) {
   std::vector<float> out(static_cast<size_t>(rows * Hq * d_ckv));
   transfer([&] { out_b.download(out.data(), out.size() * 4); });
   hash_content(out.data(), out.size() * 4);
+  if (dump_) {
+    const Phase dumping(clock_, &rec_.timings.recording);
+    dump_tensor(layer, "mla_attention", "q", q, q_dtype, {rows, Hq, dq});
+    dump_->write(dump_stem(layer, "mla_attention") + "_out.npy", out.data(), out.size() * 4, "<f4", {rows, Hq, d_ckv},
+                 step_, "mla_attention", layer, CacheDtype::fp32);
+    dump_table(layer, "mla_attention", "block_table", table, {static_cast<int64_t>(seq_lens.size()), columns});
+    dump_table(layer, "mla_attention", "seq_lens", seq_lens);
+    dump_table(layer, "mla_attention", "q_indptr", q_indptr);
+    std::vector<int64_t> positions;
+    for (const Entry& e : es)
+      for (int32_t i = 0; i < e.e->n; ++i) positions.push_back(e.e->start + i);
+    dump_table(layer, "mla_attention", "positions", positions);
+    dump_table(layer, "mla_attention", "scales",
+               std::vector<float>{op.sm_scale, op.scale, op.ckv_global_scale, op.kpe_scale});
+  }
   const size_t row_elems = static_cast<size_t>(Hq) * d_ckv;
   std::vector<OutputKey> keys;
   std::vector<const float*> rows_at;

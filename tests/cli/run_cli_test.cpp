@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <map>
 #include <set>
 #include <sstream>
 #include <string>
@@ -271,6 +272,49 @@ TEST_CASE("kvsim run: the table counts onboarded blocks") {
   for (std::string c; cells >> c;) cell.push_back(c);
   REQUIRE(cell.size() > 8);
   CHECK(std::stoll(cell[7]) == onboarded);
+}
+
+TEST_CASE("kvsim run --dump: block moves, MLA attention and the indexer scatter are dumped too") {
+  const auto dir = std::filesystem::temp_directory_path() / "kvsim_run_dump_moves";
+  std::filesystem::remove_all(dir);
+  const std::vector<std::string> names{"prefix_reuse_offload_onboard", "prefix_reuse_partial_copy",
+                                       "mla_attention_128_heads", "mla_indexer_k_scatter"};
+  std::string files;
+  for (const std::string& n : names) files += " " + scenario(n + ".toml");
+  REQUIRE(run("run --dump " + dir.string() + files).code == 0);
+  const nlohmann::json counts = nlohmann::json::parse(run("run --json" + files).out);
+  // Per scenario: how many files of each op, and the shape of each block move's ids.
+  auto files_of = [&](const std::string& scenario_name) {
+    std::ifstream m(dir / scenario_name / "manifest.json");
+    REQUIRE(m.good());
+    std::map<std::string, int> per_op;
+    const nlohmann::json manifest = nlohmann::json::parse(m);  // kept: a loop over parse(m)["files"] would dangle
+    for (const auto& f : manifest["files"]) {
+      const std::string op = f["op"];
+      ++per_op[op];
+      if (op == "partial_copy" || op == "offload" || op == "onboard") {
+        CHECK(f["layer"] == -1);  // a block move has no layer
+        CHECK(f["dtype"] == "int32");
+      }
+      if (f["file"].get<std::string>().find("partial_copy0_blocks") != std::string::npos)
+        CHECK(f["shape"] == nlohmann::json::array({2}));  // [src, dst]
+    }
+    return per_op;
+  };
+  const auto moved = files_of("prefix_reuse_offload_onboard");
+  // Two files (primary and secondary ids) per moved block: every offload and onboard the run counted.
+  CHECK(moved.at("offload") == 2 * counts["scenarios"][0]["offloaded_blocks"].get<int>());
+  CHECK(moved.at("onboard") == 2 * counts["scenarios"][0]["onboarded_blocks"].get<int>());
+  CHECK(files_of("prefix_reuse_partial_copy").at("partial_copy") >= 2);
+  const auto mla = files_of("mla_attention_128_heads");
+  CHECK(mla.at("mla_attention") % 7 == 0);  // q, out, block_table, seq_lens, q_indptr, positions, scales per op
+  CHECK(mla.at("mla_attention") > 0);
+  CHECK(std::filesystem::exists(dir / "mla_attention_128_heads" / "step0_layer0_mla_attention_q.npy"));
+  CHECK(std::filesystem::exists(dir / "mla_attention_128_heads" / "step0_layer0_mla_attention_scales.npy"));
+  const auto indexer = files_of("mla_indexer_k_scatter");
+  CHECK(indexer.at("indexer_k_scatter") % 4 == 0);  // k_fp8, k_scale and both slot mappings per op
+  CHECK(std::filesystem::exists(dir / "mla_indexer_k_scatter" / "step0_layer0_indexer_k_scatter_slot_mapping_scale.npy"));
+  std::filesystem::remove_all(dir);
 }
 
 TEST_CASE("kvsim run --dump: a folder holding files is refused unless --force; repeated names get their own folders") {
