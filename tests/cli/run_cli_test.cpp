@@ -159,9 +159,11 @@ Result run_with_stderr(const std::string& shell_prefix, const std::string& args)
 
 // Llama-3.1-8B's KV geometry, per-layer bf16 pools of `blocks` pages: the
 // last layers' bytes lie beyond 2^32 once blocks x 32 layers x 64 KiB > 4 GiB.
+// block_order = "highest": the request's blocks are the pool's last ones; with 2304 blocks the 32
+// layers' stack holds 2.4e9 elements, so the upper layers' tokens sit past 2^31 (64-bit offsets).
 std::string big_pool_scenario(const std::string& name, int blocks) {
   return write_temp(name, "[model]\nlayers = 32\nq_heads = 32\nkv_heads = 8\nhead_dim = 128\n\n[cache]\n"
-                          "placement = \"per_layer\"\nlayout = \"hnd\"\nprimary_blocks = " +
+                          "placement = \"per_layer\"\nlayout = \"hnd\"\nblock_order = \"highest\"\nprimary_blocks = " +
                               std::to_string(blocks) + "\n\n[[request]]\ngenerated = 40\ndecode_tokens = 2\n");
 }
 }  // namespace
@@ -203,6 +205,11 @@ TEST_CASE("kvsim run: a scenario larger than the memory left is refused by name 
 }
 
 TEST_CASE("kvsim run: pools beyond 4 GiB replay (KVSIM_LARGE_POOL_TEST=1; scripts/gpu-check.sh sets it)") {
+  // The first block handed out (block_order = "highest"), in the last layer, lies past 2^31 elements.
+  const Result where = run("explain --json --layers 32 --kv-heads 8 --head-dim 128 --placement per_layer --layout hnd "
+                           "--blocks 2304 --block-table 2303 --token 0 --layer 31");
+  REQUIRE(where.code == 0);
+  CHECK(nlohmann::json::parse(where.out)["k_offset"].get<int64_t>() > (int64_t{1} << 31));
   const char* on = std::getenv("KVSIM_LARGE_POOL_TEST");
   if (!on || std::string(on) != "1") {
     MESSAGE("skipped: set KVSIM_LARGE_POOL_TEST=1 to replay 4.5 GiB of pools (needs ~5 GiB free)");
