@@ -4,6 +4,7 @@
 // exit 2 before anything runs.
 #include <doctest/doctest.h>
 
+#include <cstdlib>
 #include <string>
 
 #include <nlohmann/json.hpp>
@@ -64,4 +65,22 @@ TEST_CASE("kvsim diff --backends refuses anything but two known backends, exit 2
   const Result unknown = run("diff --generated 1 --backends reference,gpu");
   CHECK(unknown.code == 2);
   CHECK(contains(unknown.out, "kvsim diff needs the gpu backend: unknown backend 'gpu' (available: reference, cpu, cuda)"));
+}
+
+TEST_CASE("kvsim diff on a terminal shows the progress line; not on a terminal, nothing on stderr") {
+  if (std::system("command -v script > /dev/null 2>&1") != 0) {
+    MESSAGE("skipped: util-linux's script (a pseudo-terminal) is not installed");
+    return;
+  }
+  const std::string file = std::string(KVSIM_SOURCE_DIR) + "/scenarios/prefix_reuse_system_prompt.toml";
+  const Result tty = kvsim::test::run_shell("script -qec \"" + std::string(KVSIM_BINARY) +
+                                            " diff --backends reference,cpu " + file + " > /dev/null\" /dev/null");
+  CHECK(tty.code == 0);
+  INFO(tty.out);
+  CHECK(contains(tty.out, "prefix_reuse_system_prompt: run 1/1 replay: step 1,"));
+  CHECK(contains(tty.out, " tokens/s, about "));
+  const Result quiet = kvsim::test::run_shell(std::string(KVSIM_BINARY) + " diff --backends reference,cpu " + file +
+                                              " 2>&1 >/dev/null");
+  CHECK(quiet.code == 0);
+  CHECK(quiet.out.empty());
 }
