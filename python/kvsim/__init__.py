@@ -43,7 +43,7 @@ def engine_info(engine, *, cache_dtype="bf16", kv_layout="NHD", layers=1, kv_hea
 
 def explain(*, token, block_table=None, indptr=None, indices=None, last_page_len=None, seq=0, layer=0, head=0,
             dim=0, engine="", cache_dtype="bf16", kv_layout="NHD", placement="in_block", layers=1, kv_heads=8,
-            page_size=16, head_dim=128, blocks=64, window=0, sinks=0):
+            page_size=16, head_dim=128, blocks=64, window=0, sinks=0, layer_windows=None, null_block=None):
     """The index arithmetic of one element as data (what ``kvsim explain`` prints).
 
     Returns a dict: cache_token, logical_page, page_slot, entry, block, slot,
@@ -51,13 +51,21 @@ def explain(*, token, block_table=None, indptr=None, indices=None, last_page_len
     the engine tensor's name and the offset inside it), steps (key, title,
     lines) and text. Give a dense ``block_table`` of the sequence, or the CSR
     ``indptr``/``indices``/``last_page_len`` and ``seq``.
+
+    Per-layer attention (``kvsim explain --layer-windows``): ``layer_windows``
+    one window per layer (0 = full), ``layer``'s is used; ``null_block`` (vLLM's
+    hybrid KV cache manager, whose null block is 0): the table is indexed by
+    position and entries equal to it are released pages, listed in
+    ``null_entries``; a token on one raises ``kvsim.errors.BadWindow``.
     """
     if block_table is None and indptr is None:
         raise errors.BadArgument("bad_argument: give block_table or indptr/indices/last_page_len")
     dense = [] if block_table is None else [int(x) for x in _ints(block_table).reshape(-1)]
     csr = ([], [], []) if indptr is None else tuple(list(map(int, _ints(x))) for x in (indptr, indices, last_page_len))
     return _kvsim.explain(engine, cache_dtype, kv_layout.lower(), placement, layers, kv_heads, page_size, head_dim,
-                          blocks, dense, csr[0], csr[1], csr[2], seq, token, layer, head, dim, window, sinks)
+                          blocks, dense, csr[0], csr[1], csr[2], seq, token, layer, head, dim, window, sinks,
+                          [] if layer_windows is None else [int(w) for w in layer_windows],
+                          None if null_block is None else int(null_block))
 
 
 def replay(scenario, *, outputs=False):

@@ -27,6 +27,7 @@
 #include <cstring>
 #include <iterator>
 #include <memory>
+#include <optional>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -868,7 +869,8 @@ py::dict explain(const std::string& engine, const std::string& dtype, const std:
                  const std::string& placement, int32_t layers, int32_t kv_heads, int32_t page_size, int32_t head_dim,
                  int64_t blocks, std::vector<int32_t> block_table, std::vector<int32_t> indptr,
                  std::vector<int32_t> indices, std::vector<int32_t> last_page_len, int32_t seq, int64_t token,
-                 int32_t layer, int32_t head, int32_t dim, int32_t window, int32_t sinks) {
+                 int32_t layer, int32_t head, int32_t dim, int32_t window, int32_t sinks,
+                 std::vector<int32_t> layer_windows, std::optional<int32_t> null_block) {
   sim::ExplainRequest r{.geometry = geometry_of(dtype, layout, layers, kv_heads, page_size, head_dim, blocks),
                         .csr = !indptr.empty(),
                         .block_table = std::move(block_table),
@@ -881,7 +883,9 @@ py::dict explain(const std::string& engine, const std::string& dtype, const std:
                         .head = head,
                         .dim = dim,
                         .window = window,
-                        .sinks = sinks};
+                        .sinks = sinks,
+                        .layer_windows = std::move(layer_windows),
+                        .null_block = null_block};
   if (auto p = parse_placement(placement)) r.geometry.placement = *p;
   else fail(ErrorCode::bad_argument, "placement '" + placement + "'");
   if (!engine.empty()) r.engine = engine_named(engine);
@@ -893,6 +897,8 @@ py::dict explain(const std::string& engine, const std::string& dtype, const std:
   d["entry"] = e.entry;
   d["block"] = e.ref.block();
   d["slot"] = e.slot;
+  d["window"] = e.window.window;  // the explained layer's (0: full attention)
+  d["null_entries"] = e.null_entries;
   py::list tensors;
   for (const sim::TensorOffsets& t : e.tensors) {
     py::dict td;

@@ -23,6 +23,10 @@ SOURCE = os.environ.get("KVSIM_SOURCE_DIR", os.path.join(os.path.dirname(__file_
           kv_layout="HND")),
     (["--engine", "vllm-paged", "--dtype", "fp8_e4m3", "--block-table", "3,1", "--token", "17", "--dim", "33"],
      dict(engine="vllm-paged", cache_dtype="fp8_e4m3", block_table=[3, 1], token=17, dim=33)),
+    (["--layers", "3", "--layer-windows", "8,8,0", "--layer", "1", "--null-block", "0", "--page-size", "4",
+      "--blocks", "12", "--block-table", "0,0,7,9", "--token", "13"],
+     dict(layers=3, layer_windows=[8, 8, 0], layer=1, null_block=0, page_size=4, blocks=12, block_table=[0, 0, 7, 9],
+          token=13)),
 ])
 def test_explain_text_is_the_cli_output(args, kw):
     r = run_cli("explain", *args)
@@ -30,6 +34,15 @@ def test_explain_text_is_the_cli_output(args, kw):
     e = kvsim.explain(**kw)
     assert e["text"] == r.stdout
     assert [s["key"] for s in e["steps"]][:5] == ["window", "page", "table", "element", "byte"]
+
+
+def test_explain_per_layer_windows_and_null_entries():
+    e = kvsim.explain(layers=3, layer_windows=[8, 8, 0], layer=1, null_block=0, page_size=4, blocks=12,
+                      block_table=[0, 0, 7, 9], token=13)
+    assert e["window"] == 8 and e["null_entries"] == [0, 1] and e["block"] == 9
+    with pytest.raises(kvsim.errors.BadWindow):  # token 5 is on a released page
+        kvsim.explain(layers=3, layer_windows=[8, 8, 0], layer=1, null_block=0, page_size=4, blocks=12,
+                      block_table=[0, 0, 7, 9], token=5)
 
 
 def test_explain_errors_are_named():
