@@ -14,3 +14,12 @@ rm -rf "$work"
 test -x "$work/prefix/bin/kvsim"
 "$work/prefix/bin/kvsim" --version
 "$work/build/consumer"
+# The Python module, where the build has it: the installed package imports
+# from the prefix alone (from a folder outside the source and build trees),
+# with the interpreter CMake built it for.
+if ls "$build"/python/kvsim/_kvsim*.so > /dev/null 2>&1; then
+  py="$(sed -n 's/^Python3_EXECUTABLE:[A-Z]*=//p' "$build/CMakeCache.txt")"
+  site="$(dirname "$(ls -d "$work"/prefix/lib/python3*/dist-packages/kvsim)")"
+  (cd "$work" && PYTHONPATH="$site" "$py" -c \
+    'import kvsim, os; assert os.path.dirname(kvsim.__file__).startswith(os.environ["PYTHONPATH"]); print("installed kvsim imports:", kvsim.codec.encode("e4m3", [1.5]).tolist())')
+fi
