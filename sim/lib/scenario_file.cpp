@@ -777,7 +777,7 @@ void check_layers(const Scenario& s, const Checker& c) {
   c.require(s.window.mode == WindowMode::none, "window.mode",
             "expected none with [layers] (the layers' windows are given there), got " +
                 std::string(window_mode_name(s.window.mode)));
-  c.require(!s.mla.enabled, "layers", "expected no [layers] with MLA (an MLA pool has no attention op to window)");
+  c.require(!s.mla.enabled, "layers", "expected no [layers] with MLA (kvsim's MLA models DeepSeek-V3, whose layers all attend fully: no per-layer windows)");
   c.require(!s.cache.shared_kv_allocation, "cache.shared_kv_allocation",
             "expected false with [layers] (each KV cache group's pool is allocated on its own)");
   c.require(!s.reuse.partial && !s.reuse.offload, s.reuse.partial ? "reuse.partial" : "reuse.offload",
