@@ -240,18 +240,10 @@ TensorView OpGenerator::tensor(CacheDtype dtype, std::vector<int64_t> shape, boo
 }
 
 TensorView OpGenerator::nan_output(int64_t rows, int64_t cols) {
-  TensorView t;
-  t.dtype = CacheDtype::fp32;
-  t.rank = 2;
-  t.shape[0] = rows;
-  t.shape[1] = cols;
-  t.stride[0] = cols;
-  t.stride[1] = 1;
   const size_t bytes = static_cast<size_t>(std::max<int64_t>(rows * cols, 1)) * sizeof(float);
   buffers_.emplace_back(backend_, bytes);
   backend_.fill(buffers_.back().get(), 0xFF, bytes);
-  t.data = buffers_.back().get();
-  return t;
+  return contiguous_view(buffers_.back().get(), CacheDtype::fp32, {rows, cols});
 }
 
 std::string OpGenerator::run(GeneratedOp op, const OpKnobs& knobs) {

@@ -79,7 +79,7 @@ class Staged:
         if x is None:
             return None
         if on_cuda(x) and not _kvsim.has_cuda:
-            h = x.detach().to("cpu")
+            h = host_copy(x)
             if written:
                 self._back.append((x, h))
             return h
