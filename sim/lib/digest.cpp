@@ -2,6 +2,7 @@
 // length 16 (parameter block word 0 = 0x01010010).
 #include "kvsim/sim/digest.hpp"
 
+#include <algorithm>
 #include <cstring>
 
 namespace kvsim::sim {
@@ -74,6 +75,76 @@ Digest128 blake2b_128(const void* data, size_t bytes) {
   d.word[0] = h[0];
   d.word[1] = h[1];
   return d;
+}
+
+uint64_t fnv1a(uint64_t h, const void* data, size_t bytes) {
+  const auto* p = static_cast<const uint8_t*>(data);
+  for (size_t i = 0; i < bytes; ++i) h = (h ^ p[i]) * 0x100000001b3ull;
+  return h;
+}
+
+FnvStream::FnvStream() : worker_([this] { work(); }) {}
+
+FnvStream::~FnvStream() {
+  {
+    std::lock_guard<std::mutex> lock(m_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  worker_.join();
+}
+
+void FnvStream::add(const void* data, size_t bytes) {
+  const auto* p = static_cast<const uint8_t*>(data);
+  while (bytes > 0) {
+    const size_t n = std::min(bytes, kChunkBytes - filling_.size());
+    filling_.insert(filling_.end(), p, p + n);
+    p += n;
+    bytes -= n;
+    if (filling_.size() == kChunkBytes) hand_over();
+  }
+}
+
+void FnvStream::hand_over() {
+  std::unique_lock<std::mutex> lock(m_);
+  cv_.wait(lock, [&] { return queued_.size() < kMaxQueued; });
+  queued_.push_back(std::move(filling_));
+  ++busy_;
+  if (spare_.empty()) {
+    filling_ = {};
+  } else {
+    filling_ = std::move(spare_.back());
+    spare_.pop_back();
+    filling_.clear();
+  }
+  lock.unlock();
+  cv_.notify_all();
+}
+
+uint64_t FnvStream::value() {
+  if (!filling_.empty()) hand_over();
+  std::unique_lock<std::mutex> lock(m_);
+  cv_.wait(lock, [&] { return busy_ == 0; });
+  return hash_;
+}
+
+void FnvStream::work() {
+  std::unique_lock<std::mutex> lock(m_);
+  for (;;) {
+    cv_.wait(lock, [&] { return stop_ || !queued_.empty(); });
+    if (queued_.empty()) return;  // stopping, nothing left
+    std::vector<uint8_t> chunk = std::move(queued_.front());
+    queued_.pop_front();
+    const uint64_t h = hash_;
+    lock.unlock();
+    cv_.notify_all();  // a place in the queue is free
+    const uint64_t next = fnv1a(h, chunk.data(), chunk.size());
+    lock.lock();
+    hash_ = next;
+    --busy_;
+    if (spare_.size() < 2) spare_.push_back(std::move(chunk));
+    cv_.notify_all();
+  }
 }
 
 }  // namespace kvsim::sim

@@ -2,8 +2,8 @@
 // alone. The sizes follow what the runner allocates (replay_run.cpp): pools
 // and their scale pools (or FlashInfer's shared allocations, one spare page
 // per layer), indexer caches, a step's write inputs, Q and attention output
-// on the backend and on the host, the dense check's two fp32 gathers and
-// three double copies of one sequence's K/V, and the records' digests.
+// on the backend and on the host, the dense check's two fp32 gathers of one
+// sequence's K/V, the content hash's chunks, and the records' digests.
 #include "kvsim/sim/estimate.hpp"
 
 #include <algorithm>
@@ -75,7 +75,9 @@ ReplayEstimate estimate_replay(const Scenario& s, const std::optional<std::set<I
   const int64_t gather = slots * H * D * 4;  // one fp32 gather of one sequence's K (or V)
   e.step_backend_bytes = write_in + q + out + gather + longest * 8 * static_cast<int64_t>(s.model.rotary_dim > 0 ? s.model.rotary_dim : D);
   // Host: the step's inputs and outputs, Q as floats for the dense check, two
-  // gathers in fp32 and K, |K|, V in double.
+  // gathers in fp32, and 6 gathers' worth more: what the dense check once held
+  // in double, now an allowance covering its tiles and the content hash's
+  // chunks (at most 32 MiB, never more than it hashes).
   e.step_host_bytes = write_in + q + out + nnz * Hq * D * 4 + 2 * gather + 3 * 2 * gather;
   // Runs, and the rows each run records.
   std::vector<RunWork> runs{work_of(s, reqs, 0, reqs.size())};

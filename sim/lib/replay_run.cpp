@@ -39,12 +39,6 @@
 
 namespace kvsim::sim {
 
-uint64_t fnv1a(uint64_t h, const void* data, size_t bytes) {
-  const auto* p = static_cast<const uint8_t*>(data);
-  for (size_t i = 0; i < bytes; ++i) h = (h ^ p[i]) * 0x100000001b3ull;
-  return h;
-}
-
 SpillFile::SpillFile() {
   const char* dir = std::getenv("TMPDIR");
   std::string path = std::string(dir && *dir ? dir : "/tmp") + "/kvsim-spill-XXXXXX";
@@ -164,9 +158,12 @@ void put_value(std::vector<uint8_t>& buf, CacheDtype t, int64_t i, float x, floa
 
 // Runs body(i) for i in [0, n) on oneTBB's threads. Each i writes only its
 // own elements, so the result is the same bytes in any order.
+// Every row here is heavy (a token's inputs, an output row's digest, a dense
+// check over a whole context): no grain, so a decode step's 8 or 16 rows
+// spread over the threads (a grain of 8 had run them on one or two).
 template <class Body>
 void parallel_rows(int64_t n, const Body& body) {
-  tbb::parallel_for(tbb::blocked_range<int64_t>(0, n, 8), [&](const tbb::blocked_range<int64_t>& r) {
+  tbb::parallel_for(tbb::blocked_range<int64_t>(0, n), [&](const tbb::blocked_range<int64_t>& r) {
     for (int64_t i = r.begin(); i != r.end(); ++i) body(i);
   });
 }
@@ -211,6 +208,7 @@ class Runner final : public BlockMover {
     const bool v_tail_fault = has_fault(s, Fault::v_tail_not_zeroed);
     zero_v_tail_ = s.cache.zero_v_tail && !v_tail_fault;
     rec_.poisoned = s.cache.poison_nan || v_tail_fault;
+    if (opt_.content_hash) hash_ = std::make_unique<FnvStream>();
     if (s.mla.enabled != (s.cache.write_path == WritePath::append_mla))
       fail(ErrorCode::bad_scenario, "cache.write_path append_mla goes with mla.enabled (and only with it)");
     if (s.cache.write_path == WritePath::reshape_and_cache && s.cache.dtype == CacheDtype::nvfp4)
@@ -388,6 +386,9 @@ class Runner final : public BlockMover {
   AttentionTables attention_tables(const std::vector<Entry>& batch, bool drop_last_column) const;
   void check_dense(int32_t layer, const std::vector<Entry>& es, size_t first, size_t last,
                    const std::vector<float>& q, const std::vector<float>& out, int32_t hq);
+  bool dense_checks_row(const Entry& e, int32_t i) const;
+  static constexpr int64_t kDenseEveryDecodeBelow = 1024;  // dense_checks_row
+  static constexpr int64_t kDenseTile = 64;  // slots per tile of the dense check's double arithmetic (L1-sized at D = 128)
   void read_back(RequestState& r);
   std::vector<float> gather_rows(int32_t layer, int32_t kv, const std::vector<int32_t>& ids, int64_t slots,
                                  const AttentionScales& sc, const std::string& request_id);
@@ -521,9 +522,8 @@ class Runner final : public BlockMover {
   std::map<std::pair<int32_t, int32_t>, std::vector<int32_t>> previous_tables_;  // (request, group): the stale_bad_page fault's reader tables
   int64_t step_ = 0;
   RunRecord rec_;
-  uint64_t hash_ = kFnvOffset;
+  std::unique_ptr<FnvStream> hash_;  // the content hash, when opt_.content_hash
   std::unique_ptr<NpyDump> dump_;
-  std::vector<double> dense_k_, dense_k_abs_, dense_v_, dense_v_row_max_;  // check_dense's double K, |K|, V, max |V| per slot
   mutable std::map<int32_t, LayerSeeds> seeds_;  // by layer, made when first asked for (layer_seeds)
   PhaseClock clock_{&rec_.timings.other};  // after rec_: it charges rec_.timings
 };
@@ -773,9 +773,9 @@ void Runner::record_rows(const std::vector<OutputKey>& keys, const std::vector<c
 }
 
 void Runner::hash_content(const void* data, size_t bytes) {
-  if (!opt_.content_hash) return;
+  if (!hash_) return;
   Phase p(clock_, &rec_.timings.recording);
-  hash_ = fnv1a(hash_, data, bytes);
+  hash_->add(data, bytes);
 }
 
 RunRecord Runner::run() {
@@ -835,7 +835,12 @@ RunRecord Runner::run() {
   rec_.counters.offloaded_blocks = c.offloaded_blocks;
   rec_.counters.onboarded_blocks = c.onboarded_blocks;
   hash_final_state();
-  rec_.content_hash = hash_;
+  if (hash_) {
+    const Phase p(clock_, &rec_.timings.recording);
+    rec_.content_hash = hash_->value();
+  } else {
+    rec_.content_hash = kFnvOffset;
+  }
   finalize(rec_);
   if (dump_) dump_->write_manifest();
   rec_.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -1402,14 +1407,17 @@ void Runner::attend_mla(int32_t layer, const std::vector<Entry>& es) {
   record_rows(keys, rows_at, row_elems * 4);
 }
 
-// dense: each query's output against attention in double (Eigen) over the
-// K/V that gather_paged reads back through the sequence's table, keys chosen
-// by core's make_key_list. Bound per element, for fp32 outputs:
+// dense: each checked query's output against attention in double (Eigen) over
+// the K/V that gather_paged reads back through the sequence's table, keys
+// chosen by core's make_key_list. Bound per element, for fp32 outputs:
 //   |out - ref| <= max|V| * (1e-5 + 4 * D * 2^-24 * sm_scale * max_j sum_d |q_d k_jd|)
 // (the fp32 dot product's error is <= D * 2^-24 * sum |q k| per score; a
 // score error e moves each softmax weight by a factor within exp(+-2e); 1e-5
 // covers exp (~1 ulp), the fp32 sums and the final division, as in
 // tests/oracle/attention_test.cpp). Rows whose output holds NaN are left to no_nan.
+// Which rows: dense_checks_row(). Each (checked row, KV head) is one task on
+// oneTBB's threads; its keys go through the double arithmetic in tiles of
+// kDenseTile slots, so nothing of the size of the context is held in double.
 void Runner::check_dense(int32_t layer, const std::vector<Entry>& es, size_t first, size_t last,
                          const std::vector<float>& q, const std::vector<float>& out, int32_t hq) {
   Phase dense(clock_, &rec_.timings.dense);
@@ -1422,6 +1430,14 @@ void Runner::check_dense(int32_t layer, const std::vector<Entry>& es, size_t fir
   }
   for (size_t b = first; b < last; ++b) {
     const Entry& e = es[b];
+    const int32_t n = e.e->n;
+    std::vector<int32_t> checked;
+    for (int32_t i = 0; i < n; ++i)
+      if (dense_checks_row(e, i)) checked.push_back(i);
+    if (checked.empty()) {
+      row += n;
+      continue;
+    }
     const int32_t len = e.cache_len();
     const int64_t slots = read_map_.cache_length(len);
     std::vector<int32_t> ids = bm_->table(e.r->index, group_);
@@ -1436,130 +1452,116 @@ void Runner::check_dense(int32_t layer, const std::vector<Entry>& es, size_t fir
     if (static_cast<int64_t>(ids.size()) < pages) ids.resize(static_cast<size_t>(pages), kBadPage);
     const std::vector<float> gathered[2] = {gather_rows(layer, 0, ids, slots, sc, e.r->id),
                                             gather_rows(layer, 1, ids, slots, sc, e.r->id)};  // K then V
-    // Per KV head: K, |K| and V of every gathered slot, [slots, D] in double,
-    // and each slot's largest |V|: built once per sequence, shared by every
-    // checked row and every query head of the GQA group.
-    // Made in one pass over the gathered floats into buffers kept across
-    // checks (a fresh allocation per sequence cost a page fault per 4 KiB).
-    using RowsXd = Eigen::Map<Eigen::Matrix<double, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>>;
-    const size_t head_doubles = static_cast<size_t>(slots) * D;
-    for (std::vector<double>* buf : {&dense_k_, &dense_k_abs_, &dense_v_})
-      if (buf->size() < head_doubles * H) buf->resize(head_doubles * H);
-    if (dense_v_row_max_.size() < static_cast<size_t>(slots) * H) dense_v_row_max_.resize(static_cast<size_t>(slots) * H);
-    std::vector<RowsXd> k_head, k_abs, v_head;
-    std::vector<Eigen::Map<Eigen::VectorXd>> v_row_max;
-    for (int32_t h = 0; h < H; ++h) {
-      k_head.emplace_back(dense_k_.data() + h * head_doubles, slots, D);
-      k_abs.emplace_back(dense_k_abs_.data() + h * head_doubles, slots, D);
-      v_head.emplace_back(dense_v_.data() + h * head_doubles, slots, D);
-      v_row_max.emplace_back(dense_v_row_max_.data() + static_cast<size_t>(h) * slots, slots);
-    }
-    parallel_rows(H, [&](int64_t h) {
-      for (int64_t slot = 0; slot < slots; ++slot) {
-        const float* k = gathered[0].data() + (slot * H + h) * D;
-        const float* v = gathered[1].data() + (slot * H + h) * D;
-        double* kd = k_head[h].data() + slot * D;
-        double* ka = k_abs[h].data() + slot * D;
-        double* vd = v_head[h].data() + slot * D;
-        double v_max = 0.0;
-        for (int32_t d = 0; d < D; ++d) {
-          kd[d] = static_cast<double>(k[d]);
-          ka[d] = std::fabs(kd[d]);
-          vd[d] = static_cast<double>(v[d]);
-          v_max = std::max(v_max, std::fabs(vd[d]));
-        }
-        v_row_max[h](slot) = v_max;
-      }
-    });
-    const int32_t n = e.e->n;
-    const int32_t stride = n > 16 ? n / 16 : 1;  // up to ~16 query rows per sequence, always the last
-    for (int32_t i = 0; i < n; ++i) {
-      if (i % stride != 0 && i != n - 1) continue;
-      const int64_t p = static_cast<int64_t>(len) - n + i;
-      const KeyList kl = make_key_list(p, read_map_, g_.page_divider());
-      std::vector<int64_t> key_slots;
-      for (int64_t j = 0; j < kl.n_attended; ++j) {
-        bool masked = false;
-        key_slots.push_back(kl.slot(j, read_map_, masked));
-      }
-      const Eigen::Index keys = static_cast<Eigen::Index>(key_slots.size());
-      // Consecutive slots (no window, or a ring that has not wrapped) are one block of rows: no copy.
-      bool consecutive = true;
-      for (size_t j = 1; j < key_slots.size(); ++j) consecutive = consecutive && key_slots[j] == key_slots[j - 1] + 1;
-      // Each KV head's group on its own thread; the findings are merged in
-      // head order, so the first violation named is the sequential one.
-      struct GroupFinding {
-        int64_t checked_rows = 0;
-        double worst_ratio = 0.0;
-        std::string violation;
-      };
-      std::vector<GroupFinding> found(static_cast<size_t>(H));
-      parallel_rows(H, [&](int64_t kvh_index) {
-        const auto kvh = static_cast<int32_t>(kvh_index);
-        GroupFinding& f = found[kvh];
-        // The group's query heads whose output holds no NaN (those are no_nan's).
-        std::vector<int32_t> heads;
-        for (int32_t h = kvh * G; h < (kvh + 1) * G; ++h) {
-          const float* o = out.data() + ((row + i) * hq + h) * D;
-          bool nan = false;
-          for (int32_t d = 0; d < D; ++d) nan = nan || std::isnan(o[d]);
-          if (!nan) heads.push_back(h);
-        }
-        if (heads.empty()) return;
-        Eigen::MatrixXd qd(D, static_cast<Eigen::Index>(heads.size()));
-        for (size_t c = 0; c < heads.size(); ++c)
-          for (int32_t d = 0; d < D; ++d) qd(d, static_cast<Eigen::Index>(c)) = q[((row + i) * hq + heads[c]) * D + d];
-        Eigen::MatrixXd scores, dots, ref;  // [keys, heads], [keys, heads], [D, heads]
-        double v_max = 0.0;
-        auto reference = [&](const auto& K, const auto& K_abs, const auto& V, const auto& v_rows) {
-          scores = (K * qd) * static_cast<double>(sm_scale_);
-          dots = K_abs * qd.cwiseAbs();
-          for (Eigen::Index c = 0; c < scores.cols(); ++c)
+    struct Finding {
+      int64_t checked_rows = 0;
+      double worst_ratio = 0.0;
+      std::string violation;
+    };
+    // Task t = (checked row t / H, KV head t % H): merged in that order, so
+    // the first violation named is the sequential one.
+    std::vector<Finding> found(checked.size() * static_cast<size_t>(H));
+    parallel_rows(
+        static_cast<int64_t>(found.size()),
+        [&](int64_t t) {
+          const int32_t i = checked[static_cast<size_t>(t / H)], kvh = static_cast<int32_t>(t % H);
+          Finding& f = found[static_cast<size_t>(t)];
+          const int64_t p = static_cast<int64_t>(len) - n + i;
+          // The group's query heads whose output holds no NaN (those are no_nan's).
+          std::vector<int32_t> heads;
+          for (int32_t h = kvh * G; h < (kvh + 1) * G; ++h) {
+            const float* o = out.data() + ((row + i) * hq + h) * D;
+            bool nan = false;
+            for (int32_t d = 0; d < D; ++d) nan = nan || std::isnan(o[d]);
+            if (!nan) heads.push_back(h);
+          }
+          if (heads.empty()) return;
+          const KeyList kl = make_key_list(p, read_map_, g_.page_divider());
+          std::vector<int64_t> key_slots;
+          for (int64_t j = 0; j < kl.n_attended; ++j) {
+            bool masked = false;
+            key_slots.push_back(kl.slot(j, read_map_, masked));
+          }
+          const auto cols = static_cast<Eigen::Index>(heads.size());
+          const auto keys = static_cast<Eigen::Index>(key_slots.size());
+          Eigen::MatrixXd qd(D, cols);
+          for (Eigen::Index c = 0; c < cols; ++c)
+            for (int32_t d = 0; d < D; ++d) qd(d, c) = q[((row + i) * hq + heads[static_cast<size_t>(c)]) * D + d];
+          const Eigen::MatrixXd q_abs = qd.cwiseAbs();
+          // One tile of K or V rows in double: [kDenseTile, D], filled from the gathered floats.
+          Eigen::Matrix<double, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor> tile(kDenseTile, D);
+          auto fill = [&](int32_t kv, Eigen::Index j0, Eigen::Index m) {
+            for (Eigen::Index jj = 0; jj < m; ++jj) {
+              const float* src = gathered[kv].data() + (key_slots[static_cast<size_t>(j0 + jj)] * H + kvh) * D;
+              for (int32_t d = 0; d < D; ++d) tile(jj, d) = static_cast<double>(src[d]);
+            }
+            return tile.topRows(m);
+          };
+          Eigen::MatrixXd scores(keys, cols);  // [keys, heads]
+          Eigen::RowVectorXd dot_abs = Eigen::RowVectorXd::Zero(cols);
+          for (Eigen::Index j0 = 0; j0 < keys; j0 += kDenseTile) {
+            const Eigen::Index m = std::min<Eigen::Index>(kDenseTile, keys - j0);
+            const auto k = fill(0, j0, m);
+            scores.middleRows(j0, m).noalias() = k * qd;
+            dot_abs = dot_abs.cwiseMax((k.cwiseAbs() * q_abs).colwise().maxCoeff());
+          }
+          scores *= static_cast<double>(sm_scale_);
+          for (Eigen::Index c = 0; c < cols; ++c)
             scores.col(c) = (scores.col(c).array() - scores.col(c).maxCoeff()).exp();
-          ref = V.transpose() * scores;
-          for (Eigen::Index c = 0; c < scores.cols(); ++c) ref.col(c) /= scores.col(c).sum();
-          v_max = v_rows.maxCoeff();
-        };
-        if (consecutive) {
-          const Eigen::Index at = static_cast<Eigen::Index>(key_slots.front());
-          reference(k_head[kvh].middleRows(at, keys), k_abs[kvh].middleRows(at, keys), v_head[kvh].middleRows(at, keys),
-                    v_row_max[kvh].segment(at, keys));
-        } else {
-          const Eigen::MatrixXd K = k_head[kvh](key_slots, Eigen::all), K_abs = k_abs[kvh](key_slots, Eigen::all),
-                                V = v_head[kvh](key_slots, Eigen::all);
-          const Eigen::VectorXd v_rows = v_row_max[kvh](key_slots);
-          reference(K, K_abs, V, v_rows);
-        }
-        for (size_t c = 0; c < heads.size(); ++c) {
-          const int32_t h = heads[c];
-          const float* o = out.data() + ((row + i) * hq + h) * D;
-          const double dot_abs = dots.col(static_cast<Eigen::Index>(c)).maxCoeff();
-          const double bound = v_max * (1e-5 + 4.0 * D * std::ldexp(1.0, -24) * sm_scale_ * dot_abs) + 1e-30;
-          ++f.checked_rows;
-          for (int32_t d = 0; d < D; ++d) {
-            const double r = ref(d, static_cast<Eigen::Index>(c));
-            const double err = std::fabs(static_cast<double>(o[d]) - r);
-            const double ratio = std::isnan(r) ? 1e300 : err / bound;
-            f.worst_ratio = std::max(f.worst_ratio, ratio);
-            if (ratio > 1.0 && f.violation.empty()) {
-              char buf[160];
-              std::snprintf(buf, sizeof buf, ": out %.9g, Eigen double %.9g, |diff| %.3g > bound %.3g", o[d], r, err,
-                            bound);
-              f.violation = "step " + std::to_string(step_) + ", layer " + std::to_string(layer) + ", request " +
-                            e.r->id + ", position " + std::to_string(p) + ", head " + std::to_string(h) + ", dim " +
-                            std::to_string(d) + buf;
+          Eigen::MatrixXd ref = Eigen::MatrixXd::Zero(D, cols);  // [D, heads]
+          double v_max = 0.0;
+          for (Eigen::Index j0 = 0; j0 < keys; j0 += kDenseTile) {
+            const Eigen::Index m = std::min<Eigen::Index>(kDenseTile, keys - j0);
+            const auto v = fill(1, j0, m);
+            ref.noalias() += v.transpose() * scores.middleRows(j0, m);
+            v_max = std::max(v_max, v.cwiseAbs().maxCoeff());
+          }
+          for (Eigen::Index c = 0; c < cols; ++c) ref.col(c) /= scores.col(c).sum();
+          for (Eigen::Index c = 0; c < cols; ++c) {
+            const int32_t h = heads[static_cast<size_t>(c)];
+            const float* o = out.data() + ((row + i) * hq + h) * D;
+            const double bound = v_max * (1e-5 + 4.0 * D * std::ldexp(1.0, -24) * sm_scale_ * dot_abs(c)) + 1e-30;
+            ++f.checked_rows;
+            for (int32_t d = 0; d < D; ++d) {
+              const double r = ref(d, c);
+              const double err = std::fabs(static_cast<double>(o[d]) - r);
+              const double ratio = std::isnan(r) ? 1e300 : err / bound;
+              f.worst_ratio = std::max(f.worst_ratio, ratio);
+              if (ratio > 1.0 && f.violation.empty()) {
+                char buf[160];
+                std::snprintf(buf, sizeof buf, ": out %.9g, Eigen double %.9g, |diff| %.3g > bound %.3g", o[d], r, err,
+                              bound);
+                f.violation = "step " + std::to_string(step_) + ", layer " + std::to_string(layer) + ", request " +
+                              e.r->id + ", position " + std::to_string(p) + ", head " + std::to_string(h) + ", dim " +
+                              std::to_string(d) + buf;
+              }
             }
           }
-        }
-      });
-      for (const GroupFinding& f : found) {
-        rec_.dense_checked_rows += f.checked_rows;
-        rec_.dense_worst_ratio = std::max(rec_.dense_worst_ratio, f.worst_ratio);
-        if (rec_.dense_violation.empty()) rec_.dense_violation = f.violation;
-      }
+        });
+    for (const Finding& f : found) {
+      rec_.dense_checked_rows += f.checked_rows;
+      rec_.dense_worst_ratio = std::max(rec_.dense_worst_ratio, f.worst_ratio);
+      if (rec_.dense_violation.empty()) rec_.dense_violation = f.violation;
     }
     row += n;
   }
+}
+
+// Which query rows of an entry the dense check takes. A prefill chunk: up to
+// ~16 rows spread over it, always its last. A decode: every one while its
+// position is below kDenseEveryDecodeBelow; past it (where each check gathers
+// and computes over the whole context, so that checking every decode made the
+// check O(steps x context), most of a real-size replay), the decodes whose
+// position starts a page (the step that put a new page into the table),
+// every (P + 1)-th (so, over a long decode, every offset within a page) and
+// the request's last: about 2 in P + 1. With P = 1 every decode.
+bool Runner::dense_checks_row(const Entry& e, int32_t i) const {
+  const int32_t n = e.e->n;
+  if (n > 1 || !e.e->decode) {
+    const int32_t stride = n > 16 ? n / 16 : 1;
+    return i % stride == 0 || i == n - 1;
+  }
+  const int64_t p = e.e->start, P = g_.tokens_per_block;
+  return p < kDenseEveryDecodeBelow || p % P == 0 || p % (P + 1) == 0 || p + 1 >= e.r->final_len;
 }
 
 // One sequence's K (kv 0) or V (kv 1) rows of `layer`, [slots, H, D] fp32,

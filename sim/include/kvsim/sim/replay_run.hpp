@@ -98,8 +98,4 @@ std::optional<std::vector<uint8_t>> output_bytes(const RunRecord& r, const Recor
 
 RunRecord run_scenario(const Scenario& s, Backend& backend, const ReplayOptions& options);
 
-// FNV-1a 64 over bytes, continuing from `h`.
-uint64_t fnv1a(uint64_t h, const void* data, size_t bytes);
-inline constexpr uint64_t kFnvOffset = 0xcbf29ce484222325ull;
-
 }  // namespace kvsim::sim
