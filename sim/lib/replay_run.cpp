@@ -1457,6 +1457,15 @@ void Runner::check_dense(int32_t layer, const std::vector<Entry>& es, size_t fir
       double worst_ratio = 0.0;
       std::string violation;
     };
+    // Each checked row's keys (core's make_key_list), once for all its KV heads.
+    std::vector<std::vector<int64_t>> row_keys(checked.size());
+    for (size_t c = 0; c < checked.size(); ++c) {
+      const KeyList kl = make_key_list(static_cast<int64_t>(len) - n + checked[c], read_map_, g_.page_divider());
+      for (int64_t j = 0; j < kl.n_attended; ++j) {
+        bool masked = false;
+        row_keys[c].push_back(kl.slot(j, read_map_, masked));
+      }
+    }
     // Task t = (checked row t / H, KV head t % H): merged in that order, so
     // the first violation named is the sequential one.
     std::vector<Finding> found(checked.size() * static_cast<size_t>(H));
@@ -1475,12 +1484,7 @@ void Runner::check_dense(int32_t layer, const std::vector<Entry>& es, size_t fir
             if (!nan) heads.push_back(h);
           }
           if (heads.empty()) return;
-          const KeyList kl = make_key_list(p, read_map_, g_.page_divider());
-          std::vector<int64_t> key_slots;
-          for (int64_t j = 0; j < kl.n_attended; ++j) {
-            bool masked = false;
-            key_slots.push_back(kl.slot(j, read_map_, masked));
-          }
+          const std::vector<int64_t>& key_slots = row_keys[static_cast<size_t>(t / H)];
           const auto cols = static_cast<Eigen::Index>(heads.size());
           const auto keys = static_cast<Eigen::Index>(key_slots.size());
           Eigen::MatrixXd qd(D, cols);
