@@ -86,7 +86,7 @@ void Backend::release_pools(KvPools& pools) noexcept {
 }
 
 // Every entry point: host validation first, then the backend's run_*.
-#define KVSIM_DEFINE_ENTRY_POINT(name, Op, validate, form)   \
+#define KVSIM_DEFINE_ENTRY_POINT(name, Op, validate, form, impl)   \
   void Backend::name(KVSIM_OP_PARAMS(Op, form)) {            \
     validate(KVSIM_OP_ARGS(form));                           \
     timed([&] { run_##name(KVSIM_OP_ARGS(form)); });         \

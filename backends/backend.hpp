@@ -57,7 +57,7 @@ class Backend {
 
   // ---- ops (validate, then run): one entry point per op of the op list
   // (op_list.hpp), e.g. append_paged(pools, op), indexer_k_scatter(op).
-#define KVSIM_DECLARE_ENTRY_POINT(name, Op, validate, form) void name(KVSIM_OP_PARAMS(Op, form));
+#define KVSIM_DECLARE_ENTRY_POINT(name, Op, validate, form, impl) void name(KVSIM_OP_PARAMS(Op, form));
   KVSIM_OPS(KVSIM_DECLARE_ENTRY_POINT)
 #undef KVSIM_DECLARE_ENTRY_POINT
 
@@ -92,7 +92,7 @@ class Backend {
   virtual void run_fma_probe(float* out, int64_t lanes, int32_t steps);
 
   // Each op's implementation: run_<name>, with the entry point's parameters.
-#define KVSIM_DECLARE_RUN(name, Op, validate, form) virtual void run_##name(KVSIM_OP_PARAMS(Op, form)) = 0;
+#define KVSIM_DECLARE_RUN(name, Op, validate, form, impl) virtual void run_##name(KVSIM_OP_PARAMS(Op, form)) = 0;
   KVSIM_OPS(KVSIM_DECLARE_RUN)
 #undef KVSIM_DECLARE_RUN
 
@@ -109,7 +109,7 @@ template <OpId id>
 void call_op(Backend& b, const KvPools& pools, const OpOf<id>& op);
 #define KVSIM_CALL_ENTRY_pools(name) b.name(pools, op)
 #define KVSIM_CALL_ENTRY_tensors(name) ((void)pools, b.name(op))
-#define KVSIM_DEFINE_CALL_OP(name, Op, validate, form)                       \
+#define KVSIM_DEFINE_CALL_OP(name, Op, validate, form, impl)                       \
   template <>                                                                \
   inline void call_op<OpId::name>(Backend & b, const KvPools& pools, const Op& op) { \
     KVSIM_CALL_ENTRY_##form(name);                                           \

@@ -496,7 +496,7 @@ void DifferentialBackend::run_op(const KvPools& pools, const OpOf<id>& op) {
   }
 }
 
-#define KVSIM_DIFF_RUN(name, Op, validate, form) \
+#define KVSIM_DIFF_RUN(name, Op, validate, form, impl) \
   void DifferentialBackend::run_##name(KVSIM_OP_PARAMS(Op, form)) { run_op<OpId::name>(KVSIM_OP_POOLS(form), op); }
 KVSIM_OPS(KVSIM_DIFF_RUN)
 #undef KVSIM_DIFF_RUN

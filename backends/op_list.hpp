@@ -10,6 +10,7 @@
 #include <array>
 #include <cstdint>
 #include <string_view>
+#include <tuple>
 #include <type_traits>
 
 #include <kvsim/core.hpp>
@@ -26,22 +27,29 @@
 //            (expanded only in backend.cpp, so the .cu files never include it)
 //   form     pools:   name(const KvPools& pools, const Op& op)
 //            tensors: name(const Op& op) (the op touches no pool)
+//   impl     items:   every backend's run_name is generated (KVSIM_DEFINE_ITEM_OP_RUNS):
+//                     core's make_<name>_items(pools, op) returns a functor with
+//                     `int64_t count` and `KVSIM_HD void operator()(int64_t i)`,
+//                     items independent (validation proves it); CUDA first uploads
+//                     the spans OpTraits::uploads lists. A new op of this kind needs
+//                     no backend file at all.
+//            custom:  each backend writes run_name itself (fused or tiled kernels)
 // The order is the generator's draw order (op_generator.cpp): appending keeps
 // every generated sequence, and so every `kvsim diff --generated` count, as it is.
-#define KVSIM_OPS(X)                                                         \
-  X(append_paged, AppendPagedOp, validate_append_paged, pools)               \
-  X(reshape_and_cache, ReshapeAndCacheOp, validate_reshape_and_cache, pools) \
-  X(qkv_preprocess_write, QkvPreprocessOp, validate_qkv_preprocess, pools)   \
-  X(append_mla, AppendMlaOp, validate_append_mla, pools)                     \
-  X(indexer_k_scatter, IndexerKScatterOp, validate_indexer_k_scatter, tensors) \
-  X(gather_paged, GatherPagedOp, validate_gather_paged, pools)               \
-  X(decode_attention, DecodeAttentionOp, validate_decode_attention, pools)   \
-  X(prefill_attention, PrefillAttentionOp, validate_prefill_attention, pools) \
-  X(mla_attention, MlaAttentionOp, validate_mla_attention, pools)            \
-  X(partial_copy, PartialCopyOp, validate_partial_copy, pools)               \
-  X(copy_blocks, CopyBlocksOp, validate_copy_blocks, pools)                  \
-  X(offload, MoveBlocksOp, validate_move_blocks, pools)                      \
-  X(onboard, MoveBlocksOp, validate_move_blocks, pools)
+#define KVSIM_OPS(X)                                                                  \
+  X(append_paged, AppendPagedOp, validate_append_paged, pools, custom)                 \
+  X(reshape_and_cache, ReshapeAndCacheOp, validate_reshape_and_cache, pools, custom)   \
+  X(qkv_preprocess_write, QkvPreprocessOp, validate_qkv_preprocess, pools, custom)     \
+  X(append_mla, AppendMlaOp, validate_append_mla, pools, items)                        \
+  X(indexer_k_scatter, IndexerKScatterOp, validate_indexer_k_scatter, tensors, items)  \
+  X(gather_paged, GatherPagedOp, validate_gather_paged, pools, custom)                 \
+  X(decode_attention, DecodeAttentionOp, validate_decode_attention, pools, custom)     \
+  X(prefill_attention, PrefillAttentionOp, validate_prefill_attention, pools, custom)  \
+  X(mla_attention, MlaAttentionOp, validate_mla_attention, pools, custom)              \
+  X(partial_copy, PartialCopyOp, validate_partial_copy, pools, custom)                 \
+  X(copy_blocks, CopyBlocksOp, validate_copy_blocks, pools, custom)                    \
+  X(offload, MoveBlocksOp, validate_move_blocks, pools, custom)                        \
+  X(onboard, MoveBlocksOp, validate_move_blocks, pools, custom)
 
 // An op's parameter list and argument list by its form.
 #define KVSIM_OP_PARAMS_pools(Op) const ::kvsim::KvPools &pools, const Op &op
@@ -57,8 +65,21 @@
 
 // Every backend's implementations, declared in its class: KVSIM_BACKEND_OP_OVERRIDES
 // (then define run_<name> for each op of KVSIM_OPS).
-#define KVSIM_DECLARE_RUN_OVERRIDE(name, Op, validate, form) void run_##name(KVSIM_OP_PARAMS(Op, form)) override;
+#define KVSIM_DECLARE_RUN_OVERRIDE(name, Op, validate, form, impl) void run_##name(KVSIM_OP_PARAMS(Op, form)) override;
 #define KVSIM_BACKEND_OP_OVERRIDES KVSIM_OPS(KVSIM_DECLARE_RUN_OVERRIDE)
+
+// The run_<name> of every items-form op for the backend class KVSIM_ITEM_BACKEND
+// names: each calls run_item_op<OpId::name>(*this, pools, op, make), the
+// backend's one generic runner (defined before the expansion), with make =
+// core's make_<name>_items. A custom-form op expands to nothing.
+#define KVSIM_WHEN_IMPL_items(...) __VA_ARGS__
+#define KVSIM_WHEN_IMPL_custom(...)
+#define KVSIM_DEFINE_ITEM_OP_RUN(name, Op, validate, form, impl)                                            \
+  KVSIM_WHEN_IMPL_##impl(void KVSIM_ITEM_BACKEND::run_##name(KVSIM_OP_PARAMS(Op, form)) {                 \
+    run_item_op<OpId::name>(*this, KVSIM_OP_POOLS(form), op,                                              \
+                            [](const ::kvsim::KvPools& p, const Op& o) { return make_##name##_items(p, o); }); \
+  })
+#define KVSIM_DEFINE_ITEM_OP_RUNS KVSIM_OPS(KVSIM_DEFINE_ITEM_OP_RUN)
 
 namespace kvsim {
 
@@ -91,6 +112,9 @@ constexpr std::string_view op_name(OpId id) {
 //               the differential backend compares after the op, in this order)
 //   generated   drawn by the op generator (`kvsim diff --generated`, the
 //               differential sweeps); mla_attention has its own fixture
+//   uploads     its host spans (page tables, slot mappings) a device backend
+//               copies to its memory before the op's items run (items-form ops;
+//               a custom op uploads what its kernels read)
 enum class Access : uint8_t { read, write };
 enum class PoolWrite : uint8_t { none, primary, secondary };
 
@@ -114,6 +138,7 @@ struct OpTraitsOf {
   static constexpr PoolWrite pool_write = kPoolWrite;
   static constexpr bool generated = kGenerated;
   static constexpr std::array<TensorField<Op>, 0> tensors{};
+  static constexpr std::tuple<> uploads{};
 };
 template <class Op, size_t n>
 using Tensors = std::array<TensorField<Op>, n>;
@@ -137,11 +162,14 @@ struct OpTraits<OpId::qkv_preprocess_write> : OpTraitsOf<QkvPreprocessOp, PoolWr
 template <>
 struct OpTraits<OpId::append_mla> : OpTraitsOf<AppendMlaOp, PoolWrite::primary> {
   static constexpr Tensors<Op, 2> tensors{{{"ckv", &Op::ckv, kRead}, {"kpe", &Op::kpe, kRead}}};
+  static constexpr std::tuple uploads{&Op::batch_indices, &Op::positions, &Op::indptr, &Op::indices,
+                                      &Op::last_page_len};
 };
 template <>
 struct OpTraits<OpId::indexer_k_scatter> : OpTraitsOf<IndexerKScatterOp, PoolWrite::none> {
   static constexpr Tensors<Op, 3> tensors{
       {{"k_fp8", &Op::k_fp8, kRead}, {"k_scale", &Op::k_scale, kRead}, {"cache", &Op::cache, kWrite}}};
+  static constexpr std::tuple uploads{&Op::slot_mapping_fp8, &Op::slot_mapping_scale};
 };
 template <>
 struct OpTraits<OpId::gather_paged> : OpTraitsOf<GatherPagedOp, PoolWrite::none> {

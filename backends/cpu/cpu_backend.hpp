@@ -5,7 +5,9 @@
 // results are identical for any thread count and from run to run.
 #pragma once
 
+#include <tbb/blocked_range.h>
 #include <tbb/global_control.h>
+#include <tbb/parallel_for.h>
 #include <tbb/task_arena.h>
 
 #include <optional>
@@ -32,6 +34,18 @@ class CpuBackend final : public Backend {
   void to_backend(void* dst, const void* host_src, size_t bytes) override;
   void to_host(void* host_dst, const void* src, size_t bytes) override;
   void fill(void* dst, uint8_t byte, size_t bytes) override;
+
+  // Runs body(w) for w in [0, items) on the arena's threads (independent
+  // work items: any split gives the same bytes).
+  template <class Body>
+  void for_each_item(int64_t items, const Body& body) {
+    if (items <= 0) return;
+    arena_.execute([&] {
+      tbb::parallel_for(tbb::blocked_range<int64_t>(0, items), [&](const tbb::blocked_range<int64_t>& r) {
+        for (int64_t w = r.begin(); w < r.end(); ++w) body(w);
+      });
+    });
+  }
 
  protected:
   KVSIM_BACKEND_OP_OVERRIDES

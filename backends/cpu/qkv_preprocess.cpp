@@ -30,14 +30,10 @@ void CpuBackend::run_qkv_preprocess_write(const KvPools& pools, const QkvPreproc
   const int64_t kv_heads = pools.geometry.kv_heads;
   const int64_t items = static_cast<int64_t>(row_sequence.size()) * kv_heads;
 
-  arena_.execute([&] {
-    tbb::parallel_for(tbb::blocked_range<int64_t>(0, items), [&](const tbb::blocked_range<int64_t>& r) {
-      for (int64_t i = r.begin(); i < r.end(); ++i) {
-        const int64_t row = i / kv_heads;
-        qkv_preprocess_token_head<kCpuChunk>(pools, args, row_sequence[row], row_token[row], row,
-                                             static_cast<int32_t>(i % kv_heads));
-      }
-    });
+  for_each_item(items, [&](int64_t i) {
+    const int64_t row = i / kv_heads;
+    qkv_preprocess_token_head<kCpuChunk>(pools, args, row_sequence[row], row_token[row], row,
+                                         static_cast<int32_t>(i % kv_heads));
   });
 }
 

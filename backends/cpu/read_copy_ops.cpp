@@ -15,12 +15,8 @@ void CpuBackend::run_gather_paged(const KvPools& pools, const GatherPagedOp& op)
   if (op.num_tokens == 0) return;
   const GatherPagedArgs args = make_gather_paged_args(pools, op);
   const int32_t heads = pools.geometry.kv_heads;
-  const int64_t items = op.num_tokens * heads;  // one item per (token, head)
-  arena_.execute([&] {
-    tbb::parallel_for(tbb::blocked_range<int64_t>(0, items), [&](const tbb::blocked_range<int64_t>& r) {
-      for (int64_t i = r.begin(); i != r.end(); ++i)
-        gather_paged_token_head(args, i / heads, static_cast<int32_t>(i % heads));
-    });
+  for_each_item(op.num_tokens * heads, [&](int64_t i) {  // one item per (token, head)
+    gather_paged_token_head(args, i / heads, static_cast<int32_t>(i % heads));
   });
 }
 
@@ -30,26 +26,18 @@ namespace {
 // block indices. Pairs are independent (validated), so rows of all pairs run
 // concurrently.
 template <class PairAt>
-void copy_block_rows(tbb::task_arena& arena, const BlockCopyArgs& args, int64_t pairs, PairAt pair_at) {
+void copy_block_rows(CpuBackend& b, const BlockCopyArgs& args, int64_t pairs, PairAt pair_at) {
   if (args.run_bytes > 0) {  // each block one run of bytes: one copy per pair
-    arena.execute([&] {
-      tbb::parallel_for(tbb::blocked_range<int64_t>(0, pairs), [&](const tbb::blocked_range<int64_t>& r) {
-        for (int64_t i = r.begin(); i != r.end(); ++i) {
-          const std::pair<int64_t, int64_t> p = pair_at(i);
-          copy_block_run(args, p.first, p.second, 0, args.run_bytes + args.scale_run_bytes);
-        }
-      });
+    b.for_each_item(pairs, [&](int64_t i) {
+      const std::pair<int64_t, int64_t> p = pair_at(i);
+      copy_block_run(args, p.first, p.second, 0, args.run_bytes + args.scale_run_bytes);
     });
     return;
   }
   const int64_t rows = args.rows_per_block();
-  arena.execute([&] {
-    tbb::parallel_for(tbb::blocked_range<int64_t>(0, pairs * rows), [&](const tbb::blocked_range<int64_t>& r) {
-      for (int64_t i = r.begin(); i != r.end(); ++i) {
-        const std::pair<int64_t, int64_t> p = pair_at(i / rows);
-        copy_block_row(args, p.first, p.second, i % rows);
-      }
-    });
+  b.for_each_item(pairs * rows, [&](int64_t i) {
+    const std::pair<int64_t, int64_t> p = pair_at(i / rows);
+    copy_block_row(args, p.first, p.second, i % rows);
   });
 }
 
@@ -61,14 +49,14 @@ void CpuBackend::run_partial_copy(const KvPools& pools, const PartialCopyOp& op)
   const int32_t tokens = (op.num_tokens <= 0 || g.dtype == CacheDtype::nvfp4) ? g.tokens_per_block : op.num_tokens;
   const BlockCopyArgs args = make_block_copy_args(pools, PoolKind::primary, PoolKind::primary, tokens);
   const std::pair<int64_t, int64_t> pair{BlockRef{op.src_block}.block(), BlockRef{op.dst_block}.block()};
-  copy_block_rows(arena_, args, 1, [&](int64_t) { return pair; });
+  copy_block_rows(*this, args, 1, [&](int64_t) { return pair; });
 }
 
 void CpuBackend::run_copy_blocks(const KvPools& pools, const CopyBlocksOp& op) {
   if (op.pairs.empty()) return;
   const BlockCopyArgs args =
       make_block_copy_args(pools, PoolKind::primary, PoolKind::primary, pools.geometry.tokens_per_block);
-  copy_block_rows(arena_, args, static_cast<int64_t>(op.pairs.size()), [&](int64_t p) {
+  copy_block_rows(*this, args, static_cast<int64_t>(op.pairs.size()), [&](int64_t p) {
     return std::pair<int64_t, int64_t>{BlockRef{op.pairs[p].first}.block(), BlockRef{op.pairs[p].second}.block()};
   });
 }
@@ -83,7 +71,7 @@ void CpuBackend::move_blocks(const KvPools& pools, const MoveBlocksOp& op, bool 
   const std::span<const int32_t> src_ids = to_secondary ? op.primary : op.secondary;
   const std::span<const int32_t> dst_ids = to_secondary ? op.secondary : op.primary;
   const BlockCopyArgs args = make_block_copy_args(pools, src, dst, pools.geometry.tokens_per_block);
-  copy_block_rows(arena_, args, static_cast<int64_t>(src_ids.size()), [&](int64_t p) {
+  copy_block_rows(*this, args, static_cast<int64_t>(src_ids.size()), [&](int64_t p) {
     return std::pair<int64_t, int64_t>{src_ids[p], dst_ids[p]};
   });
 }

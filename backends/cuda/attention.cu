@@ -17,7 +17,7 @@
 // the kernels only choose which thread performs which canonical step:
 //  * score butterfly: __shfl_xor_sync at offsets 16..1 adds the same pairs as
 //    canon::butterfly_sum32; the staged and bulk paths use reduce-scatter forms
-//    (staged::reduce_scatter32, bulk::reduce_scatter_xor) that add exactly
+//    (reduce_scatter32, reduce_scatter_xor in attention_warp.cuh) that add exactly
 //    those pairs too;
 //  * partition max: each lane takes its 8-key run in order, runs are joined
 //    left to right (ties keep the left value), which is the oracle's

@@ -270,20 +270,6 @@ __device__ __forceinline__ void store_probs(float* dst, const float* p) {
   }
 }
 
-// Reduce-scatter of canon::butterfly_sum32 for registers laid out as lane l
-// holding column c in register c ^ l: every addition is v_l[c] + v_{l^off}[c]
-// of the full butterfly's level `off`; column l ends in lane l.
-__device__ __forceinline__ float reduce_scatter_xor(float (&v)[kWarp]) {
-#pragma unroll
-  for (int level = 0; level < 5; ++level) {
-    const int off = 16 >> level;
-#pragma unroll
-    for (int i = 0; i < 16; ++i)
-      if (i < off) v[i] = v[i] + __shfl_xor_sync(kFullMask, v[i + off], off);
-  }
-  return v[0];
-}
-
 template <CacheDtype kDtype, int C, int G, int T, int S>
 __global__ void __launch_bounds__(kWarpsPerCta * kWarp)
     attention_bulk_kernel(AttentionArgs a, const PartInfo* parts, int32_t items, float* part_stats, float* part_acc) {

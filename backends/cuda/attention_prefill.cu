@@ -29,6 +29,7 @@
 // which canonical step. A second order (a tensor-core model) would be a second
 // policy with the same kernel skeleton.
 #include "backends/cuda/attention_plan.cuh"
+#include "backends/cuda/attention_warp.cuh"
 #include "backends/cuda/cuda_check.hpp"
 
 #include <algorithm>
@@ -351,12 +352,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-      float m = run_max[i];
-#pragma unroll
-      for (int off = 1; off < 16; off <<= 1) {
-        const float o = __shfl_xor_sync(0xFFFFFFFFu, m, off);
-        m = o > m ? o : m;
-      }
+      const float m = group16_max(run_max[i]);
       if (k0 == 0) sm.global_max[u0 + i] = m;
     }
   }

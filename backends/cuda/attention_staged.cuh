@@ -175,27 +175,6 @@ __device__ __forceinline__ void load_codes(const uint8_t* row, int lane, float* 
   }
 }
 
-// Reduce-scatter form of canon::butterfly_sum32 over 32 columns: at level
-// `off` lane l adds its value and lane (l ^ off)'s for the half of the
-// columns it keeps (the upper half when bit `off` of l is set), exactly the
-// pair the full butterfly adds; column `lane` ends in lane `lane`.
-__device__ __forceinline__ float reduce_scatter32(float (&v)[kWarp], int lane) {
-#pragma unroll
-  for (int level = 0; level < 5; ++level) {
-    const int off = 16 >> level;
-    const bool upper = (lane & off) != 0;
-#pragma unroll
-    for (int i = 0; i < 16; ++i) {
-      if (i < off) {
-        const float send = upper ? v[i] : v[i + off];
-        const float keep = upper ? v[i + off] : v[i];
-        v[i] = keep + __shfl_xor_sync(kFullMask, send, off);
-      }
-    }
-  }
-  return v[0];
-}
-
 template <CacheDtype kDtype, int C, int G, int kTile>
 __global__ void __launch_bounds__(kWarps * kWarp)
     attention_staged_kernel(AttentionArgs a, const PartInfo* parts, int64_t items, float* part_stats, float* part_acc) {

@@ -1,6 +1,7 @@
 // The exactness-critical warp steps every CUDA attention kernel shares
-// (attention.cu's general kernel, attention_staged.cuh, attention_bulk.cuh):
-// the warp form of core's canonical reductions, and the decoders of stored
+// (attention.cu's general kernel, attention_staged.cuh, attention_bulk.cuh,
+// attention_prefill.cu): the warp forms of core's canonical reductions (the
+// butterfly, its two reduce-scatter layouts, the ordered max), and the decoders of stored
 // codes a 32-bit word at a time. Written once so that every path adds the same
 // pairs in the same order (docs/canonical-arithmetic.md).
 #pragma once
@@ -36,6 +37,54 @@ __device__ __forceinline__ float warp_ordered_max(float m, int lane) {
     const float left = right_half ? other : m;
     const float right = right_half ? m : other;
     m = right > left ? right : left;
+  }
+  return m;
+}
+
+// Reduce-scatter form of canon::butterfly_sum32 over 32 columns: at level
+// `off` lane l adds its value and lane (l ^ off)'s for the half of the
+// columns it keeps (the upper half when bit `off` of l is set), exactly the
+// pair the full butterfly adds; column `lane` ends in lane `lane`.
+__device__ __forceinline__ float reduce_scatter32(float (&v)[canon::kWarp], int lane) {
+#pragma unroll
+  for (int level = 0; level < 5; ++level) {
+    const int off = 16 >> level;
+    const bool upper = (lane & off) != 0;
+#pragma unroll
+    for (int i = 0; i < 16; ++i) {
+      if (i < off) {
+        const float send = upper ? v[i] : v[i + off];
+        const float keep = upper ? v[i + off] : v[i];
+        v[i] = keep + __shfl_xor_sync(kFullMask, send, off);
+      }
+    }
+  }
+  return v[0];
+}
+
+// Reduce-scatter of canon::butterfly_sum32 for registers laid out as lane l
+// holding column c in register c ^ l: every addition is v_l[c] + v_{l^off}[c]
+// of the full butterfly's level `off`; column l ends in lane l.
+__device__ __forceinline__ float reduce_scatter_xor(float (&v)[canon::kWarp]) {
+#pragma unroll
+  for (int level = 0; level < 5; ++level) {
+    const int off = 16 >> level;
+#pragma unroll
+    for (int i = 0; i < 16; ++i)
+      if (i < off) v[i] = v[i] + __shfl_xor_sync(kFullMask, v[i + off], off);
+  }
+  return v[0];
+}
+
+// The maximum of m over each group of 16 lanes (lanes 0-15, 16-31), in every
+// lane of the group: a max of the same values in any order (a tie of +0 and
+// -0 may keep either; exp(s - m) is the same for both), as the tiled prefill
+// kernel's pass 1 needs.
+__device__ __forceinline__ float group16_max(float m) {
+#pragma unroll
+  for (int off = 1; off < 16; off <<= 1) {
+    const float o = __shfl_xor_sync(kFullMask, m, off);
+    m = o > m ? o : m;
   }
   return m;
 }

@@ -124,7 +124,7 @@ void CudaBackend::wait_for_device() {
   KVSIM_CUDA_CHECK("wait_for_device", cudaDeviceSynchronize());
 }
 
-std::vector<const void*> CudaBackend::upload(const char* op, std::initializer_list<HostArray> arrays) {
+std::vector<const void*> CudaBackend::upload(const char* op, std::span<const HostArray> arrays) {
   size_t total = 0;
   for (const HostArray& a : arrays) total += align_up(a.bytes);
   std::vector<const void*> out;

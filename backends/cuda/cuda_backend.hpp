@@ -59,7 +59,10 @@ class CudaBackend final : public Backend {
   // scratch in one transfer; returns their device addresses (nullptr for an
   // empty array). Valid until the next upload; the host arrays may be reused
   // as soon as it returns.
-  std::vector<const void*> upload(const char* op, std::initializer_list<HostArray> arrays);
+  std::vector<const void*> upload(const char* op, std::span<const HostArray> arrays);
+  std::vector<const void*> upload(const char* op, std::initializer_list<HostArray> arrays) {
+    return upload(op, std::span<const HostArray>(arrays.begin(), arrays.size()));
+  }
   // Waits for the op's work and turns any asynchronous failure into a
   // BackendError naming the op.
   void finish(const char* op);

@@ -1,4 +1,5 @@
-// CUDA write ops (contract §5.1, §5.2, §5.4, §5.5): core's work items
+// CUDA write ops (contract §5.1, §5.2, §5.4; append_mla and indexer_k_scatter
+// are items-form ops, item_ops.cu): core's work items
 // (core/ops/write_ops.hpp), one thread each, after the op's host index arrays
 // are uploaded and swapped into the *Args struct make_*_args() built.
 // append_paged and reshape_and_cache run the 16-byte chunk items (the CPU
@@ -38,17 +39,6 @@ struct ReshapeAndCacheItem {
     }
     reshape_and_cache_chunk(pools, args, row >> 1, i / chunks, static_cast<int32_t>(row & 1), i % chunks);
   }
-};
-
-struct AppendMlaItem {
-  KvPools pools;
-  AppendMlaArgs args;
-  __device__ void operator()(int64_t i) const { append_mla_token(pools, args, i); }
-};
-
-struct IndexerKScatterItem {
-  IndexerKScatterArgs args;
-  __device__ void operator()(int64_t t) const { indexer_k_scatter_token(args, t); }
 };
 
 // The CSR table and append coordinates on the device.
@@ -96,29 +86,6 @@ void CudaBackend::run_reshape_and_cache(const KvPools& pools, const ReshapeAndCa
   else
     cuda::launch_row_items(kOp, "reshape_and_cache_chunk", stream_, args.num_tokens * 2, heads * chunks,
                            ReshapeAndCacheItem<false>{pools, args, chunks});
-  finish(kOp);
-}
-
-void CudaBackend::run_append_mla(const KvPools& pools, const AppendMlaOp& op) {
-  constexpr const char* kOp = "append_mla";
-  AppendMlaArgs args = make_append_mla_args(pools, op);
-  if (args.nnz == 0) return;
-  upload_append_table(*this, kOp, op.batch_indices, op.positions, op.indptr, op.indices, op.last_page_len,
-                      args.batch_indices, args.positions, args.table);
-  begin_kernels();
-  cuda::launch_items(kOp, "append_mla_token", stream_, args.nnz, AppendMlaItem{pools, args});
-  finish(kOp);
-}
-
-void CudaBackend::run_indexer_k_scatter(const IndexerKScatterOp& op) {
-  constexpr const char* kOp = "indexer_k_scatter";
-  IndexerKScatterArgs args = make_indexer_k_scatter_args(op);
-  if (args.num_tokens == 0) return;
-  const std::vector<const void*> d = upload(kOp, {op.slot_mapping_fp8, op.slot_mapping_scale});
-  args.slot_mapping_fp8 = static_cast<const int64_t*>(d[0]);
-  args.slot_mapping_scale = static_cast<const int64_t*>(d[1]);
-  begin_kernels();
-  cuda::launch_items(kOp, "indexer_k_scatter_token", stream_, args.num_tokens, IndexerKScatterItem{args});
   finish(kOp);
 }
 

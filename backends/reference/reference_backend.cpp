@@ -32,15 +32,7 @@ void ReferenceBackend::run_qkv_preprocess_write(const KvPools& pools, const QkvP
         qkv_preprocess_token_head(pools, args, static_cast<int32_t>(b), t, row, head);
 }
 
-void ReferenceBackend::run_append_mla(const KvPools& pools, const AppendMlaOp& op) {
-  const AppendMlaArgs args = make_append_mla_args(pools, op);
-  for (int64_t i = 0; i < args.nnz; ++i) append_mla_token(pools, args, i);
-}
-
-void ReferenceBackend::run_indexer_k_scatter(const IndexerKScatterOp& op) {
-  const IndexerKScatterArgs args = make_indexer_k_scatter_args(op);
-  for (int64_t t = 0; t < args.num_tokens; ++t) indexer_k_scatter_token(args, t);
-}
+// append_mla, indexer_k_scatter: items-form ops (item_ops.cpp).
 
 // ---------------------------------------------------------------- reads
 void ReferenceBackend::run_gather_paged(const KvPools& pools, const GatherPagedOp& op) {

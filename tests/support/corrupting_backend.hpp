@@ -44,7 +44,7 @@ class CorruptingBackend final : public Backend {
       if (!out && t.access == Access::write) out = &(o.*t.member);
     corrupt(op_name(id), OpTraits<id>::pool_write != PoolWrite::none ? &p : nullptr, out);
   }
-#define KVSIM_CORRUPTING_RUN(name, Op, validate, form) \
+#define KVSIM_CORRUPTING_RUN(name, Op, validate, form, impl) \
   void run_##name(KVSIM_OP_PARAMS(Op, form)) override { run_then_corrupt<OpId::name>(KVSIM_OP_POOLS(form), op); }
   KVSIM_OPS(KVSIM_CORRUPTING_RUN)
 #undef KVSIM_CORRUPTING_RUN

@@ -440,6 +440,18 @@ KVSIM_HD inline void append_mla_token(const KvPools& pools, const AppendMlaArgs&
   write_pool_row(pools, r, a.kpe_dim0, a.d_kpe, input_row(a.kpe, i, 0), a.kpe_encoding, a.kpe_scale);
 }
 
+// The op's work items (op_list.hpp's items form): one per token.
+struct AppendMlaItems {
+  KvPools pools;
+  AppendMlaArgs args;
+  int64_t count = 0;
+  KVSIM_HD void operator()(int64_t i) const { append_mla_token(pools, args, i); }
+};
+inline AppendMlaItems make_append_mla_items(const KvPools& pools, const AppendMlaOp& op) {
+  const AppendMlaArgs args = make_append_mla_args(pools, op);
+  return {pools, args, args.nnz};
+}
+
 // ---------------------------------------------------------------- indexer_k_scatter
 // TensorRT-LLM flatIndexToMemoryOffset: row-major decomposition of a flat
 // element index over shape [d0, d1, d2, d3], then the caller's strides.
@@ -498,6 +510,17 @@ KVSIM_HD inline void indexer_k_scatter_token(const IndexerKScatterArgs& a, int64
   if (data_base < 0 || scale_base < 0) return;
   indexer_scatter_bytes(a.cache, data_base, a.k_fp8, t, a.head_dim);
   indexer_scatter_bytes(a.cache, scale_base, a.k_scale, t, kIndexerScaleBytes);
+}
+
+// The op's work items (op_list.hpp's items form): one per token; no pool.
+struct IndexerKScatterItems {
+  IndexerKScatterArgs args;
+  int64_t count = 0;
+  KVSIM_HD void operator()(int64_t t) const { indexer_k_scatter_token(args, t); }
+};
+inline IndexerKScatterItems make_indexer_k_scatter_items(const KvPools&, const IndexerKScatterOp& op) {
+  const IndexerKScatterArgs args = make_indexer_k_scatter_args(op);
+  return {args, args.num_tokens};
 }
 
 }  // namespace kvsim
