@@ -375,10 +375,7 @@ void DifferentialBackend::compare_pools(const char* op, const KvPools& pools, Po
 
 void DifferentialBackend::compare_tensor(const char* op, const char* name, const TensorView& t) {
   if (t.empty() || t.rank == 0 || t.numel() == 0) return;
-  const int elem_bits = bits_per_element(t.dtype);
-  int64_t max_offset = 0;
-  for (int i = 0; i < t.rank; ++i) max_offset += t.stride[i] * (t.shape[i] - 1);
-  const size_t bytes = static_cast<size_t>(((max_offset + 1) * elem_bits + 7) / 8);
+  const size_t bytes = static_cast<size_t>(t.span_bytes());
   std::vector<uint8_t> ref, cand;
   const int64_t at = compare_bytes(t.data, bytes, ref, cand);
   if (at < 0 || first_) return;
@@ -388,7 +385,7 @@ void DifferentialBackend::compare_tensor(const char* op, const char* name, const
   r.buffer = name;
   r.dtype = t.dtype;
   r.byte_offset = at;
-  const int elem_bytes = std::max(1, elem_bits / 8);
+  const int elem_bytes = std::max(1, bits_per_element(t.dtype) / 8);
   const int64_t first_byte = at / elem_bytes * elem_bytes;
   r.element = at / elem_bytes;
   r.reference_hex = hex_of(&ref[first_byte], elem_bytes);

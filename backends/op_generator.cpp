@@ -227,10 +227,7 @@ TensorView OpGenerator::tensor(CacheDtype dtype, std::vector<int64_t> shape, boo
     stride *= shape[d];
     if (d == t.rank - 1 && padded && t.rank >= 2) stride += uniform(rng_, 1, 3) * 2;  // row padding
   }
-  int64_t elements = 0;
-  for (int d = 0; d < t.rank; ++d) elements += t.stride[d] * (t.shape[d] - 1);
-  elements += 1;
-  if (t.numel() == 0) elements = 1;
+  const int64_t elements = t.numel() == 0 ? 1 : t.span_elements();
   std::vector<uint8_t> host(static_cast<size_t>((elements * bits_per_element(dtype) + 7) / 8));
   random_elements(rng_, dtype, host.data(), elements, special_values_);
   buffers_.emplace_back(backend_, host.size());
@@ -472,18 +469,22 @@ std::string OpGenerator::run(GeneratedOp op, const OpKnobs& knobs) {
       if (order != AttentionOrder::fp32) what << ", order " << attention_order_name(order);
       const bool with_lse = attention_ops_++ % 2 == 1;
       if (with_lse) what << ", lse";
-      if (op == GeneratedOp::decode_attention) {
-        DecodeAttentionOp o;
+      // The fields both ops share, q and out drawn in this order.
+      const auto fill = [&](auto& o, int64_t rows) {
         o.layer = layer;
-        o.q = tensor(float_input, {batch, Hq, D}, coin(rng_));
-        o.out = tensor(out_dtype, {batch, Hq, D}, coin(rng_));
+        o.q = tensor(float_input, {rows, Hq, D}, coin(rng_));
+        o.out = tensor(out_dtype, {rows, Hq, D}, coin(rng_));
         o.seq_lens = len;
         o.block_table = table;
         o.max_blocks_per_seq = max_blocks;
         o.scales = sc;
         o.window = window;
         o.order = order;
-        if (with_lse) o.lse = nan_output(batch, Hq);
+        if (with_lse) o.lse = nan_output(rows, Hq);
+      };
+      if (op == GeneratedOp::decode_attention) {
+        DecodeAttentionOp o;
+        fill(o, batch);
         backend_.decode_attention(pools_, o);
       } else {
         std::vector<int32_t> q_indptr{0};
@@ -491,18 +492,9 @@ std::string OpGenerator::run(GeneratedOp op, const OpKnobs& knobs) {
           q_indptr.push_back(q_indptr.back() + uniform(rng_, q_indptr.size() == 1 ? 1 : 0, std::min(l, 6)));
         const int64_t rows = q_indptr.back();
         PrefillAttentionOp o;
-        o.layer = layer;
-        o.q = tensor(float_input, {rows, Hq, D}, coin(rng_));
-        o.out = tensor(out_dtype, {rows, Hq, D}, coin(rng_));
+        fill(o, rows);
         o.q_indptr = q_indptr;
-        o.seq_lens = len;
-        o.block_table = table;
-        o.max_blocks_per_seq = max_blocks;
-        o.scales = sc;
-        o.window = window;
-        o.order = order;
         what << ", queries " << rows;
-        if (with_lse) o.lse = nan_output(rows, Hq);
         backend_.prefill_attention(pools_, o);
       }
       break;

@@ -6,11 +6,7 @@
 # baseline. Tables and JSON go to $OUT. Every step runs under `timeout`.
 #   usage: scripts/gpu-bench.sh            (after gpu-check.sh; carry [".deps"])
 set -uo pipefail
-cd "$(dirname "$0")/.."
-OUT="${OUT:-/tmp/kvsim-out}"
-mkdir -p "$OUT"
-export LD_LIBRARY_PATH="/tmp/pfx/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-bin=build-gpu/bin
+source "$(dirname "$0")/gpu-env.sh"
 min_seconds="${KVSIM_BENCH_MIN_SECONDS:-0.15}"
 # --baseline FILE when PyTorch left a report (a run cut short leaves its finished rows).
 baseline() { [ -s "$1" ] && echo "--baseline $1"; }

@@ -12,9 +12,7 @@
 #            every invariant (KVSIM_REAL_INVARIANTS to choose), kvsim diff on them, and the
 #            4.5 GiB-pool replay test (issue 13); KVSIM_GPU_CHECK_SECONDS still bounds it
 set -uo pipefail
-cd "$(dirname "$0")/.."
-OUT="${OUT:-/tmp/kvsim-out}"
-mkdir -p "$OUT"
+source "$(dirname "$0")/gpu-env.sh"
 exec > >(tee "$OUT/gpu-check.log") 2>&1
 start=$(date +%s)
 budget="${KVSIM_GPU_CHECK_SECONDS:-450}"
@@ -41,18 +39,13 @@ finish() {
   exit "${1:-0}"
 }
 
-pfx=/tmp/pfx
-mkdir -p "$pfx"
-for f in .deps/debs/*.deb; do dpkg -x "$f" "$pfx"; done
-export LD_LIBRARY_PATH="$pfx/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 jobs=$(nproc)
 
 t0=$(date +%s)
-# The PATH's python3 there is the PyTorch venv's (torch with CUDA, numpy, pytest): name it, so that
-# CMake's own choice (the first of /usr/bin/python3 and the PATH's that has numpy and pytest) cannot differ.
-if timeout 60 cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$pfx/usr" \
-     -DKVSIM_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DPython3_EXECUTABLE="$(command -v python3)" > "$OUT/build.log" 2>&1 &&
+# The PATH's python3 there is the PyTorch venv's (torch with CUDA, numpy, pytest): gpu_configure names
+# it, so that CMake's own choice (the first of /usr/bin/python3 and the PATH's that has numpy and pytest) cannot differ.
+if gpu_configure > "$OUT/build.log" 2>&1 &&
    timeout "$(allow 240 200)" cmake --build build-gpu -j"$jobs" >> "$OUT/build.log" 2>&1; then
   note "build: ok ($(( $(date +%s) - t0 )) s)"
 else
@@ -61,7 +54,6 @@ else
   tail -20 "$OUT/build.log"
   finish 1
 fi
-bin=build-gpu/bin
 
 if [ "${1:-}" = "--real" ]; then
   "$bin/kvsim" validate scenarios/real/*.toml > "$OUT/real-validate.txt" 2>&1

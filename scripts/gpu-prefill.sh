@@ -8,22 +8,14 @@
 # `timeout` inside KVSIM_GPU_PREFILL_SECONDS (default 330).
 #   usage: scripts/gpu-prefill.sh            (carry [".deps"])
 set -uo pipefail
-cd "$(dirname "$0")/.."
-OUT="${OUT:-/tmp/kvsim-out}"
-mkdir -p "$OUT"
+source "$(dirname "$0")/gpu-env.sh"
 start=$(date +%s)
 budget="${KVSIM_GPU_PREFILL_SECONDS:-330}"
 left() { local l=$(( budget - ( $(date +%s) - start ) - ${1:-0} )); (( l < 5 )) && l=5; echo "$l"; }
 step() { echo "== $1 ($(( $(date +%s) - start )) s)"; }
-pfx=/tmp/pfx
-mkdir -p "$pfx"
-for f in .deps/debs/*.deb; do dpkg -x "$f" "$pfx"; done
-export LD_LIBRARY_PATH="$pfx/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm --format=csv,noheader
-bin=build-gpu/bin
 step "build"
-timeout 40 cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$pfx/usr" \
-  -DKVSIM_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 > "$OUT/build.log" 2>&1 &&
+gpu_configure > "$OUT/build.log" 2>&1 &&
   timeout "$(left 90)" cmake --build build-gpu -j"$(nproc)" --target kvsim attention_differential_test >> "$OUT/build.log" 2>&1
 rc=$?
 echo "build rc=$rc"

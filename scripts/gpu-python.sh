@@ -8,19 +8,11 @@
 # module linked without --exclude-libs (KVSIM_PYTHON_EXCLUDE_LIBS=OFF), to see
 # whether the symbol isolation is what makes the difference. Logs in $OUT.
 set -uo pipefail
-cd "$(dirname "$0")/.."
-OUT="${OUT:-/tmp/kvsim-out}"
-mkdir -p "$OUT"
+source "$(dirname "$0")/gpu-env.sh"
 exec > >(tee "$OUT/gpu-python.log") 2>&1
-pfx=/tmp/pfx
-mkdir -p "$pfx"
-for f in .deps/debs/*.deb; do dpkg -x "$f" "$pfx"; done
-export LD_LIBRARY_PATH="$pfx/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 py="$(command -v python3)"
 t0=$(date +%s)
-timeout 60 cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$pfx/usr" \
-  -DKVSIM_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DPython3_EXECUTABLE="$py" -DKVSIM_PYTHON_EXCLUDE_LIBS=ON \
-  > "$OUT/python-build.log" 2>&1 &&
+gpu_configure -DKVSIM_PYTHON_EXCLUDE_LIBS=ON > "$OUT/python-build.log" 2>&1 &&
   timeout 300 cmake --build build-gpu -j"$(nproc)" --target kvsim kvsim_python >> "$OUT/python-build.log" 2>&1
 echo "== build (module with --exclude-libs): rc=$? ($(( $(date +%s) - t0 )) s)"
 grep -E "kvsim: Python module" "$OUT/python-build.log"

@@ -375,38 +375,33 @@ void release_plan(AttentionPlan& plan, cudaStream_t stream) {
   plan.meta = nullptr;
 }
 
-void decode_attention(const KvPools& pools, const DecodeAttentionOp& op, cudaStream_t stream,
-                      cudaEvent_t kernels_start) {
-  std::vector<int32_t> seq(op.seq_lens.size()), position(op.seq_lens.size());
-  for (size_t b = 0; b < op.seq_lens.size(); ++b) {
-    seq[b] = static_cast<int32_t>(b);
-    position[b] = op.seq_lens[b] - 1;
-  }
-  AttentionPlan plan = make_plan("decode_attention", pools, op.layer, op.q, op.out, op.block_table,
-                                 op.max_blocks_per_seq, op.scales, op.window, seq, position, stream);
+namespace {
+// Every query row of a decode or prefill op (core's make_attention_rows: the
+// same rows, in the same order, as the reference) through one plan.
+template <class Op>
+void attend_rows(const char* name, const KvPools& pools, const Op& op, cudaStream_t stream, cudaEvent_t kernels_start) {
+  const AttentionRows rows = make_attention_rows(op);
+  const std::vector<int32_t> position(rows.position.begin(), rows.position.end());  // < seq_lens: int32
+  AttentionPlan plan = make_plan(name, pools, op.layer, op.q, op.out, op.block_table, op.max_blocks_per_seq, op.scales,
+                                 op.window, rows.seq, position, stream);
   plan.args.lse = op.lse;  // written by the merge kernel
   set_order(plan, op.order);
   if (kernels_start) KVSIM_CUDA_CHECK("attention timing", cudaEventRecord(kernels_start, stream));  // after the upload
   launch_plan(plan, stream);
   release_plan(plan, stream);
 }
+}  // namespace
+
+void decode_attention(const KvPools& pools, const DecodeAttentionOp& op, cudaStream_t stream,
+                      cudaEvent_t kernels_start) {
+  attend_rows("decode_attention", pools, op, stream, kernels_start);
+}
 
 void prefill_attention(const KvPools& pools, const PrefillAttentionOp& op, cudaStream_t stream,
                        cudaEvent_t kernels_start) {
-  if (op.order == AttentionOrder::fp32 && prefill_tiled_applies(pools, op.q, op.window)) return prefill_attention_tiled(pools, op, stream, kernels_start);
-  std::vector<int32_t> seq, position;
-  for (size_t b = 0; b + 1 < op.q_indptr.size(); ++b)
-    for (int32_t i = op.q_indptr[b]; i < op.q_indptr[b + 1]; ++i) {
-      seq.push_back(static_cast<int32_t>(b));
-      position.push_back(static_cast<int32_t>(prefill_position(op.seq_lens[b], op.q_indptr[b], op.q_indptr[b + 1], i)));
-    }
-  AttentionPlan plan = make_plan("prefill_attention", pools, op.layer, op.q, op.out, op.block_table,
-                                 op.max_blocks_per_seq, op.scales, op.window, seq, position, stream);
-  plan.args.lse = op.lse;  // written by the merge kernel
-  set_order(plan, op.order);
-  if (kernels_start) KVSIM_CUDA_CHECK("attention timing", cudaEventRecord(kernels_start, stream));  // after the upload
-  launch_plan(plan, stream);
-  release_plan(plan, stream);
+  if (op.order == AttentionOrder::fp32 && prefill_tiled_applies(pools, op.q, op.window))
+    return prefill_attention_tiled(pools, op, stream, kernels_start);
+  attend_rows("prefill_attention", pools, op, stream, kernels_start);
 }
 
 }  // namespace kvsim::cuda

@@ -54,6 +54,20 @@ void upload_append_table(CudaBackend& b, const char* op, std::span<const int32_t
   table.last_page_len = static_cast<const int32_t*>(d[4]);
 }
 
+// Rows (token, kv) of (head, chunk) items; the copy-only instantiation (more
+// CTAs per SM) when the op only moves bytes.
+template <template <bool> class Item, class Args>
+void launch_kv_chunks(CudaBackend& b, const char* op, const KvPools& pools, const Args& args, int64_t tokens,
+                      bool copy, const char* copy_kernel, const char* kernel) {
+  const int32_t heads = pools.geometry.kv_heads, chunks = row_chunks(pools.geometry.head_dim, pools.geometry.dtype);
+  b.begin_kernels();
+  if (copy)
+    cuda::launch_row_items<8>(op, copy_kernel, b.stream(), tokens * 2, heads * chunks, Item<true>{pools, args, chunks});
+  else
+    cuda::launch_row_items(op, kernel, b.stream(), tokens * 2, heads * chunks, Item<false>{pools, args, chunks});
+  b.finish(op);
+}
+
 }  // namespace
 
 void CudaBackend::run_append_paged(const KvPools& pools, const AppendPagedOp& op) {
@@ -62,15 +76,8 @@ void CudaBackend::run_append_paged(const KvPools& pools, const AppendPagedOp& op
   if (args.nnz == 0) return;
   upload_append_table(*this, kOp, op.batch_indices, op.positions, op.indptr, op.indices, op.last_page_len,
                       args.batch_indices, args.positions, args.table);
-  const int32_t heads = pools.geometry.kv_heads, chunks = row_chunks(pools.geometry.head_dim, pools.geometry.dtype);
-  begin_kernels();
-  if (args.encoding == RowEncoding::copy_bytes)
-    cuda::launch_row_items<8>(kOp, "append_paged_chunk<copy>", stream_, args.nnz * 2, heads * chunks,
-                           AppendPagedItem<true>{pools, args, chunks});
-  else
-    cuda::launch_row_items(kOp, "append_paged_chunk", stream_, args.nnz * 2, heads * chunks,
-                           AppendPagedItem<false>{pools, args, chunks});
-  finish(kOp);
+  launch_kv_chunks<AppendPagedItem>(*this, kOp, pools, args, args.nnz, args.encoding == RowEncoding::copy_bytes,
+                                    "append_paged_chunk<copy>", "append_paged_chunk");
 }
 
 void CudaBackend::run_reshape_and_cache(const KvPools& pools, const ReshapeAndCacheOp& op) {
@@ -78,15 +85,10 @@ void CudaBackend::run_reshape_and_cache(const KvPools& pools, const ReshapeAndCa
   ReshapeAndCacheArgs args = make_reshape_and_cache_args(pools, op);
   if (args.num_tokens == 0) return;
   args.slot_mapping = static_cast<const int64_t*>(upload(kOp, {op.slot_mapping})[0]);
-  const int32_t heads = pools.geometry.kv_heads, chunks = row_chunks(pools.geometry.head_dim, pools.geometry.dtype);
-  begin_kernels();
-  if (args.key_encoding == RowEncoding::copy_bytes && args.value_encoding == RowEncoding::copy_bytes)
-    cuda::launch_row_items<8>(kOp, "reshape_and_cache_chunk<copy>", stream_, args.num_tokens * 2, heads * chunks,
-                           ReshapeAndCacheItem<true>{pools, args, chunks});
-  else
-    cuda::launch_row_items(kOp, "reshape_and_cache_chunk", stream_, args.num_tokens * 2, heads * chunks,
-                           ReshapeAndCacheItem<false>{pools, args, chunks});
-  finish(kOp);
+  launch_kv_chunks<ReshapeAndCacheItem>(
+      *this, kOp, pools, args, args.num_tokens,
+      args.key_encoding == RowEncoding::copy_bytes && args.value_encoding == RowEncoding::copy_bytes,
+      "reshape_and_cache_chunk<copy>", "reshape_and_cache_chunk");
 }
 
 }  // namespace kvsim

@@ -88,6 +88,43 @@ struct PoolWriteFixture : Fixture {
   }
 };
 
+// A pool-writing op benchmarked as is, and checked by running it on the
+// oracle with its tensors re-made there through the op's traits: every tensor
+// the op reads or writes (OpTraits::tensors) is copied from the benchmarked
+// backend into an oracle buffer of its span, written tensors are compared
+// after the op, and the pools by PoolWriteFixture. The op's host spans (page
+// tables, coordinates) serve both backends as they are.
+template <OpId id>
+struct OpWriteFixture : PoolWriteFixture {
+  OpOf<id> op;
+  using PoolWriteFixture::PoolWriteFixture;
+  double run() override {
+    call_op<id>(be, pools, op);
+    return be.last_kernel_seconds();
+  }
+  void run_on_oracle(Backend& oracle, const KvPools& want, CheckResult& r) override {
+    OpOf<id> on_oracle = op;
+    std::vector<BackendBuffer> copies;  // one per tensor of the traits, in their order
+    for (const auto& t : OpTraits<id>::tensors) {
+      TensorView& v = on_oracle.*t.member;
+      const size_t bytes = static_cast<size_t>(v.span_bytes());
+      copies.emplace_back(oracle, bytes);
+      if (v.empty()) continue;
+      // Written tensors start as the backend's did, so bytes an op may leave alone (row padding) agree.
+      const std::vector<uint8_t> host = download(be, v.data, bytes);
+      oracle.to_backend(copies.back().get(), host.data(), bytes);
+      v.data = copies.back().get();
+    }
+    call_op<id>(oracle, want, on_oracle);
+    for (size_t i = 0; i < OpTraits<id>::tensors.size(); ++i) {
+      const auto& t = OpTraits<id>::tensors[i];
+      const TensorView& v = op.*t.member;
+      if (t.access != Access::write || v.empty()) continue;
+      compare(r, download(be, v.data, copies[i].bytes()), download(oracle, copies[i].get(), copies[i].bytes()), t.name);
+    }
+  }
+};
+
 // Name, parameters and bytes of a K/V write of sequences x tokens rows.
 Case kv_write_case(const char* op, const PoolGeometry& g, CacheDtype in, int32_t sequences, int32_t tokens) {
   const int64_t nnz = static_cast<int64_t>(sequences) * tokens;
@@ -119,44 +156,33 @@ struct AppendCoordinates {
       last_page_len.push_back(batch.tokens - (batch.pages_per_seq - 1) * batch.page);
     }
   }
+  // The coordinates and CSR table of an append_paged or append_mla op.
+  template <class Op>
+  void into(Op& o) const {
+    o.batch_indices = batch_indices;
+    o.positions = positions;
+    o.indptr = indptr;
+    o.indices = indices;
+    o.last_page_len = last_page_len;
+  }
 };
 
 // ---------------------------------------------------------------- append_paged
-struct AppendPagedFixture final : PoolWriteFixture {
-  CacheDtype input;
+struct AppendPagedFixture final : OpWriteFixture<OpId::append_paged> {
   Batch batch;
   Mirrored k, v;
   AppendCoordinates at;
-  AppendPagedOp op;
 
   AppendPagedFixture(Backend& b, const PoolGeometry& geometry, CacheDtype in, int32_t sequences, int32_t tokens)
-      : PoolWriteFixture(b, geometry), input(in),
-        batch(sequences, tokens, geometry.tokens_per_block, geometry.primary_blocks, 11), at(batch) {
+      : OpWriteFixture(b, geometry), batch(sequences, tokens, geometry.tokens_per_block, geometry.primary_blocks, 11),
+        at(batch) {
     const int64_t nnz = static_cast<int64_t>(sequences) * tokens, n = nnz * g.kv_heads * g.head_dim;
     k = Mirrored(be, g.dtype == CacheDtype::nvfp4 ? random_floats(in, n, 1) : random_codes(in, n, 1));
     v = Mirrored(be, g.dtype == CacheDtype::nvfp4 ? random_floats(in, n, 2) : random_codes(in, n, 2));
-    op = make_op(k.get(), v.get());
-  }
-  AppendPagedOp make_op(void* kp, void* vp) const {
-    AppendPagedOp o;
-    const int64_t nnz = static_cast<int64_t>(at.batch_indices.size());
-    o.k = contiguous_view(kp, input, {nnz, g.kv_heads, g.head_dim});
-    o.v = contiguous_view(vp, input, {nnz, g.kv_heads, g.head_dim});
-    o.batch_indices = at.batch_indices;
-    o.positions = at.positions;
-    o.indptr = at.indptr;
-    o.indices = at.indices;
-    o.last_page_len = at.last_page_len;
-    o.k_global_scale = o.v_global_scale = 0.5f;
-    return o;
-  }
-  double run() override {
-    be.append_paged(pools, op);
-    return be.last_kernel_seconds();
-  }
-  void run_on_oracle(Backend& oracle, const KvPools& want, CheckResult&) override {
-    Mirrored ok(oracle, k.host), ov(oracle, v.host);
-    oracle.append_paged(want, make_op(ok.get(), ov.get()));
+    op.k = contiguous_view(k.get(), in, {nnz, g.kv_heads, g.head_dim});
+    op.v = contiguous_view(v.get(), in, {nnz, g.kv_heads, g.head_dim});
+    at.into(op);
+    op.k_global_scale = op.v_global_scale = 0.5f;
   }
 };
 
@@ -170,40 +196,23 @@ Case append_paged_case(CacheDtype cache, BlockLayout layout, int32_t page, int32
 }
 
 // ---------------------------------------------------------------- reshape_and_cache
-struct ReshapeFixture final : PoolWriteFixture {
-  CacheDtype input;
+struct ReshapeFixture final : OpWriteFixture<OpId::reshape_and_cache> {
   Batch batch;
   Mirrored key, value;
   std::vector<int64_t> slots;
-  ReshapeAndCacheOp op;
 
   ReshapeFixture(Backend& b, const PoolGeometry& geometry, CacheDtype in, int32_t sequences, int32_t tokens)
-      : PoolWriteFixture(b, geometry), input(in),
-        batch(sequences, tokens, geometry.tokens_per_block, geometry.primary_blocks, 12) {
-    const int64_t n = static_cast<int64_t>(sequences) * tokens * g.kv_heads * g.head_dim;
+      : OpWriteFixture(b, geometry), batch(sequences, tokens, geometry.tokens_per_block, geometry.primary_blocks, 12) {
+    const int64_t T = static_cast<int64_t>(sequences) * tokens, n = T * g.kv_heads * g.head_dim;
     key = Mirrored(be, random_codes(in, n, 3));
     value = Mirrored(be, random_codes(in, n, 4));
     for (int32_t s = 0; s < sequences; ++s)
       for (int32_t t = 0; t < tokens; ++t) slots.push_back(batch.slot(s, t));
-    op = make_op(key.get(), value.get());
-  }
-  ReshapeAndCacheOp make_op(void* kp, void* vp) const {
-    ReshapeAndCacheOp o;
-    const int64_t T = static_cast<int64_t>(slots.size());
-    o.key = contiguous_view(kp, input, {T, g.kv_heads, g.head_dim});
-    o.value = contiguous_view(vp, input, {T, g.kv_heads, g.head_dim});
-    o.slot_mapping = slots;
-    o.k_scale = 0.125f;
-    o.v_scale = 0.25f;
-    return o;
-  }
-  double run() override {
-    be.reshape_and_cache(pools, op);
-    return be.last_kernel_seconds();
-  }
-  void run_on_oracle(Backend& oracle, const KvPools& want, CheckResult&) override {
-    Mirrored ok(oracle, key.host), ov(oracle, value.host);
-    oracle.reshape_and_cache(want, make_op(ok.get(), ov.get()));
+    op.key = contiguous_view(key.get(), in, {T, g.kv_heads, g.head_dim});
+    op.value = contiguous_view(value.get(), in, {T, g.kv_heads, g.head_dim});
+    op.slot_mapping = slots;
+    op.k_scale = 0.125f;
+    op.v_scale = 0.25f;
   }
 };
 
@@ -217,19 +226,19 @@ Case reshape_case(CacheDtype cache, BlockLayout layout, int32_t page, int32_t se
 }
 
 // ---------------------------------------------------------------- qkv_preprocess_write
-struct QkvFixture final : PoolWriteFixture {
+struct QkvFixture final : OpWriteFixture<OpId::qkv_preprocess_write> {
   int32_t hq;
   Batch batch;
   Mirrored qkv, cos_sin;
   BackendBuffer q_out;
   std::vector<int32_t> seq_lens, cache_lens;
-  QkvPreprocessOp op;
 
   QkvFixture(Backend& b, const PoolGeometry& geometry, int32_t q_heads, int32_t sequences, int32_t tokens)
-      : PoolWriteFixture(b, geometry), hq(q_heads),
+      : OpWriteFixture(b, geometry), hq(q_heads),
         batch(sequences, tokens, geometry.tokens_per_block, geometry.primary_blocks, 13) {
     const int64_t rows = static_cast<int64_t>(sequences) * tokens;
-    qkv = Mirrored(be, random_floats(CacheDtype::bf16, rows * fused(), 5));
+    const int64_t fused = static_cast<int64_t>(hq + 2 * g.kv_heads) * g.head_dim;
+    qkv = Mirrored(be, random_floats(CacheDtype::bf16, rows * fused, 5));
     const RopeTable rope = build_rope_table(g.head_dim, tokens);
     std::vector<uint8_t> cs(rope.cos_sin.size() * 4);
     std::memcpy(cs.data(), rope.cos_sin.data(), cs.size());
@@ -237,36 +246,19 @@ struct QkvFixture final : PoolWriteFixture {
     q_out = BackendBuffer(be, static_cast<size_t>(rows * hq * g.head_dim * 2));
     seq_lens.assign(static_cast<size_t>(sequences), tokens);
     cache_lens.assign(static_cast<size_t>(sequences), tokens);
-    op = make_op(qkv.get(), cos_sin.get(), q_out.get());
-  }
-  int64_t fused() const { return static_cast<int64_t>(hq + 2 * g.kv_heads) * g.head_dim; }
-  QkvPreprocessOp make_op(void* qkv_p, void* cos_sin_p, void* q_out_p) const {
-    QkvPreprocessOp o;
-    const int64_t rows = static_cast<int64_t>(batch.sequences) * batch.tokens;
-    o.num_q_heads = hq;
-    o.qkv = contiguous_view(qkv_p, CacheDtype::bf16, {rows, fused()});
-    o.q_out = contiguous_view(q_out_p, CacheDtype::bf16, {rows, hq, g.head_dim});
-    o.rope_style = RopeStyle::neox;
-    o.rotary_dim = g.head_dim;
-    o.cos_sin = contiguous_view(cos_sin_p, CacheDtype::fp32, {batch.tokens, g.head_dim});
-    o.seq_lens = seq_lens;
-    o.cache_lens = cache_lens;
-    o.block_table = batch.table;
-    o.max_blocks_per_seq = batch.pages_per_seq;
-    o.scale_orig_quant[1] = 8.0f;
-    o.scale_orig_quant[2] = 4.0f;
-    o.nvfp4_global_scale[1] = o.nvfp4_global_scale[2] = 0.5f;
-    return o;
-  }
-  double run() override {
-    be.qkv_preprocess_write(pools, op);
-    return be.last_kernel_seconds();
-  }
-  void run_on_oracle(Backend& oracle, const KvPools& want, CheckResult& r) override {
-    Mirrored oq(oracle, qkv.host), ocs(oracle, cos_sin.host);
-    BackendBuffer oout(oracle, q_out.bytes());
-    oracle.qkv_preprocess_write(want, make_op(oq.get(), ocs.get(), oout.get()));
-    compare(r, download(be, q_out.get(), q_out.bytes()), download(oracle, oout.get(), oout.bytes()), "q_out");
+    op.num_q_heads = hq;
+    op.qkv = contiguous_view(qkv.get(), CacheDtype::bf16, {rows, fused});
+    op.q_out = contiguous_view(q_out.get(), CacheDtype::bf16, {rows, hq, g.head_dim});
+    op.rope_style = RopeStyle::neox;
+    op.rotary_dim = g.head_dim;
+    op.cos_sin = contiguous_view(cos_sin.get(), CacheDtype::fp32, {batch.tokens, g.head_dim});
+    op.seq_lens = seq_lens;
+    op.cache_lens = cache_lens;
+    op.block_table = batch.table;
+    op.max_blocks_per_seq = batch.pages_per_seq;
+    op.scale_orig_quant[1] = 8.0f;
+    op.scale_orig_quant[2] = 4.0f;
+    op.nvfp4_global_scale[1] = op.nvfp4_global_scale[2] = 0.5f;
   }
 };
 
@@ -688,39 +680,21 @@ Case move_case(bool offload, int64_t blocks) {
 }
 
 // ---------------------------------------------------------------- append_mla (small suite)
-struct AppendMlaFixture final : PoolWriteFixture {
+struct AppendMlaFixture final : OpWriteFixture<OpId::append_mla> {
   Batch batch;
   Mirrored latent;  // [nnz, 576]: ckv and kpe sliced from one projection
   AppendCoordinates at;
-  AppendMlaOp op;
 
   AppendMlaFixture(Backend& b, const PoolGeometry& geometry, int32_t sequences, int32_t tokens)
-      : PoolWriteFixture(b, geometry), batch(sequences, tokens, geometry.tokens_per_block, geometry.primary_blocks, 17),
+      : OpWriteFixture(b, geometry), batch(sequences, tokens, geometry.tokens_per_block, geometry.primary_blocks, 17),
         at(batch) {
-    latent = Mirrored(be, random_floats(CacheDtype::bf16, static_cast<int64_t>(sequences) * tokens * g.head_dim, 8));
-    op = make_op(latent.get());
-  }
-  AppendMlaOp make_op(void* p) const {
-    AppendMlaOp o;
-    const int64_t nnz = static_cast<int64_t>(at.batch_indices.size());
-    o.ckv = contiguous_view(p, CacheDtype::bf16, {nnz, 512});
-    o.ckv.stride[0] = g.head_dim;
-    o.kpe = contiguous_view(static_cast<uint16_t*>(p) + 512, CacheDtype::bf16, {nnz, 64});
-    o.kpe.stride[0] = g.head_dim;
-    o.batch_indices = at.batch_indices;
-    o.positions = at.positions;
-    o.indptr = at.indptr;
-    o.indices = at.indices;
-    o.last_page_len = at.last_page_len;
-    return o;
-  }
-  double run() override {
-    be.append_mla(pools, op);
-    return be.last_kernel_seconds();
-  }
-  void run_on_oracle(Backend& oracle, const KvPools& want, CheckResult&) override {
-    Mirrored ol(oracle, latent.host);
-    oracle.append_mla(want, make_op(ol.get()));
+    const int64_t nnz = static_cast<int64_t>(sequences) * tokens;
+    latent = Mirrored(be, random_floats(CacheDtype::bf16, nnz * g.head_dim, 8));
+    op.ckv = contiguous_view(latent.get(), CacheDtype::bf16, {nnz, 512});
+    op.ckv.stride[0] = g.head_dim;
+    op.kpe = contiguous_view(static_cast<uint16_t*>(latent.get()) + 512, CacheDtype::bf16, {nnz, 64});
+    op.kpe.stride[0] = g.head_dim;
+    at.into(op);
   }
 };
 

@@ -457,9 +457,7 @@ struct HostElements {
   HostElements(Backend& b, const TensorView& v) : device_view(v), view(v) {
     if (&b == &cpu() || v.empty()) return;
     backend = &b;
-    int64_t last = 0;
-    for (int i = 0; i < v.rank; ++i) last += v.stride[i] * (v.shape[i] - 1);
-    extent_bytes = static_cast<size_t>(((last + 1) * bits_per_element(v.dtype) + 7) / 8);
+    extent_bytes = static_cast<size_t>(v.span_bytes());
     bytes.resize(extent_bytes);
     b.to_host(bytes.data(), v.data, extent_bytes);
     view.data = bytes.data();

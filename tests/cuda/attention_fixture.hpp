@@ -242,8 +242,10 @@ inline TensorView out_view(const AttentionProblem& p, void* data) {
   return contiguous_view(data, p.c.out_dtype, {p.rows, p.query_heads(), p.c.head_dim});
 }
 
-inline DecodeAttentionOp decode_op(const AttentionProblem& p, const PlacedProblem& placed) {
-  DecodeAttentionOp op;
+// The fields a decode and a prefill op of the problem share.
+template <class Op>
+Op attention_op(const AttentionProblem& p, const PlacedProblem& placed) {
+  Op op;
   op.layer = 1;
   op.q = q_view(p, placed.q);
   op.out = out_view(p, placed.out);
@@ -256,18 +258,13 @@ inline DecodeAttentionOp decode_op(const AttentionProblem& p, const PlacedProble
   return op;
 }
 
+inline DecodeAttentionOp decode_op(const AttentionProblem& p, const PlacedProblem& placed) {
+  return attention_op<DecodeAttentionOp>(p, placed);
+}
+
 inline PrefillAttentionOp prefill_op(const AttentionProblem& p, const PlacedProblem& placed) {
-  PrefillAttentionOp op;
-  op.layer = 1;
-  op.q = q_view(p, placed.q);
-  op.out = out_view(p, placed.out);
+  PrefillAttentionOp op = attention_op<PrefillAttentionOp>(p, placed);
   op.q_indptr = p.q_indptr;
-  op.seq_lens = p.c.seq_lens;
-  op.block_table = p.table;
-  op.max_blocks_per_seq = p.max_blocks;
-  op.scales = p.attention_scales;
-  op.window = p.window;
-  op.order = p.c.order;
   return op;
 }
 

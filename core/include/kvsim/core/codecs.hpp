@@ -109,14 +109,22 @@ inline constexpr uint8_t kE4m3MaxCode = 0x7E;  // 448
 inline constexpr uint8_t kE5m2MaxCode = 0x7B;  // 57344
 inline constexpr uint8_t kE5m2InfCode = 0x7C;
 
-KVSIM_HD constexpr uint8_t f32_to_e4m3(float f, Saturation sat = Saturation::finite) {
+// fp32 -> an fp8 format of E exponent and M mantissa bits, RNE; above the
+// largest finite code: that code with Saturation::finite, else `overflow`
+// (e4m3 has no Inf: NaN; e5m2: Inf).
+template <int E, int M, uint8_t kMaxCode, uint8_t kOverflowCode>
+KVSIM_HD constexpr uint8_t f32_to_fp8(float f, Saturation sat) {
   const uint32_t x = float_bits(f);
   if (is_nan_bits(x)) return kFp8NaN;
   const uint8_t sign = static_cast<uint8_t>((x >> 24) & 0x80u);
   const uint32_t a = x & 0x7FFFFFFFu;
-  const uint32_t code = (a == 0x7F800000u) ? 0xFFu : round_magnitude<4, 3>(a);
-  if (code > kE4m3MaxCode) return sign | (sat == Saturation::finite ? kE4m3MaxCode : kFp8NaN);
+  const uint32_t code = (a == 0x7F800000u) ? 0xFFu : round_magnitude<E, M>(a);
+  if (code > kMaxCode) return sign | (sat == Saturation::finite ? kMaxCode : kOverflowCode);
   return sign | static_cast<uint8_t>(code);
+}
+
+KVSIM_HD constexpr uint8_t f32_to_e4m3(float f, Saturation sat = Saturation::finite) {
+  return f32_to_fp8<4, 3, kE4m3MaxCode, kFp8NaN>(f, sat);
 }
 
 KVSIM_HD constexpr float e4m3_to_f32(uint8_t c) {
@@ -127,13 +135,7 @@ KVSIM_HD constexpr float e4m3_to_f32(uint8_t c) {
 }
 
 KVSIM_HD constexpr uint8_t f32_to_e5m2(float f, Saturation sat = Saturation::finite) {
-  const uint32_t x = float_bits(f);
-  if (is_nan_bits(x)) return kFp8NaN;
-  const uint8_t sign = static_cast<uint8_t>((x >> 24) & 0x80u);
-  const uint32_t a = x & 0x7FFFFFFFu;
-  const uint32_t code = (a == 0x7F800000u) ? 0xFFu : round_magnitude<5, 2>(a);
-  if (code > kE5m2MaxCode) return sign | (sat == Saturation::finite ? kE5m2MaxCode : kE5m2InfCode);
-  return sign | static_cast<uint8_t>(code);
+  return f32_to_fp8<5, 2, kE5m2MaxCode, kE5m2InfCode>(f, sat);
 }
 
 KVSIM_HD constexpr float e5m2_to_f32(uint8_t c) {

@@ -30,6 +30,16 @@ struct TensorView {
     for (int i = 0; i < rank; ++i) n *= shape[i];
     return n;
   }
+  // Elements from `data` to one past the last one the view addresses (strides
+  // >= 0, as validation requires; 0 for a view of no elements): what a copy of
+  // the view must hold. span_bytes: the same in whole bytes.
+  KVSIM_HD constexpr int64_t span_elements() const {
+    if (numel() == 0) return 0;
+    int64_t last = 0;
+    for (int i = 0; i < rank; ++i) last += stride[i] * (shape[i] - 1);
+    return last + 1;
+  }
+  KVSIM_HD constexpr int64_t span_bytes() const { return (span_elements() * bits_per_element(dtype) + 7) / 8; }
 };
 
 // Row-major view helper.

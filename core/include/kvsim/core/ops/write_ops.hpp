@@ -308,6 +308,16 @@ KVSIM_HD inline void write_pool_row_chunk(const KvPools& pools, const PoolRow& r
   write_pool_row(pools, r, dim0, D - dim0 < c ? D - dim0 : c, in, encoding, scale);
 }
 
+// Both rows of one (token, KV head) target: K (kv 0) from `k`, V (kv 1) from `v`.
+KVSIM_HD inline void write_kv_rows(const KvPools& pools, PoolRow r, InputRow k, RowEncoding k_encoding, float k_scale,
+                                   InputRow v, RowEncoding v_encoding, float v_scale) {
+  const int32_t D = pools.geometry.head_dim;
+  r.kv = 0;
+  write_pool_row(pools, r, 0, D, k, k_encoding, k_scale);
+  r.kv = 1;
+  write_pool_row(pools, r, 0, D, v, v_encoding, v_scale);
+}
+
 // Work item (token i, KV head, kv, chunk): one chunk of the K (kv 0) or V (kv 1) row.
 KVSIM_HD inline void append_paged_chunk(const KvPools& pools, const AppendPagedArgs& a, int64_t i, int32_t head,
                                         int32_t kv, int32_t chunk) {
@@ -322,11 +332,8 @@ KVSIM_HD inline void append_paged_chunk(const KvPools& pools, const AppendPagedA
 KVSIM_HD inline void append_paged_token_head(const KvPools& pools, const AppendPagedArgs& a, int64_t i, int32_t head) {
   PoolRow r = append_target(a.table, a.layer, a.batch_indices[i], a.positions[i]);
   r.head = head;
-  const int32_t D = pools.geometry.head_dim;
-  r.kv = 0;
-  write_pool_row(pools, r, 0, D, input_row(a.k, i, head), a.encoding, a.k_global_scale);
-  r.kv = 1;
-  write_pool_row(pools, r, 0, D, input_row(a.v, i, head), a.encoding, a.v_global_scale);
+  write_kv_rows(pools, r, input_row(a.k, i, head), a.encoding, a.k_global_scale, input_row(a.v, i, head), a.encoding,
+                a.v_global_scale);
 }
 
 // ---------------------------------------------------------------- reshape_and_cache
@@ -387,12 +394,8 @@ KVSIM_HD inline void reshape_and_cache_token_head(const KvPools& pools, const Re
                                                   int32_t head) {
   const int64_t slot = a.slot_mapping[t];
   if (slot < 0) return;
-  PoolRow r = reshape_target(pools, a, slot, head);
-  const int32_t D = pools.geometry.head_dim;
-  r.kv = 0;
-  write_pool_row(pools, r, 0, D, input_row(a.key, t, head), a.key_encoding, a.k_scale);
-  r.kv = 1;
-  write_pool_row(pools, r, 0, D, input_row(a.value, t, head), a.value_encoding, a.v_scale);
+  write_kv_rows(pools, reshape_target(pools, a, slot, head), input_row(a.key, t, head), a.key_encoding, a.k_scale,
+                input_row(a.value, t, head), a.value_encoding, a.v_scale);
 }
 
 // ---------------------------------------------------------------- append_mla

@@ -114,9 +114,7 @@ inline void validate_gather_paged(const KvPools& pools, const GatherPagedOp& op)
   read_copy_detail::validate_gather_out(op.out, op.num_tokens, g.kv_heads, g.head_dim);
   if (op.num_tokens == 0) return;
   // The work items read the pool while writing out: the two must not share bytes.
-  int64_t max_offset = 0;
-  for (int i = 0; i < 3; ++i) max_offset += op.out.stride[i] * (op.out.shape[i] - 1);
-  const int64_t out_bytes = (max_offset + 1) * 4;
+  const int64_t out_bytes = op.out.span_bytes();
   // The whole allocation counts: a pool may be a strided view into a larger one.
   const int64_t pool_bytes = g.bytes_for(pools.data_allocation(PoolKind::primary));
   const int64_t scale_bytes = g.has_scale_pool() ? pools.scale_allocation(PoolKind::primary) : 0;
