@@ -97,7 +97,7 @@ constexpr std::array<InvariantInfo, 13> kInvariants{{
      "[recurrent] layers", [](const RunRecord& main) { return main.state_restores > 0; }},
 }};
 
-constexpr std::array<FaultInfo, 15> kFaults{{
+constexpr std::array<FaultInfo, 16> kFaults{{
     {Fault::past_len_zero, "past_len_zero", Invariant::chunking,
      "continuation chunks are written and read as if nothing were cached (past_seq_len = 0)"},
     {Fault::window_mismatch, "window_mismatch", Invariant::window,
@@ -128,6 +128,8 @@ constexpr std::array<FaultInfo, 15> kFaults{{
      "an offload's copy lands after its freed block was written for another request, and is onboarded (vLLM #45704)"},
     {Fault::snapshot_off_block_boundary, "snapshot_off_block_boundary", Invariant::state_restore,
      "a chunk that crosses a block boundary snapshots its end state under the boundary's key (vLLM #45238, PR #47861)"},
+    {Fault::q_scale_dropped, "q_scale_dropped", Invariant::dense,
+     "fp8 queries reach attention without their q_scale in the bmm1 scale (SGLang PR #28144)"},
 }};
 
 }  // namespace

@@ -198,6 +198,7 @@ class Runner final : public BlockMover {
       : s_(s), be_(be), opt_(opt), g_(pool_geometry(s)), model_(s.model), reqs_(make_requests(s)) {
     past_len_zero_ = has_fault(s, Fault::past_len_zero);
     k_scale_for_v_ = has_fault(s, Fault::k_scale_for_v);
+    q_scale_dropped_ = has_fault(s, Fault::q_scale_dropped);
     stale_bad_page_ = has_fault(s, Fault::stale_bad_page);
     short_block_table_ = has_fault(s, Fault::short_block_table);
     offload_drops_scales_ = has_fault(s, Fault::offload_drops_scales);
@@ -497,6 +498,7 @@ class Runner final : public BlockMover {
   AttentionOrder order_ = AttentionOrder::fp32;
   float sm_scale_ = 1.0f;
   bool past_len_zero_ = false, k_scale_for_v_ = false, stale_bad_page_ = false, zero_v_tail_ = true;
+  bool q_scale_dropped_ = false;
   bool short_block_table_ = false, offload_drops_scales_ = false;
   bool split_x_unwritten_ = false, slot_page_size_fault_ = false, indexer_past_cache_ = false;
   bool offload_before_copy_ = false;
@@ -1239,6 +1241,13 @@ Runner::AttentionTables Runner::attention_tables(const std::vector<Entry>& batch
   return t;
 }
 
+namespace {
+// The exact value of an fp8 code (e4m3 or e5m2).
+float fp8_value(CacheDtype t, uint8_t code) {
+  return t == CacheDtype::fp8_e4m3 ? codec::e4m3_to_f32(code) : codec::e5m2_to_f32(code);
+}
+}  // namespace
+
 void Runner::attend(int32_t layer, const std::vector<Entry>& es, size_t first, size_t last, int64_t row0,
                     const BackendBuffer& q_buf, CacheDtype q_dtype, bool decode) {
   const int32_t Hq = s_.model.q_heads, D = g_.head_dim;
@@ -1256,7 +1265,35 @@ void Runner::attend(int32_t layer, const std::vector<Entry>& es, size_t first, s
     sc.v_scale = sc.k_scale;
     sc.v_global_scale = sc.k_global_scale;
   }
-  const TensorView qv = contiguous_view(q_data, q_dtype, {rows, Hq, D});
+  const size_t q_elems = static_cast<size_t>(rows * Hq * D);
+  std::vector<uint8_t> q_bytes(q_elems * static_cast<size_t>(qb));
+  transfer([&] { be_.to_host(q_bytes.data(), q_data, q_bytes.size()); });
+  TensorView qv = contiguous_view(q_data, q_dtype, {rows, Hq, D});
+  // fp8 queries (model.query_dtype): Q quantized per tensor with core's
+  // encoder, code = fp8(q / q_scale) (saturating), attention run on the codes'
+  // exact values (bf16 holds every e4m3 and e5m2 value exactly) with q_scale
+  // folded into the softmax scale: bmm1 = sm_scale * q_scale, times k_scale as
+  // always (TensorRT-LLM's FP8 FMHA, FlashInfer's trtllm-gen bmm1_scale).
+  const std::optional<CacheDtype> fp8_q = s_.model.query_dtype;
+  std::vector<uint8_t> q_codes;
+  BackendBuffer q_fp8_b;
+  if (fp8_q) {
+    std::vector<uint16_t> exact(q_elems);
+    {
+      Phase inputs(clock_, &rec_.timings.inputs);
+      q_codes.resize(q_elems);
+      for (size_t i = 0; i < q_elems; ++i) {
+        const float x = load_float(q_bytes.data(), q_dtype, static_cast<int64_t>(i)) / s_.model.q_scale;
+        q_codes[i] = *fp8_q == CacheDtype::fp8_e4m3 ? codec::f32_to_e4m3(x) : codec::f32_to_e5m2(x);
+        exact[i] = codec::f32_to_bf16(fp8_value(*fp8_q, q_codes[i]));
+      }
+    }
+    q_fp8_b = BackendBuffer(be_, q_elems * 2);
+    transfer([&] { q_fp8_b.upload(exact.data(), q_elems * 2); });
+    qv = contiguous_view(q_fp8_b.get(), CacheDtype::bf16, {rows, Hq, D});
+    // SGLang PR #28144, the fault: the kernel sees fp8 Q with q_scale = 1.
+    if (!q_scale_dropped_) sc.sm_scale = sc.sm_scale * s_.model.q_scale;
+  }
   const TensorView ov = contiguous_view(out_b.get(), CacheDtype::fp32, {rows, Hq, D});
   // The fields both attention ops share.
   auto fill = [&](auto& op) {
@@ -1284,15 +1321,17 @@ void Runner::attend(int32_t layer, const std::vector<Entry>& es, size_t first, s
   }
   std::vector<float> out(static_cast<size_t>(rows * Hq * D));
   transfer([&] { out_b.download(out.data(), out.size() * 4); });
-  std::vector<uint8_t> q_bytes(static_cast<size_t>(rows * Hq * D * qb));
-  transfer([&] { be_.to_host(q_bytes.data(), q_data, q_bytes.size()); });
   hash_content(out.data(), out.size() * 4);
   const std::string op_name = decode ? "decode_attention" : "prefill_attention";
   if (dump_) {
     const Phase dumping(clock_, &rec_.timings.recording);
     const std::string stem = "step" + std::to_string(step_) + "_layer" + std::to_string(layer) + "_" + op_name;
-    dump_->write(stem + "_q.npy", q_bytes.data(), q_bytes.size(), NpyDump::descr_for(q_dtype), {rows, Hq, D}, step_,
-                 op_name, layer, q_dtype);
+    if (fp8_q)  // the codes; their scale is the last entry of _scales
+      dump_->write(stem + "_q.npy", q_codes.data(), q_codes.size(), NpyDump::descr_for(*fp8_q), {rows, Hq, D}, step_,
+                   op_name, layer, *fp8_q);
+    else
+      dump_->write(stem + "_q.npy", q_bytes.data(), q_bytes.size(), NpyDump::descr_for(q_dtype), {rows, Hq, D}, step_,
+                   op_name, layer, q_dtype);
     dump_->write(stem + "_out.npy", out.data(), out.size() * 4, "<f4", {rows, Hq, D}, step_, op_name, layer,
                  CacheDtype::fp32);
     dump_table(layer, op_name, "block_table", tables.table,
@@ -1303,8 +1342,9 @@ void Runner::attend(int32_t layer, const std::vector<Entry>& es, size_t first, s
     for (const Entry& e : batch)
       for (int32_t i = 0; i < e.e->n; ++i) positions.push_back(e.e->start + i);
     dump_table(layer, op_name, "positions", positions);
-    dump_table(layer, op_name, "scales",
-               std::vector<float>{sc.k_scale, sc.v_scale, sc.k_global_scale, sc.v_global_scale, sc.sm_scale});
+    std::vector<float> scales{sc.k_scale, sc.v_scale, sc.k_global_scale, sc.v_global_scale, sc.sm_scale};
+    if (fp8_q) scales.push_back(s_.model.q_scale);
+    dump_table(layer, op_name, "scales", scales);
   }
   const size_t row_elems = static_cast<size_t>(Hq) * D;
   std::vector<OutputKey> keys;
@@ -1332,8 +1372,11 @@ void Runner::attend(int32_t layer, const std::vector<Entry>& es, size_t first, s
   nan_scan.reset();
   if (!opt_.dense_check) return;
   Phase dense(clock_, &rec_.timings.dense);
-  std::vector<float> q(q_bytes.size() / qb);
-  for (size_t i = 0; i < q.size(); ++i) q[i] = load_float(q_bytes.data(), q_dtype, static_cast<int64_t>(i));
+  // The reference attends with the query the codes stand for: code * q_scale.
+  std::vector<float> q(q_elems);
+  for (size_t i = 0; i < q.size(); ++i)
+    q[i] = fp8_q ? fp8_value(*fp8_q, q_codes[i]) * s_.model.q_scale
+                 : load_float(q_bytes.data(), q_dtype, static_cast<int64_t>(i));
   if (opt_.dense_check) check_dense(layer, batch, 0, batch.size(), q, out, Hq);
 }
 

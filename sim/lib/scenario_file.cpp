@@ -322,7 +322,8 @@ const toml::array& table_array(const Scenario& s, const toml::node& n, std::stri
 void parse_model(Scenario& s, const toml::table& t) {
   Section sec(s, t, "model.",
               {"layers", "q_heads", "kv_heads", "head_dim", "seed", "value_scale", "outlier_rate", "outlier_scale",
-               "nan_rate", "inf_rate", "input_dtype", "rope", "rotary_dim", "rope_theta", "preset"});
+               "nan_rate", "inf_rate", "input_dtype", "rope", "rotary_dim", "rope_theta", "preset", "query_dtype",
+               "q_scale"});
   ModelSpec& m = s.model;
   sec.read("layers", m.layers);
   sec.read("q_heads", m.q_heads);
@@ -338,6 +339,12 @@ void parse_model(Scenario& s, const toml::table& t) {
   sec.read_name<RopeStyle>("rope", m.rope, parse_rope_style, {"none", "neox", "gptj"});
   sec.read("rotary_dim", m.rotary_dim);
   sec.read("rope_theta", m.rope_theta);
+  if (t.contains("query_dtype")) {
+    CacheDtype q = m.input_dtype;
+    sec.read_name<CacheDtype>("query_dtype", q, parse_dtype, {"fp8_e4m3", "fp8_e5m2"});
+    m.query_dtype = q;
+  }
+  sec.read("q_scale", m.q_scale);
 }
 
 void parse_mla(Scenario& s, const toml::table& t) {
@@ -599,6 +606,18 @@ void check_model(const Scenario& s, const Checker& c) {
   c.require(is_float_input(m.input_dtype), "model.input_dtype",
             "expected one of fp32, fp16, bf16 (engines feed K/V in a float dtype), got " +
                 std::string(dtype_name(m.input_dtype)));
+  c.require(finite_positive(m.q_scale), "model.q_scale", "expected a finite number > 0, got " + str(m.q_scale));
+  if (m.query_dtype) {
+    c.require(*m.query_dtype == CacheDtype::fp8_e4m3 || *m.query_dtype == CacheDtype::fp8_e5m2, "model.query_dtype",
+              "expected fp8_e4m3 or fp8_e5m2 (fp8 queries with a per-tensor q_scale; leave the key out for queries "
+              "in input_dtype), got " + std::string(dtype_name(*m.query_dtype)));
+    c.require(!s.mla.attention, "model.query_dtype",
+              "fp8 queries are modelled for decode and prefill attention, not mla_attention (set mla.attention = "
+              "false or leave query_dtype out)");
+  } else {
+    c.require(m.q_scale == 1.0f, "model.q_scale",
+              "expected 1 without model.query_dtype (q_scale is the scale of fp8 queries), got " + str(m.q_scale));
+  }
   if (m.rope != RopeStyle::none) {
     const int32_t rotary = m.rotary_dim == 0 ? m.head_dim : m.rotary_dim;
     c.require(rotary > 0 && rotary % 2 == 0 && rotary <= m.head_dim, "model.rotary_dim",
@@ -999,6 +1018,10 @@ void check_faults(const Scenario& s, const Checker& c) {
   }
   if (on(Fault::reused_block_mismatch))
     c.require(s.reuse.enabled, key(Fault::reused_block_mismatch), "expected reuse.enabled = true");
+  if (on(Fault::q_scale_dropped))
+    c.require(s.model.query_dtype.has_value() && s.model.q_scale != 1.0f, key(Fault::q_scale_dropped),
+              "expected model.query_dtype (fp8 queries) and model.q_scale != 1 (with a scale of 1 dropping it "
+              "changes nothing)");
   if (on(Fault::v_tail_not_zeroed)) {
     c.require(s.cache.write_path == WritePath::qkv_preprocess, key(Fault::v_tail_not_zeroed),
               "expected cache.write_path = qkv_preprocess (it zeroes the V tail), got " +

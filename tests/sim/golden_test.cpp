@@ -352,6 +352,11 @@ TEST_CASE("validate <=> run: every knob and expectation combination that validat
                      "decode_tokens = 4\n[[request]]\narrival_step = 12\nprefixes = [\"p\"]\ngenerated = 30\n"
                      "decode_tokens = 4\n";
        }},
+      {"fp8 queries",
+       [&](ScenarioText& t) {
+         t.set("[model]", "query_dtype = \"fp8_e5m2\"\nq_scale = 0.01\n").set("[scheduler]", "chunk_size = 8\n").tail =
+             two_requests;
+       }},
       {"NaN-poisoned pools",
        [&](ScenarioText& t) { t.set("[cache]", "poison_nan = true\n").tail = two_requests; }},
       {"MLA attention and indexer",

@@ -485,6 +485,26 @@ TEST_CASE("faults need the setting they break, and expectations must be consiste
   check_rejected("[expect]\npreemptions = -1\n" + kOneRequest, "2:15: expect.preemptions", "expected a count >= 0");
 }
 
+TEST_CASE("fp8 queries: query_dtype is e4m3 or e5m2, q_scale belongs to it, not with mla_attention") {
+  const Scenario s = parse_scenario("[model]\nquery_dtype = \"fp8_e5m2\"\nq_scale = 0.25\n" + kOneRequest, "t.toml");
+  REQUIRE(s.model.query_dtype.has_value());
+  CHECK(*s.model.query_dtype == CacheDtype::fp8_e5m2);
+  CHECK(s.model.q_scale == 0.25f);
+  CHECK_FALSE(parse_scenario(kOneRequest, "t.toml").model.query_dtype.has_value());
+  check_rejected("[model]\nquery_dtype = \"bf16\"\n" + kOneRequest, "2:15: model.query_dtype",
+                 "expected fp8_e4m3 or fp8_e5m2");
+  check_rejected("[model]\nquery_dtype = \"fp9\"\n" + kOneRequest, "2:15: model.query_dtype",
+                 "one of fp8_e4m3, fp8_e5m2");
+  check_rejected("[model]\nq_scale = 0.5\n" + kOneRequest, "2:11: model.q_scale", "expected 1 without model.query_dtype");
+  check_rejected("[model]\nquery_dtype = \"fp8_e4m3\"\nq_scale = 0.0\n" + kOneRequest, "3:11: model.q_scale",
+                 "expected a finite number > 0");
+  check_rejected("[model]\nquery_dtype = \"fp8_e4m3\"\nlayers = 1\nhead_dim = 80\n[mla]\nenabled = true\nd_ckv = 64\n"
+                 "d_kpe = 16\nattention = true\n[cache]\nwrite_path = \"append_mla\"\n" + kOneRequest,
+                 "2:15: model.query_dtype", "not mla_attention");
+  check_rejected("[model]\nquery_dtype = \"fp8_e4m3\"\n[faults]\nq_scale_dropped = true\n" + kOneRequest,
+                 "4:19: faults.q_scale_dropped", "model.q_scale != 1");
+}
+
 TEST_CASE("check_scenario: the same rules for a scenario built in C++, placed by its name") {
   Scenario s;
   s.name = "built_in_cpp";

@@ -47,6 +47,7 @@ enum class Fault : uint8_t {
   indexer_slot_past_cache,
   offload_before_copy,
   snapshot_off_block_boundary,
+  q_scale_dropped,
 };
 
 struct InvariantInfo {

@@ -50,6 +50,12 @@ struct ModelSpec {
   RopeStyle rope = RopeStyle::neox;           // none, neox, gptj (qkv_preprocess write path)
   int32_t rotary_dim = 0;                     // 0 = head_dim
   double rope_theta = 10000.0;
+  // fp8 queries (TensorRT-LLM's FP8 FMHA, FlashInfer's trtllm-gen fp8 decode):
+  // Q is quantized per tensor, code = fp8(q / q_scale), attention runs on the
+  // codes and q_scale is folded into the softmax scale (bmm1 scale =
+  // sm_scale * q_scale, the K scale as before). Unset: queries in input_dtype.
+  std::optional<CacheDtype> query_dtype;  // fp8_e4m3 or fp8_e5m2
+  float q_scale = 1.0f;
 };
 
 // MLA (kv_factor 1): a latent row [ckv | kpe] per token.
