@@ -36,10 +36,19 @@ CudaBackend::CudaBackend(int device) : device_(device) {
   KVSIM_CUDA_CHECK("init", cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   KVSIM_CUDA_CHECK("init", cudaEventCreate(&kernels_start_));
   KVSIM_CUDA_CHECK("init", cudaEventCreate(&kernels_stop_));
+  // Per-op buffers come from the device's stream-ordered pool and go back to
+  // it on release: a replay makes and drops several a step, and cudaMalloc /
+  // cudaFree (which waits for the whole device) cost more than the small ops
+  // they serve. The pool keeps what it was given (no release threshold);
+  // memory_info() trims it first, so free memory is reported as before.
+  KVSIM_CUDA_CHECK("init", cudaDeviceGetDefaultMemPool(&mem_pool_, device_));
+  uint64_t keep = UINT64_MAX;
+  KVSIM_CUDA_CHECK("init", cudaMemPoolSetAttribute(mem_pool_, cudaMemPoolAttrReleaseThreshold, &keep));
 }
 
 CudaBackend::~CudaBackend() {
   cudaStreamSynchronize(stream_);
+  cudaMemPoolTrimTo(mem_pool_, 0);
   if (scratch_) cudaFree(scratch_);
   if (staging_) cudaFreeHost(staging_);
   for (const void* p : pinned_) cudaFreeHost(const_cast<void*>(p));
@@ -51,6 +60,8 @@ CudaBackend::~CudaBackend() {
 Backend::MemoryInfo CudaBackend::memory_info() const {
   MemoryInfo m;
   size_t free_bytes = 0, total_bytes = 0;
+  KVSIM_CUDA_CHECK("memory_info", cudaStreamSynchronize(stream_));
+  KVSIM_CUDA_CHECK("memory_info", cudaMemPoolTrimTo(mem_pool_, 0));  // what the pool keeps is free to a new run
   KVSIM_CUDA_CHECK("memory_info", cudaMemGetInfo(&free_bytes, &total_bytes));
   m.backend_free = static_cast<int64_t>(free_bytes);
   m.host_free = host_free_memory();
@@ -58,15 +69,24 @@ Backend::MemoryInfo CudaBackend::memory_info() const {
   return m;
 }
 
+// Stream-ordered: the buffer is usable by work on stream_ and by the host
+// after the next synchronization (every op and transfer synchronizes).
 void* CudaBackend::allocate(size_t bytes) {
   if (bytes == 0) return nullptr;
   void* p = nullptr;
-  KVSIM_CUDA_CHECK("allocate", cudaMalloc(&p, bytes));
+  KVSIM_CUDA_CHECK("allocate", cudaMallocAsync(&p, bytes, stream_));
+  KVSIM_CUDA_CHECK("allocate", cudaStreamSynchronize(stream_));
   return p;
 }
 
 void* CudaBackend::allocate_pool_memory(size_t bytes, PoolKind kind) {
-  if (kind == PoolKind::primary || bytes == 0) return allocate(bytes);
+  if (bytes == 0) return nullptr;
+  if (kind == PoolKind::primary) {  // a pool lives as long as its replay: its own cudaMalloc, outside the op pool
+    void* p = nullptr;
+    KVSIM_CUDA_CHECK("allocate pool", cudaMalloc(&p, bytes));
+    device_pools_.insert(p);
+    return p;
+  }
   // Host memory the DMA engines reach directly (and kernels through UVA).
   void* p = nullptr;
   KVSIM_CUDA_CHECK("allocate secondary pool", cudaMallocHost(&p, bytes));
@@ -78,11 +98,14 @@ bool CudaBackend::is_pinned(const void* p) const { return pinned_.count(p) != 0;
 
 void CudaBackend::release(void* p) noexcept {
   if (!p) return;
-  cudaStreamSynchronize(stream_);
   if (pinned_.erase(p)) {
+    cudaStreamSynchronize(stream_);
     cudaFreeHost(p);
-  } else {
+  } else if (device_pools_.erase(p)) {
+    cudaStreamSynchronize(stream_);
     cudaFree(p);
+  } else {
+    cudaFreeAsync(p, stream_);  // back to the pool once the stream's work before it is done
   }
 }
 

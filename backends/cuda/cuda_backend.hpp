@@ -2,7 +2,9 @@
 // work-item functions (core/ops/*.hpp), one thread per work item, so each
 // output byte is computed by the same function, in the same order, as the
 // CPU oracle (backends/cpu). Memory:
-//   * pools, scale pools and tensors: device memory (cudaMalloc);
+//   * pools and scale pools: device memory (cudaMalloc); tensors and per-op
+//     buffers: the device's stream-ordered pool (cudaMallocAsync), which
+//     keeps freed memory for the next buffer;
 //   * the secondary pool: pinned host memory (cudaMallocHost), so offload /
 //     onboard are real asynchronous host<->device copies;
 //   * an op's host index arrays (page tables, slot mappings, coordinates) are
@@ -85,6 +87,8 @@ class CudaBackend final : public Backend {
   int device_ = 0;
   cudaStream_t stream_ = nullptr;
   std::unordered_set<const void*> pinned_;  // secondary pools (cudaMallocHost)
+  std::unordered_set<const void*> device_pools_;  // primary pools (cudaMalloc); other buffers: mem_pool_
+  cudaMemPool_t mem_pool_ = nullptr;             // the device's default stream-ordered pool
   void* scratch_ = nullptr;                 // device side of upload()
   size_t scratch_bytes_ = 0;
   void* staging_ = nullptr;                 // pinned host side of upload()
