@@ -1,7 +1,8 @@
 // The terminal progress line of `kvsim run` and `kvsim diff` (docs/run.md):
 // on stderr, only when it is a terminal, rewritten in place at most ten
 // times a second. It names the scenario, the run (the scenario's own replay
-// or a comparison re-run) as "run i/n NAME", the step, the tokens done, the
+// or a comparison re-run) as "run i/n NAME", "step k of n" (n from
+// sim::planned_steps, a dry run of the scheduler), the tokens done, the
 // run's tokens per second and an estimate of the time left over every run of
 // the scenario, from kvsim validate's token-layer estimate (an upper bound:
 // prefix hits are not predicted, so the estimate errs long).
@@ -52,8 +53,9 @@ class ProgressLine {
     }
     const std::string run = "run " + std::to_string(p.run_index + 1) + "/" +
                             std::to_string(std::max<int64_t>(runs_, p.run_index + 1)) + " " + p.run;
-    std::fprintf(stderr, "\r\033[K%s: %s: step %lld, %lld tokens, %.3g tokens/s, about %s left", scenario_.c_str(),
-                 run.c_str(), static_cast<long long>(p.step + 1), static_cast<long long>(p.tokens),
+    std::fprintf(stderr, "\r\033[K%s: %s: step %lld of %lld, %lld tokens, %.3g tokens/s, about %s left",
+                 scenario_.c_str(), run.c_str(), static_cast<long long>(p.step + 1),
+                 static_cast<long long>(std::max(p.steps_planned, p.step + 1)), static_cast<long long>(p.tokens),
                  run_s > 0 ? static_cast<double>(p.tokens) / run_s : 0.0, left);
     std::fflush(stderr);
   }

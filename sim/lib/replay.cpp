@@ -229,10 +229,10 @@ ScenarioReport replay(const Scenario& s, Backend& backend, const ReplayOptions& 
     auto since_r0 = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - r0).count(); };
     ReplayOptions told = o;
     if (options.progress)
-      told.after_step = [&, then = o.after_step, index = runs_started, before = token_layers_done](
-                            int64_t step, const ReplayCounters& c) {
+      told.after_step = [&, then = o.after_step, index = runs_started, before = token_layers_done,
+                         planned = planned_steps(scenario)](int64_t step, const ReplayCounters& c) {
         if (then) then(step, c);
-        options.progress({name, index, step, c.prefill_tokens + c.decode_tokens, c.token_layers, before});
+        options.progress({name, index, step, c.prefill_tokens + c.decode_tokens, c.token_layers, before, planned});
       };
     ++runs_started;
     try {

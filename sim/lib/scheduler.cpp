@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <limits>
 
+#include "kvsim/sim/block_manager.hpp"
 #include "kvsim/sim/synthetic_model.hpp"
 
 namespace kvsim::sim {
@@ -177,6 +178,34 @@ std::vector<int32_t> Scheduler::finish_step(const StepPlan& plan) {
 
 void Scheduler::free_finished(const std::vector<int32_t>& finished) {
   for (int32_t i : finished) bm_.free_sequence(i);
+}
+
+namespace {
+// Block moves the dry run of planned_steps() does not perform.
+struct NoMoves final : BlockMover {
+  void partial_copy(int32_t, int32_t, int32_t) override {}
+  void offload(int32_t, int32_t) override {}
+  void onboard(int32_t, int32_t) override {}
+};
+}  // namespace
+
+int64_t planned_steps(const Scenario& s) {
+  NoMoves moves;
+  BlockManager bm(BlockManagerConfig::from(s), &moves);
+  std::vector<RequestState> reqs = make_requests(s);
+  Scheduler sched(s, bm, reqs);
+  int64_t step = 0;
+  for (; !sched.done() && step < s.scheduler.max_steps; ++step) {
+    const StepPlan plan = sched.schedule(step);
+    if (plan.empty()) {
+      const int64_t next = sched.next_arrival(step);
+      if (next < 0) break;
+      step = next - 1;
+      continue;
+    }
+    sched.free_finished(sched.finish_step(plan));
+  }
+  return step;
 }
 
 }  // namespace kvsim::sim

@@ -364,12 +364,23 @@ TEST_CASE("kvsim run on a terminal: the progress line names every run, its step,
                                           scenario("prefix_reuse_system_prompt.toml") + " > /dev/null\" /dev/null");
   CHECK(r.code == 0);
   INFO(r.out);
-  for (const char* run : {"run 1/7 replay: step 1,", "run 2/7 chunking (prefill in chunks of 5): step",
+  for (const char* run : {"run 1/7 replay: step 1 of ", "run 2/7 chunking (prefill in chunks of 5): step",
                           "run 3/7 reuse (reuse off): step", "run 4/7 layout (", "run 6/7 batch (the batch in reverse order)",
                           "run 7/7 batch (request first alone)"})
     CHECK(r.out.find(std::string("prefix_reuse_system_prompt: ") + run) != std::string::npos);
   CHECK(r.out.find(" tokens/s, about ") != std::string::npos);
   CHECK(r.out.find(" left") != std::string::npos);
+  // "step k of n": the scheduler's dry run (sim::planned_steps) knows n before the run, and no step passes it.
+  const std::string first = "prefix_reuse_system_prompt: run 1/7 replay: step 1 of ";
+  const size_t at = r.out.find(first);
+  REQUIRE(at != std::string::npos);
+  const long n = std::strtol(r.out.c_str() + at + first.size(), nullptr, 10);
+  CHECK(n > 1);
+  for (size_t p = r.out.find("replay: step "); p != std::string::npos; p = r.out.find("replay: step ", p + 1)) {
+    char* end = nullptr;
+    const long k = std::strtol(r.out.c_str() + p + 13, &end, 10);
+    if (std::string(end, 4) == " of ") CHECK(k <= std::strtol(end + 4, nullptr, 10));
+  }
   // Not a terminal: nothing on stderr.
   const Result quiet = kvsim::test::run_shell(std::string(KVSIM_BINARY) + " run " +
                                               scenario("prefix_reuse_system_prompt.toml") + " 2>&1 >/dev/null");

@@ -17,7 +17,9 @@
 #include "backends/backend.hpp"
 #include "kvsim/sim/invariants.hpp"
 #include "kvsim/sim/replay.hpp"
+#include "kvsim/sim/replay_run.hpp"
 #include "kvsim/sim/scenario_file.hpp"
+#include "kvsim/sim/scheduler.hpp"
 
 using namespace kvsim;
 using namespace kvsim::sim;
@@ -636,4 +638,27 @@ TEST_CASE("replay: the wall time's split adds up to it, each part charged where 
   cpu().set_kernel_timing(false);
   adds_up(timed);
   CHECK(timed.timings.kernels > 0);
+}
+
+TEST_CASE("planned_steps: the scheduler's dry run names every built-in scenario's step count") {
+  namespace fs = std::filesystem;
+  int exact = 0;
+  for (const auto& entry : fs::directory_iterator(fs::path(KVSIM_SOURCE_DIR) / "scenarios")) {
+    if (entry.path().extension() != ".toml") continue;
+    const Scenario s = load_scenario_file(entry.path().string());
+    INFO(s.name);
+    int64_t last = -1;
+    ReplayOptions o;
+    o.after_step = [&](int64_t step, const ReplayCounters&) { last = step; };
+    const RunRecord r = run_scenario(s, cpu(), o);
+    if (!r.op_rejection.empty()) continue;  // a fault that validation of an op stops mid-run
+    const int64_t planned = planned_steps(s);
+    if (s.recurrent.layers > 0 && s.reuse.enabled) {  // hits stop at the run's snapshots: an estimate
+      CHECK(planned > 0);
+      continue;
+    }
+    CHECK(planned == last + 1);
+    ++exact;
+  }
+  CHECK(exact >= 40);
 }

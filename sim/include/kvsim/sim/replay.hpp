@@ -172,6 +172,7 @@ struct RunProgress {
   int64_t tokens = 0;     // tokens this run has prefilled and decoded so far
   int64_t token_layers = 0;  // token-layers of this run so far
   int64_t token_layers_before = 0;  // token-layers of the runs before this one
+  int64_t steps_planned = 0;  // the run's step indices (planned_steps(): "step k of n")
 };
 
 struct ReplayOptions {

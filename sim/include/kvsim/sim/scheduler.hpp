@@ -96,4 +96,13 @@ class Scheduler {
   std::deque<int32_t> waiting_;
 };
 
+// The step indices a replay of `s` runs through (its last step + 1, idle
+// steps waiting for an arrival included; capped at scheduler.max_steps): the
+// scheduler and block manager alone, no backend, block moves not performed,
+// the same loop as Runner::run. Exact wherever only the scheduler decides
+// (replay_test holds it to every built-in scenario's replay); with recurrent
+// layers and reuse, whose hits stop at snapshots the run makes, an estimate.
+// For kvsim run's progress line ("step k of n").
+int64_t planned_steps(const Scenario& s);
+
 }  // namespace kvsim::sim
