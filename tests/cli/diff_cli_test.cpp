@@ -77,7 +77,7 @@ TEST_CASE("kvsim diff on a terminal shows the progress line; not on a terminal, 
                                             " diff --backends reference,cpu " + file + " > /dev/null\" /dev/null");
   CHECK(tty.code == 0);
   INFO(tty.out);
-  CHECK(contains(tty.out, "prefix_reuse_system_prompt: run 1/1 replay: step 1,"));
+  CHECK(contains(tty.out, "prefix_reuse_system_prompt: run 1/1 replay: step 1 of "));
   CHECK(contains(tty.out, " tokens/s, about "));
   const Result quiet = kvsim::test::run_shell(std::string(KVSIM_BINARY) + " diff --backends reference,cpu " + file +
                                               " 2>&1 >/dev/null");
