@@ -495,6 +495,9 @@ TEST_CASE("fp8 queries: query_dtype is e4m3 or e5m2, q_scale belongs to it, not 
                  "expected fp8_e4m3 or fp8_e5m2");
   check_rejected("[model]\nquery_dtype = \"fp9\"\n" + kOneRequest, "2:15: model.query_dtype",
                  "one of fp8_e4m3, fp8_e5m2");
+  // A NUL inside the echoed string comes back escaped: the message goes on past it.
+  check_rejected("[model]\nquery_dtype = \"fp8_e4m3\\u0000x\"\n" + kOneRequest, "2:15: model.query_dtype",
+                 "(\"fp8_e4m3\\u0000x\")");
   check_rejected("[model]\nq_scale = 0.5\n" + kOneRequest, "2:11: model.q_scale", "expected 1 without model.query_dtype");
   check_rejected("[model]\nquery_dtype = \"fp8_e4m3\"\nq_scale = 0.0\n" + kOneRequest, "3:11: model.q_scale",
                  "expected a finite number > 0");
