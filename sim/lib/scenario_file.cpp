@@ -333,140 +333,146 @@ const toml::array& table_array(const Scenario& s, const toml::node& n, std::stri
   return *a;
 }
 
+// One key of a section and how it is read: each key is written once, and the
+// section's list of valid keys (for unknown-key messages) is these, in order.
+struct Field {
+  std::string_view key;
+  std::function<void(Section&, std::string_view key)> read;  // null: read elsewhere
+};
+
+template <class T>
+Field field(std::string_view key, T& out) {
+  return {key, [&out](Section& sec, std::string_view k) { sec.read(k, out); }};
+}
+
+template <class E>
+Field name_field(std::string_view key, E& out, std::function<std::optional<E>(std::string_view)> parse,
+                 std::vector<std::string_view> names) {
+  return {key, [&out, parse = std::move(parse), names = std::move(names)](Section& sec, std::string_view k) {
+            sec.read_name<E>(k, out, parse, names);
+          }};
+}
+
+void read_section(Scenario& s, const toml::table& t, std::string prefix, const std::vector<Field>& fields) {
+  std::vector<std::string_view> keys;
+  for (const Field& f : fields) keys.push_back(f.key);
+  Section sec(s, t, std::move(prefix), std::move(keys));
+  for (const Field& f : fields)
+    if (f.read) f.read(sec, f.key);
+}
+
 void parse_model(Scenario& s, const toml::table& t) {
-  Section sec(s, t, "model.",
-              {"layers", "q_heads", "kv_heads", "head_dim", "seed", "value_scale", "outlier_rate", "outlier_scale",
-               "nan_rate", "inf_rate", "input_dtype", "rope", "rotary_dim", "rope_theta", "preset", "query_dtype",
-               "q_scale"});
   ModelSpec& m = s.model;
-  sec.read("layers", m.layers);
-  sec.read("q_heads", m.q_heads);
-  sec.read("kv_heads", m.kv_heads);
-  sec.read("head_dim", m.head_dim);
-  sec.read("seed", m.seed);
-  sec.read("value_scale", m.value_scale);
-  sec.read("outlier_rate", m.outlier_rate);
-  sec.read("outlier_scale", m.outlier_scale);
-  sec.read("nan_rate", m.nan_rate);
-  sec.read("inf_rate", m.inf_rate);
-  sec.read_name<CacheDtype>("input_dtype", m.input_dtype, parse_dtype, {"fp32", "fp16", "bf16"});
-  sec.read_name<RopeStyle>("rope", m.rope, parse_rope_style, {"none", "neox", "gptj"});
-  sec.read("rotary_dim", m.rotary_dim);
-  sec.read("rope_theta", m.rope_theta);
-  if (t.contains("query_dtype")) {
-    CacheDtype q = m.input_dtype;
-    sec.read_name<CacheDtype>("query_dtype", q, parse_dtype, {"fp8_e4m3", "fp8_e5m2"});
-    m.query_dtype = q;
-  }
-  sec.read("q_scale", m.q_scale);
+  read_section(s, t, "model.",
+               {field("layers", m.layers), field("q_heads", m.q_heads), field("kv_heads", m.kv_heads),
+                field("head_dim", m.head_dim), field("seed", m.seed), field("value_scale", m.value_scale),
+                field("outlier_rate", m.outlier_rate), field("outlier_scale", m.outlier_scale),
+                field("nan_rate", m.nan_rate), field("inf_rate", m.inf_rate),
+                name_field<CacheDtype>("input_dtype", m.input_dtype, parse_dtype, {"fp32", "fp16", "bf16"}),
+                name_field<RopeStyle>("rope", m.rope, parse_rope_style, {"none", "neox", "gptj"}),
+                field("rotary_dim", m.rotary_dim), field("rope_theta", m.rope_theta),
+                {"preset", nullptr},  // applied before any section (parse_scenario_text)
+                {"query_dtype",
+                 [&m](Section& sec, std::string_view k) {
+                   if (!sec.has(k)) return;
+                   CacheDtype q = m.input_dtype;
+                   sec.read_name<CacheDtype>(k, q, parse_dtype, {"fp8_e4m3", "fp8_e5m2"});
+                   m.query_dtype = q;
+                 }},
+                field("q_scale", m.q_scale)});
 }
 
 void parse_mla(Scenario& s, const toml::table& t) {
-  Section sec(s, t, "mla.", {"enabled", "d_ckv", "d_kpe", "attention"});
-  sec.read("enabled", s.mla.enabled);
-  sec.read("d_ckv", s.mla.d_ckv);
-  sec.read("d_kpe", s.mla.d_kpe);
-  sec.read("attention", s.mla.attention);
+  read_section(s, t, "mla.", {field("enabled", s.mla.enabled), field("d_ckv", s.mla.d_ckv),
+                              field("d_kpe", s.mla.d_kpe), field("attention", s.mla.attention)});
 }
 
 void parse_cache(Scenario& s, const toml::table& t) {
-  Section sec(s, t, "cache.",
-              {"dtype", "layout", "placement", "engine", "page_size", "primary_blocks", "secondary_blocks", "shared_kv_allocation",
-               "write_path", "k_scale", "v_scale", "k_global_scale", "v_global_scale", "zero_v_tail", "poison_nan",
-               "fresh_page_fill", "block_order"});
   CacheSpec& c = s.cache;
-  sec.read_name<CacheDtype>("dtype", c.dtype, parse_dtype, dtype_names());
-  sec.read_name<BlockLayout>("layout", c.layout, parse_layout, {"nhd", "hnd", "split-x"});
-  sec.read_name<LayerPlacement>("placement", c.placement, parse_placement, {"in_block", "per_layer"});
-  sec.read("page_size", c.page_size);
-  sec.read("primary_blocks", c.primary_blocks);
-  sec.read("secondary_blocks", c.secondary_blocks);
-  sec.read("shared_kv_allocation", c.shared_kv_allocation);
   std::vector<std::string_view> engines;
   for (Engine e : kEngines) engines.push_back(engine_name(e));
-  Engine engine{};
-  const bool has_engine = sec.has("engine");
-  sec.read_name<Engine>("engine", engine, parse_engine, engines);
-  if (has_engine) {
-    c.engine = engine;
-    c.placement = engine_placement(engine);
-    if (c.layout != BlockLayout::split_x) c.layout = engine_block_layout(engine, c.layout);  // split-x + flashinfer: check_cache says why
-  }
-  sec.read_name<WritePath>("write_path", c.write_path, parse_write_path,
-                           {"qkv_preprocess", "append_paged", "reshape_and_cache", "append_mla"});
-  sec.read("k_scale", c.k_scale);
-  sec.read("v_scale", c.v_scale);
-  sec.read("k_global_scale", c.k_global_scale);
-  sec.read("v_global_scale", c.v_global_scale);
-  sec.read("zero_v_tail", c.zero_v_tail);
-  sec.read("poison_nan", c.poison_nan);
-  if (sec.has("fresh_page_fill")) {
-    float fill = 0.0f;
-    sec.read("fresh_page_fill", fill);
-    c.fresh_page_fill = fill;
-  }
-  sec.read_name<BlockOrder>("block_order", c.block_order, parse_block_order, {"lowest", "highest", "shuffled"});
+  read_section(
+      s, t, "cache.",
+      {name_field<CacheDtype>("dtype", c.dtype, parse_dtype, dtype_names()),
+       name_field<BlockLayout>("layout", c.layout, parse_layout, {"nhd", "hnd", "split-x"}),
+       name_field<LayerPlacement>("placement", c.placement, parse_placement, {"in_block", "per_layer"}),
+       {"engine",
+        [&c, &engines](Section& sec, std::string_view k) {
+          if (!sec.has(k)) return;
+          Engine engine{};
+          sec.read_name<Engine>(k, engine, parse_engine, engines);
+          c.engine = engine;
+          c.placement = engine_placement(engine);
+          if (c.layout != BlockLayout::split_x) c.layout = engine_block_layout(engine, c.layout);  // split-x + flashinfer: check_cache says why
+        }},
+       field("page_size", c.page_size), field("primary_blocks", c.primary_blocks),
+       field("secondary_blocks", c.secondary_blocks), field("shared_kv_allocation", c.shared_kv_allocation),
+       name_field<WritePath>("write_path", c.write_path, parse_write_path,
+                             {"qkv_preprocess", "append_paged", "reshape_and_cache", "append_mla"}),
+       field("k_scale", c.k_scale), field("v_scale", c.v_scale), field("k_global_scale", c.k_global_scale),
+       field("v_global_scale", c.v_global_scale), field("zero_v_tail", c.zero_v_tail),
+       field("poison_nan", c.poison_nan),
+       {"fresh_page_fill",
+        [&c](Section& sec, std::string_view k) {
+          if (!sec.has(k)) return;
+          float fill = 0.0f;
+          sec.read(k, fill);
+          c.fresh_page_fill = fill;
+        }},
+       name_field<BlockOrder>("block_order", c.block_order, parse_block_order, {"lowest", "highest", "shuffled"})});
 }
 
 void parse_window(Scenario& s, const toml::table& t) {
-  Section sec(s, t, "window.", {"mode", "window", "sinks", "one_more_block"});
-  sec.read_name<WindowMode>(
-      "mode", s.window.mode,
-      [](std::string_view n) { return n == "sliding" ? std::nullopt : parse_window_mode(n); },
-      {"none", "cyclic", "release"});
-  sec.read("window", s.window.window);
-  sec.read("sinks", s.window.sinks);
-  sec.read("one_more_block", s.window.one_more_block);
+  read_section(s, t, "window.",
+               {name_field<WindowMode>(
+                    "mode", s.window.mode,
+                    [](std::string_view n) { return n == "sliding" ? std::nullopt : parse_window_mode(n); },
+                    {"none", "cyclic", "release"}),
+                field("window", s.window.window), field("sinks", s.window.sinks),
+                field("one_more_block", s.window.one_more_block)});
 }
 
 void parse_attention(Scenario& s, const toml::table& t) {
-  Section sec(s, t, "attention.", {"order"});
-  sec.read_name<AttentionOrder>(
-      "order", s.attention.order,
-      [](std::string_view n) -> std::optional<AttentionOrder> {
-        if (n == "fp32") return AttentionOrder::fp32;
-        if (n == "mma") return AttentionOrder::mma;
-        return std::nullopt;
-      },
-      {"fp32", "mma"});
+  const auto parse_order = [](std::string_view n) -> std::optional<AttentionOrder> {
+    if (n == "fp32") return AttentionOrder::fp32;
+    if (n == "mma") return AttentionOrder::mma;
+    return std::nullopt;
+  };
+  read_section(s, t, "attention.", {name_field<AttentionOrder>("order", s.attention.order, parse_order, {"fp32", "mma"})});
 }
 
 void parse_layers(Scenario& s, const toml::table& t) {
-  Section sec(s, t, "layers.", {"windows", "sinks", "allocation", "rule", "one_more_block"});
   LayersSpec& l = s.layers;
   l.enabled = true;
-  sec.read("windows", l.windows, "a window (tokens; 0 = full attention)");
-  sec.read("sinks", l.sinks);
-  sec.read_name<KvAllocation>("allocation", l.allocation, parse_allocation, {"vswa", "hybrid"});
-  sec.read_name<VswaRule>("rule", l.rule, parse_vswa_rule, {"cyclic", "release"});
-  sec.read("one_more_block", l.one_more_block);
+  read_section(s, t, "layers.",
+               {{"windows", [&l](Section& sec, std::string_view k) {
+                   sec.read(k, l.windows, "a window (tokens; 0 = full attention)");
+                 }},
+                field("sinks", l.sinks),
+                name_field<KvAllocation>("allocation", l.allocation, parse_allocation, {"vswa", "hybrid"}),
+                name_field<VswaRule>("rule", l.rule, parse_vswa_rule, {"cyclic", "release"}),
+                field("one_more_block", l.one_more_block)});
 }
 
 void parse_reuse(Scenario& s, const toml::table& t) {
-  Section sec(s, t, "reuse.", {"enabled", "partial", "offload"});
-  sec.read("enabled", s.reuse.enabled);
-  sec.read("partial", s.reuse.partial);
-  sec.read("offload", s.reuse.offload);
+  read_section(s, t, "reuse.", {field("enabled", s.reuse.enabled), field("partial", s.reuse.partial),
+                                field("offload", s.reuse.offload)});
 }
 
 void parse_scheduler(Scenario& s, const toml::table& t) {
-  Section sec(s, t, "scheduler.", {"token_budget", "chunk_size", "max_batch", "max_steps"});
-  sec.read("token_budget", s.scheduler.token_budget);
-  sec.read("chunk_size", s.scheduler.chunk_size);
-  sec.read("max_batch", s.scheduler.max_batch);
-  sec.read("max_steps", s.scheduler.max_steps);
+  SchedulerSpec& sch = s.scheduler;
+  read_section(s, t, "scheduler.", {field("token_budget", sch.token_budget), field("chunk_size", sch.chunk_size),
+                                    field("max_batch", sch.max_batch), field("max_steps", sch.max_steps)});
 }
 
 void parse_recurrent(Scenario& s, const toml::table& t) {
-  Section sec(s, t, "recurrent.", {"layers", "state_size", "snapshots"});
-  sec.read("layers", s.recurrent.layers);
-  sec.read("state_size", s.recurrent.state_size);
-  sec.read_name<SnapshotMode>("snapshots", s.recurrent.snapshots, parse_snapshot_mode, {"all", "align"});
+  read_section(s, t, "recurrent.",
+               {field("layers", s.recurrent.layers), field("state_size", s.recurrent.state_size),
+                name_field<SnapshotMode>("snapshots", s.recurrent.snapshots, parse_snapshot_mode, {"all", "align"})});
 }
 
 void parse_indexer(Scenario& s, const toml::table& t) {
-  Section sec(s, t, "indexer.", {"k_scatter"});
-  sec.read("k_scatter", s.indexer_k_scatter);
+  read_section(s, t, "indexer.", {field("k_scatter", s.indexer_k_scatter)});
 }
 
 // FNV-1a of the name: the same seed on every platform (std::hash is not).
@@ -509,18 +515,13 @@ void parse_prefix(Scenario& s, const toml::table& t, size_t index) {
 }
 
 void parse_request(Scenario& s, const toml::table& t, size_t index) {
-  const std::string prefix = "request[" + std::to_string(index) + "].";
-  Section sec(s, t, prefix, {"id", "arrival_step", "prefixes", "tokens", "generated", "seed", "decode_tokens"});
   RequestSpec r;
-  r.where = sec.where();
+  r.where = location_of(s.path, t.source());
   r.id = "r" + std::to_string(index);
-  sec.read("id", r.id);
-  sec.read("arrival_step", r.arrival_step);
-  sec.read("prefixes", r.prefixes);
-  sec.read("tokens", r.tokens);
-  sec.read("generated", r.generated);
-  sec.read("seed", r.seed);
-  sec.read("decode_tokens", r.decode_tokens);
+  read_section(s, t, "request[" + std::to_string(index) + "].",
+               {field("id", r.id), field("arrival_step", r.arrival_step), field("prefixes", r.prefixes),
+                field("tokens", r.tokens), field("generated", r.generated), field("seed", r.seed),
+                field("decode_tokens", r.decode_tokens)});
   s.requests.push_back(std::move(r));
 }
 
@@ -534,17 +535,17 @@ void parse_faults(Scenario& s, const toml::table& t) {
 }
 
 void parse_expect(Scenario& s, const toml::table& t) {
-  Section sec(s, t, "expect.",
-              {"reuse_hit_tokens", "evicted_blocks", "offloaded_blocks", "onboarded_blocks", "preemptions", "must_pass",
-               "must_catch"});
   Expectations& e = s.expect;
-  sec.read("reuse_hit_tokens", e.reuse_hit_tokens);
-  sec.read("evicted_blocks", e.evicted_blocks);
-  sec.read("offloaded_blocks", e.offloaded_blocks);
-  sec.read("onboarded_blocks", e.onboarded_blocks);
-  sec.read("preemptions", e.preemptions);
-  sec.read_names<Invariant>("must_pass", e.must_pass, parse_invariant, invariant_names());
-  sec.read_names<Fault>("must_catch", e.must_catch, parse_fault, fault_names());
+  read_section(s, t, "expect.",
+               {field("reuse_hit_tokens", e.reuse_hit_tokens), field("evicted_blocks", e.evicted_blocks),
+                field("offloaded_blocks", e.offloaded_blocks), field("onboarded_blocks", e.onboarded_blocks),
+                field("preemptions", e.preemptions),
+                {"must_pass", [&e](Section& sec, std::string_view k) {
+                   sec.read_names<Invariant>(k, e.must_pass, parse_invariant, invariant_names());
+                 }},
+                {"must_catch", [&e](Section& sec, std::string_view k) {
+                   sec.read_names<Fault>(k, e.must_catch, parse_fault, fault_names());
+                 }}});
 }
 
 const std::vector<std::string_view> kTopLevelKeys = {"model",     "mla",     "cache",     "window", "layers",

@@ -37,17 +37,11 @@ constexpr int32_t kBatches[] = {1, 3, 5};
 using testing::Rng;
 
 // ---------------------------------------------------------------- dtypes, written out
+// Indexed by the enum's order (fp32, fp16, bf16, fp8_e4m3, fp8_e5m2, int8, nvfp4): a
+// second statement of the widths, independent of core's bits_per_element.
 int reference_bits(CacheDtype t) {
-  switch (t) {
-    case CacheDtype::fp32: return 32;
-    case CacheDtype::fp16:
-    case CacheDtype::bf16: return 16;
-    case CacheDtype::fp8_e4m3:
-    case CacheDtype::fp8_e5m2:
-    case CacheDtype::int8: return 8;
-    case CacheDtype::nvfp4: return 4;
-  }
-  return 0;
+  constexpr int kBits[] = {32, 16, 16, 8, 8, 8, 4};
+  return kBits[static_cast<int>(t)];
 }
 int element_size(CacheDtype t) { return reference_bits(t) / 8; }
 int64_t reference_split_x(CacheDtype t) { return 128 / reference_bits(t); }  // elements per 16 bytes
