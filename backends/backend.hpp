@@ -17,6 +17,18 @@
 
 namespace kvsim {
 
+// The memory part of the Backend interface below, declared as overrides by a
+// backend that implements all of it out of line (cuda, differential), as
+// KVSIM_BACKEND_OP_OVERRIDES declares the ops.
+#define KVSIM_BACKEND_MEMORY_OVERRIDES                                          \
+  void* allocate(size_t bytes) override;                                        \
+  void* allocate_pool_memory(size_t bytes, PoolKind kind) override;             \
+  void release(void* p) noexcept override;                                      \
+  void to_backend(void* dst, const void* host_src, size_t bytes) override;      \
+  void to_host(void* host_dst, const void* src, size_t bytes) override;         \
+  void fill(void* dst, uint8_t byte, size_t bytes) override;                    \
+  void synchronize() override;
+
 class Backend {
  public:
   virtual ~Backend() = default;

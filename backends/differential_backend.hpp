@@ -78,13 +78,7 @@ class DifferentialBackend final : public Backend {
   const std::optional<DiffReport>& first_difference() const { return first_; }
   const DiffCounters& counters() const { return counters_; }
 
-  void* allocate(size_t bytes) override;
-  void* allocate_pool_memory(size_t bytes, PoolKind kind) override;
-  void release(void* p) noexcept override;
-  void to_backend(void* dst, const void* host_src, size_t bytes) override;
-  void to_host(void* host_dst, const void* src, size_t bytes) override;
-  void fill(void* dst, uint8_t byte, size_t bytes) override;
-  void synchronize() override;
+  KVSIM_BACKEND_MEMORY_OVERRIDES
 
   // Everything the report needs to map a pool byte to (sequence, token).
   struct TokenMap {

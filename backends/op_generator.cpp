@@ -280,11 +280,7 @@ std::string OpGenerator::run(GeneratedOp op, const OpKnobs& knobs) {
         const CacheDtype in = g.dtype == CacheDtype::nvfp4 ? float_input : g.dtype;
         o.k = tensor(in, {nnz, H, D}, coin(rng_));
         o.v = tensor(in, {nnz, H, D}, coin(rng_));
-        o.batch_indices = batch_indices;
-        o.positions = positions;
-        o.indptr = indptr;
-        o.indices = indices;
-        o.last_page_len = last_page_len;
+        o.coordinates() = {batch_indices, positions, indptr, indices, last_page_len};
         o.k_global_scale = uniform_float(rng_, 0.01f, 2.0f);
         o.v_global_scale = uniform_float(rng_, 0.01f, 2.0f);
         backend_.append_paged(pools_, o);
@@ -304,11 +300,7 @@ std::string OpGenerator::run(GeneratedOp op, const OpKnobs& knobs) {
         }
         o.ckv = tensor(ckv_dtype, {nnz, d_ckv}, coin(rng_));
         o.kpe = tensor(kpe_dtype, {nnz, d_kpe}, coin(rng_));
-        o.batch_indices = batch_indices;
-        o.positions = positions;
-        o.indptr = indptr;
-        o.indices = indices;
-        o.last_page_len = last_page_len;
+        o.coordinates() = {batch_indices, positions, indptr, indices, last_page_len};
         o.ckv_global_scale = uniform_float(rng_, 0.01f, 2.0f);
         o.kpe_scale = uniform_float(rng_, 0.1f, 4.0f);
         what << ", d_ckv " << d_ckv << ", d_kpe " << d_kpe;
@@ -469,22 +461,23 @@ std::string OpGenerator::run(GeneratedOp op, const OpKnobs& knobs) {
       if (order != AttentionOrder::fp32) what << ", order " << attention_order_name(order);
       const bool with_lse = attention_ops_++ % 2 == 1;
       if (with_lse) what << ", lse";
-      // The fields both ops share, q and out drawn in this order.
-      const auto fill = [&](auto& o, int64_t rows) {
-        o.layer = layer;
-        o.q = tensor(float_input, {rows, Hq, D}, coin(rng_));
-        o.out = tensor(out_dtype, {rows, Hq, D}, coin(rng_));
-        o.seq_lens = len;
-        o.block_table = table;
-        o.max_blocks_per_seq = max_blocks;
-        o.scales = sc;
-        o.window = window;
-        o.order = order;
-        if (with_lse) o.lse = nan_output(rows, Hq);
+      // The fields both ops share, q, out and lse drawn in this order.
+      const auto query = [&](int64_t rows) {
+        PagedAttentionQuery a{.layer = layer};
+        a.q = tensor(float_input, {rows, Hq, D}, coin(rng_));
+        a.out = tensor(out_dtype, {rows, Hq, D}, coin(rng_));
+        a.seq_lens = len;
+        a.block_table = table;
+        a.max_blocks_per_seq = max_blocks;
+        a.scales = sc;
+        a.window = window;
+        a.order = order;
+        if (with_lse) a.lse = nan_output(rows, Hq);
+        return a;
       };
       if (op == GeneratedOp::decode_attention) {
         DecodeAttentionOp o;
-        fill(o, batch);
+        o.query() = query(batch);
         backend_.decode_attention(pools_, o);
       } else {
         std::vector<int32_t> q_indptr{0};
@@ -492,7 +485,7 @@ std::string OpGenerator::run(GeneratedOp op, const OpKnobs& knobs) {
           q_indptr.push_back(q_indptr.back() + uniform(rng_, q_indptr.size() == 1 ? 1 : 0, std::min(l, 6)));
         const int64_t rows = q_indptr.back();
         PrefillAttentionOp o;
-        fill(o, rows);
+        o.query() = query(rows);
         o.q_indptr = q_indptr;
         what << ", queries " << rows;
         backend_.prefill_attention(pools_, o);

@@ -224,27 +224,22 @@ PartitionTask prepare_item(const AttentionArgs& a, const Plan& pl, RowGroup grp,
     float* qt = ws.qt + static_cast<int64_t>(h) * c * kWarp;
     for (int32_t i = 0; i < c * kWarp; ++i) qt[i] = qrow[pl.kt_source[i]];  // K's transposition, D -> -0
   }
-  PartitionTask t;
-  t.head_dim = D;
-  t.lanes_c = c;
-  t.group = H;
-  t.quads = (H + kQuad - 1) / kQuad;
-  t.format = pl.format;
-  t.row_bytes = pl.direct ? D * pl.bytes : D * 4;
-  t.k_rows = ws.k_rows.data();
-  t.v_rows = ws.v_rows.data();
-  t.qt = ws.qt;
-  t.kt_source = pl.kt_source.data();
-  t.perm = pl.perm.data();
-  t.perm_mask = pl.perm_mask.data();
-  t.score_scale = a.scales.sm_scale * a.scales.k_scale;
-  t.s = ws.s;
-  t.p = ws.p;
-  t.m = ws.m;
-  t.l = ws.l;
-  t.acc_stride = acc_stride;
-  t.kbuf = ws.kbuf;
-  return t;
+  return {.head_dim = D,
+          .lanes_c = c,
+          .group = H,
+          .quads = (H + kQuad - 1) / kQuad,
+          .format = pl.format,
+          .row_bytes = pl.direct ? D * pl.bytes : D * 4,
+          .k_rows = ws.k_rows.data(),
+          .v_rows = ws.v_rows.data(),
+          .qt = ws.qt,
+          .kt_source = pl.kt_source.data(),
+          .perm = pl.perm.data(),
+          .perm_mask = pl.perm_mask.data(),
+          .score_scale = a.scales.sm_scale * a.scales.k_scale,
+          .s = ws.s, .p = ws.p, .m = ws.m, .l = ws.l,  // the workspace's score, probability, max and sum rows
+          .acc_stride = acc_stride,
+          .kbuf = ws.kbuf};
 }
 
 // Keys [first, first + count) of the resolving list: K rows (nullptr for a

@@ -224,14 +224,7 @@ __device__ __forceinline__ void load_codes(const uint8_t* src, float* v) {
     Code<kDtype>::decode2_arith(*reinterpret_cast<const uint16_t*>(src), v);
   } else {
     uint32_t words[kBytes / 4];
-    if constexpr (kBytes % 16 == 0) {
-#pragma unroll
-      for (int i = 0; i < kBytes / 16; ++i) reinterpret_cast<uint4*>(words)[i] = reinterpret_cast<const uint4*>(src)[i];
-    } else if constexpr (kBytes == 8) {
-      reinterpret_cast<uint2*>(words)[0] = *reinterpret_cast<const uint2*>(src);
-    } else {
-      words[0] = *reinterpret_cast<const uint32_t*>(src);
-    }
+    load_words<kBytes>(src, words);
 #pragma unroll
     for (int i = 0; i < kBytes / 4; ++i) Code<kDtype>::decode_arith(words[i], v + i * kPerWord);
   }
@@ -534,12 +527,7 @@ bool dispatch(const AttentionPlan& plan, cudaStream_t stream, KernelInfo* info) 
       }
     }
   };
-  switch (C) {
-    case 2: return with_c.template operator()<2>();
-    case 4: return with_c.template operator()<4>();
-    case 8: return with_c.template operator()<8>();
-    default: return false;
-  }
+  return dispatch_lane_codes(C, with_c);
 }
 
 }  // namespace kvsim::cuda::bulk

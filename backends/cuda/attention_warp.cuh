@@ -132,20 +132,20 @@ template <> struct Code<CacheDtype::bf16> {
   }
   __device__ static void decode_arith(uint32_t w, float* v) { decode(w, v); }
 };
-template <> struct Code<CacheDtype::fp8_e4m3> {
+// The two fp8 formats differ only in core's decoders (attention_math.hpp).
+template <void (*kDecode4)(uint32_t, float*), void (*kDecode4Arith)(uint32_t, float*),
+          void (*kDecode2Arith)(uint16_t, float*)>
+struct Fp8Code {
   using T = uint8_t;
   static constexpr int kBytes = 1;
-  __device__ static void decode(uint32_t w, float* v) { canon::decode_e4m3x4(w, v); }
-  __device__ static void decode_arith(uint32_t w, float* v) { canon::decode_e4m3x4_arith(w, v); }
-  __device__ static void decode2_arith(uint16_t w, float* v) { canon::decode_e4m3x2_arith(w, v); }
+  __device__ static void decode(uint32_t w, float* v) { kDecode4(w, v); }
+  __device__ static void decode_arith(uint32_t w, float* v) { kDecode4Arith(w, v); }
+  __device__ static void decode2_arith(uint16_t w, float* v) { kDecode2Arith(w, v); }
 };
-template <> struct Code<CacheDtype::fp8_e5m2> {
-  using T = uint8_t;
-  static constexpr int kBytes = 1;
-  __device__ static void decode(uint32_t w, float* v) { canon::decode_e5m2x4(w, v); }
-  __device__ static void decode_arith(uint32_t w, float* v) { canon::decode_e5m2x4_arith(w, v); }
-  __device__ static void decode2_arith(uint16_t w, float* v) { canon::decode_e5m2x2_arith(w, v); }
-};
+template <> struct Code<CacheDtype::fp8_e4m3>
+    : Fp8Code<canon::decode_e4m3x4, canon::decode_e4m3x4_arith, canon::decode_e4m3x2_arith> {};
+template <> struct Code<CacheDtype::fp8_e5m2>
+    : Fp8Code<canon::decode_e5m2x4, canon::decode_e5m2x4_arith, canon::decode_e5m2x2_arith> {};
 template <> struct Code<CacheDtype::int8> {
   using T = uint8_t;
   static constexpr int kBytes = 1;
@@ -159,5 +159,32 @@ template <> struct Code<CacheDtype::int8> {
     for (int i = 0; i < 2; ++i) v[i] = codec::int8_to_f32(static_cast<int8_t>(w >> (8 * i)));
   }
 };
+
+// kBytes consecutive bytes at src (aligned to the load's width) as 32-bit
+// words: 16-byte loads for a multiple of 16, else one 8- or 4-byte load.
+template <int kBytes>
+__device__ __forceinline__ void load_words(const uint8_t* src, uint32_t* words) {
+  if constexpr (kBytes % 16 == 0) {
+#pragma unroll
+    for (int i = 0; i < kBytes / 16; ++i) reinterpret_cast<uint4*>(words)[i] = reinterpret_cast<const uint4*>(src)[i];
+  } else if constexpr (kBytes == 8) {
+    reinterpret_cast<uint2*>(words)[0] = *reinterpret_cast<const uint2*>(src);
+  } else {
+    words[0] = *reinterpret_cast<const uint32_t*>(src);
+  }
+}
+
+// The head dims the attention kernels are instantiated for, as C = D / 32
+// codes per lane: with_c.template operator()<C>() for C = 2, 4 or 8 (D = 64,
+// 128, 256), false for any other (the plan then takes another path).
+template <class WithC>
+inline bool dispatch_lane_codes(int C, WithC&& with_c) {
+  switch (C) {
+    case 2: return with_c.template operator()<2>();
+    case 4: return with_c.template operator()<4>();
+    case 8: return with_c.template operator()<8>();
+    default: return false;
+  }
+}
 
 }  // namespace kvsim::cuda

@@ -6,16 +6,9 @@
 #include <cstring>
 #include <string>
 
+#include "backends/cuda/attention_kernels.hpp"
 #include "backends/cuda/cuda_factory.hpp"
 #include "backends/cuda/launch.cuh"
-
-// Part B's attention kernels: wired in when their header is in the tree.
-#if __has_include("backends/cuda/attention_kernels.hpp")
-#include "backends/cuda/attention_kernels.hpp"
-#define KVSIM_CUDA_ATTENTION 1
-#else
-#define KVSIM_CUDA_ATTENTION 0
-#endif
 
 namespace kvsim {
 
@@ -209,27 +202,15 @@ double CudaBackend::run_end(double host_seconds) {
   return static_cast<double>(ms) * 1e-3;
 }
 
-// ---------------------------------------------------------------- attention (part B's kernels)
+// ---------------------------------------------------------------- attention (attention.cu)
 void CudaBackend::run_decode_attention(const KvPools& pools, const DecodeAttentionOp& op) {
-#if KVSIM_CUDA_ATTENTION
   cuda::decode_attention(pools, op, stream_, kernel_timing() ? kernels_start_ : nullptr);
   finish("decode_attention");
-#else
-  (void)pools;
-  (void)op;
-  throw BackendError("cuda: decode_attention: not built");
-#endif
 }
 
 void CudaBackend::run_prefill_attention(const KvPools& pools, const PrefillAttentionOp& op) {
-#if KVSIM_CUDA_ATTENTION
   cuda::prefill_attention(pools, op, stream_, kernel_timing() ? kernels_start_ : nullptr);
   finish("prefill_attention");
-#else
-  (void)pools;
-  (void)op;
-  throw BackendError("cuda: prefill_attention: not built");
-#endif
 }
 
 std::unique_ptr<Backend> make_cuda_backend(const BackendOptions&) { return std::make_unique<CudaBackend>(0); }

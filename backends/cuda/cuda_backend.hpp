@@ -36,13 +36,7 @@ class CudaBackend final : public Backend {
   CudaBackend& operator=(const CudaBackend&) = delete;
 
   std::string_view name() const override { return "cuda"; }
-  void* allocate(size_t bytes) override;
-  void* allocate_pool_memory(size_t bytes, PoolKind kind) override;
-  void release(void* p) noexcept override;
-  void to_backend(void* dst, const void* host_src, size_t bytes) override;
-  void to_host(void* host_dst, const void* src, size_t bytes) override;
-  void fill(void* dst, uint8_t byte, size_t bytes) override;
-  void synchronize() override;
+  KVSIM_BACKEND_MEMORY_OVERRIDES
   void wait_for_device() override;
   MemoryInfo memory_info() const override;  // cudaMemGetInfo's free device memory
 

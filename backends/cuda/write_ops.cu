@@ -42,16 +42,14 @@ struct ReshapeAndCacheItem {
 };
 
 // The CSR table and append coordinates on the device.
-void upload_append_table(CudaBackend& b, const char* op, std::span<const int32_t> batch_indices,
-                         std::span<const int32_t> positions, std::span<const int32_t> indptr,
-                         std::span<const int32_t> indices, std::span<const int32_t> last_page_len,
-                         const int32_t*& dev_batch_indices, const int32_t*& dev_positions, CsrPageTable& table) {
-  const std::vector<const void*> d = b.upload(op, {batch_indices, positions, indptr, indices, last_page_len});
-  dev_batch_indices = static_cast<const int32_t*>(d[0]);
-  dev_positions = static_cast<const int32_t*>(d[1]);
-  table.indptr = static_cast<const int32_t*>(d[2]);
-  table.indices = static_cast<const int32_t*>(d[3]);
-  table.last_page_len = static_cast<const int32_t*>(d[4]);
+void upload_append_table(CudaBackend& b, const char* op, const AppendCoordinates& at, AppendTargets& dev) {
+  const std::vector<const void*> d =
+      b.upload(op, {at.batch_indices, at.positions, at.indptr, at.indices, at.last_page_len});
+  dev.batch_indices = static_cast<const int32_t*>(d[0]);
+  dev.positions = static_cast<const int32_t*>(d[1]);
+  dev.table.indptr = static_cast<const int32_t*>(d[2]);
+  dev.table.indices = static_cast<const int32_t*>(d[3]);
+  dev.table.last_page_len = static_cast<const int32_t*>(d[4]);
 }
 
 // Rows (token, kv) of (head, chunk) items; the copy-only instantiation (more
@@ -74,8 +72,7 @@ void CudaBackend::run_append_paged(const KvPools& pools, const AppendPagedOp& op
   constexpr const char* kOp = "append_paged";
   AppendPagedArgs args = make_append_paged_args(pools, op);
   if (args.nnz == 0) return;
-  upload_append_table(*this, kOp, op.batch_indices, op.positions, op.indptr, op.indices, op.last_page_len,
-                      args.batch_indices, args.positions, args.table);
+  upload_append_table(*this, kOp, op, args);
   launch_kv_chunks<AppendPagedItem>(*this, kOp, pools, args, args.nnz, args.encoding == RowEncoding::copy_bytes,
                                     "append_paged_chunk<copy>", "append_paged_chunk");
 }

@@ -125,8 +125,14 @@ struct OpWriteFixture : PoolWriteFixture {
   }
 };
 
-// Name, parameters and bytes of a K/V write of sequences x tokens rows.
-Case kv_write_case(const char* op, const PoolGeometry& g, CacheDtype in, int32_t sequences, int32_t tokens) {
+// A K/V write of sequences x tokens rows of `in` (8 heads of 128) into a
+// pool with room for them and 8 spare blocks: name, parameters, bytes and
+// the Fixture that runs it.
+template <class Fixture>
+Case kv_write_case(const char* op, CacheDtype cache, CacheDtype in, BlockLayout layout, int32_t page,
+                   int32_t sequences, int32_t tokens) {
+  const PoolGeometry g =
+      make_geometry(cache, layout, page, 8, 128, static_cast<int64_t>(sequences) * ((tokens + page - 1) / page) + 8);
   const int64_t nnz = static_cast<int64_t>(sequences) * tokens;
   Case c;
   c.op = op;
@@ -138,14 +144,15 @@ Case kv_write_case(const char* op, const PoolGeometry& g, CacheDtype in, int32_t
               {"sequences", sequences},       {"tokens", tokens}};
   c.bytes = 2.0 * nnz * g.kv_heads * g.head_dim * float_bytes(in) + kv_cache_bytes(g, static_cast<double>(nnz));
   c.items = static_cast<double>(nnz);
+  c.prepare = [=](Backend& be) { return std::make_unique<Fixture>(be, g, in, sequences, tokens); };
   return c;
 }
 
 // FlashInfer's append inputs for every token of a Batch: (sequence, position)
 // per token and the CSR page table (indptr, indices, last_page_len).
-struct AppendCoordinates {
+struct AppendCoordinateLists {
   std::vector<int32_t> batch_indices, positions, indptr{0}, indices, last_page_len;
-  explicit AppendCoordinates(const Batch& batch) {
+  explicit AppendCoordinateLists(const Batch& batch) {
     for (int32_t s = 0; s < batch.sequences; ++s) {
       for (int32_t t = 0; t < batch.tokens; ++t) {
         batch_indices.push_back(s);
@@ -157,21 +164,14 @@ struct AppendCoordinates {
     }
   }
   // The coordinates and CSR table of an append_paged or append_mla op.
-  template <class Op>
-  void into(Op& o) const {
-    o.batch_indices = batch_indices;
-    o.positions = positions;
-    o.indptr = indptr;
-    o.indices = indices;
-    o.last_page_len = last_page_len;
-  }
+  void into(AppendCoordinates& o) const { o = {batch_indices, positions, indptr, indices, last_page_len}; }
 };
 
 // ---------------------------------------------------------------- append_paged
 struct AppendPagedFixture final : OpWriteFixture<OpId::append_paged> {
   Batch batch;
   Mirrored k, v;
-  AppendCoordinates at;
+  AppendCoordinateLists at;
 
   AppendPagedFixture(Backend& b, const PoolGeometry& geometry, CacheDtype in, int32_t sequences, int32_t tokens)
       : OpWriteFixture(b, geometry), batch(sequences, tokens, geometry.tokens_per_block, geometry.primary_blocks, 11),
@@ -188,11 +188,7 @@ struct AppendPagedFixture final : OpWriteFixture<OpId::append_paged> {
 
 Case append_paged_case(CacheDtype cache, BlockLayout layout, int32_t page, int32_t sequences, int32_t tokens) {
   const CacheDtype in = cache == CacheDtype::nvfp4 ? CacheDtype::bf16 : cache;  // nvfp4 quantizes bf16 input
-  const PoolGeometry g =
-      make_geometry(cache, layout, page, 8, 128, static_cast<int64_t>(sequences) * ((tokens + page - 1) / page) + 8);
-  Case c = kv_write_case("append_paged", g, in, sequences, tokens);
-  c.prepare = [=](Backend& be) { return std::make_unique<AppendPagedFixture>(be, g, in, sequences, tokens); };
-  return c;
+  return kv_write_case<AppendPagedFixture>("append_paged", cache, in, layout, page, sequences, tokens);
 }
 
 // ---------------------------------------------------------------- reshape_and_cache
@@ -218,11 +214,7 @@ struct ReshapeFixture final : OpWriteFixture<OpId::reshape_and_cache> {
 
 Case reshape_case(CacheDtype cache, BlockLayout layout, int32_t page, int32_t sequences, int32_t tokens) {
   const CacheDtype in = CacheDtype::bf16;  // fp8 caches quantize bf16 input (x / scale)
-  const PoolGeometry g =
-      make_geometry(cache, layout, page, 8, 128, static_cast<int64_t>(sequences) * ((tokens + page - 1) / page) + 8);
-  Case c = kv_write_case("reshape_and_cache", g, in, sequences, tokens);
-  c.prepare = [=](Backend& be) { return std::make_unique<ReshapeFixture>(be, g, in, sequences, tokens); };
-  return c;
+  return kv_write_case<ReshapeFixture>("reshape_and_cache", cache, in, layout, page, sequences, tokens);
 }
 
 // ---------------------------------------------------------------- qkv_preprocess_write
@@ -360,6 +352,19 @@ AttentionScales attention_scales(CacheDtype cache) {
   return s;
 }
 
+// The bf16 query rows [rows, hq, D] of the decode and prefill fixtures.
+PagedAttentionQuery bf16_query(const PoolGeometry& g, int32_t hq, int32_t pages_per_seq, AttentionOrder order,
+                               void* q, void* out, int64_t rows, std::span<const int32_t> lens,
+                               std::span<const int32_t> table) {
+  return {.q = contiguous_view(q, CacheDtype::bf16, {rows, hq, g.head_dim}),
+          .out = contiguous_view(out, CacheDtype::bf16, {rows, hq, g.head_dim}),
+          .seq_lens = lens,
+          .block_table = table,
+          .max_blocks_per_seq = pages_per_seq,
+          .scales = attention_scales(g.dtype),
+          .order = order};
+}
+
 struct DecodeFixture final : PatternPoolFixture {
   int32_t hq;
   Batch batch;
@@ -381,13 +386,7 @@ struct DecodeFixture final : PatternPoolFixture {
   DecodeAttentionOp make_op(void* qp, void* op_out, int32_t sequences, std::span<const int32_t> lens,
                             std::span<const int32_t> table) const {
     DecodeAttentionOp o;
-    o.q = contiguous_view(qp, CacheDtype::bf16, {sequences, hq, g.head_dim});
-    o.out = contiguous_view(op_out, CacheDtype::bf16, {sequences, hq, g.head_dim});
-    o.seq_lens = lens;
-    o.block_table = table;
-    o.max_blocks_per_seq = batch.pages_per_seq;
-    o.scales = attention_scales(g.dtype);
-    o.order = order;
+    o.query() = bf16_query(g, hq, batch.pages_per_seq, order, qp, op_out, sequences, lens, table);
     return o;
   }
   double run() override {
@@ -468,15 +467,8 @@ struct PrefillFixture final : PatternPoolFixture {
   PrefillAttentionOp make_op(void* qp, void* op_out, std::span<const int32_t> indptr, std::span<const int32_t> lens,
                              std::span<const int32_t> table) const {
     PrefillAttentionOp o;
-    const int64_t rows = indptr.back();
-    o.q = contiguous_view(qp, CacheDtype::bf16, {rows, hq, g.head_dim});
-    o.out = contiguous_view(op_out, CacheDtype::bf16, {rows, hq, g.head_dim});
+    o.query() = bf16_query(g, hq, batch.pages_per_seq, order, qp, op_out, indptr.back(), lens, table);
     o.q_indptr = indptr;
-    o.seq_lens = lens;
-    o.block_table = table;
-    o.max_blocks_per_seq = batch.pages_per_seq;
-    o.scales = attention_scales(g.dtype);
-    o.order = order;
     return o;
   }
   double run() override {
@@ -683,7 +675,7 @@ Case move_case(bool offload, int64_t blocks) {
 struct AppendMlaFixture final : OpWriteFixture<OpId::append_mla> {
   Batch batch;
   Mirrored latent;  // [nnz, 576]: ckv and kpe sliced from one projection
-  AppendCoordinates at;
+  AppendCoordinateLists at;
 
   AppendMlaFixture(Backend& b, const PoolGeometry& geometry, int32_t sequences, int32_t tokens)
       : OpWriteFixture(b, geometry), batch(sequences, tokens, geometry.tokens_per_block, geometry.primary_blocks, 17),

@@ -483,19 +483,12 @@ TensorView on_backend(Backend& b, const TensorView& host, BackendBuffer& keep) {
 
 // FlashInfer's append coordinates (batch_indices, positions and the CSR page
 // table) as host int32 lists an append op's spans point into.
-struct AppendCoordinates {
+struct AppendCoordinateLists {
   std::vector<int32_t> batch, positions, indptr, indices, last;
-  AppendCoordinates(py::handle b, py::handle p, py::handle ip, py::handle ix, py::handle lpl)
+  AppendCoordinateLists(py::handle b, py::handle p, py::handle ip, py::handle ix, py::handle lpl)
       : batch(int_list<int32_t>(b)), positions(int_list<int32_t>(p)), indptr(int_list<int32_t>(ip)),
         indices(int_list<int32_t>(ix)), last(int_list<int32_t>(lpl)) {}
-  template <class Op>
-  void into(Op& op) const {
-    op.batch_indices = batch;
-    op.positions = positions;
-    op.indptr = indptr;
-    op.indices = indices;
-    op.last_page_len = last;
-  }
+  void into(AppendCoordinates& op) const { op = {batch, positions, indptr, indices, last}; }
 };
 
 void append_paged(const EnginePools& p, int32_t layer, py::handle k, py::handle v, py::handle batch_indices,
@@ -506,7 +499,7 @@ void append_paged(const EnginePools& p, int32_t layer, py::handle k, py::handle 
   op.layer = layer;
   op.k = view_of(kb, dtype_of(*kb.t, input_dtype, "append_key"), 3, "append_key");
   op.v = view_of(vb, dtype_of(*vb.t, input_dtype, "append_value"), 3, "append_value");
-  const AppendCoordinates at(batch_indices, positions, indptr, indices, last_page_len);
+  const AppendCoordinateLists at(batch_indices, positions, indptr, indices, last_page_len);
   at.into(op);
   op.k_global_scale = k_global_scale;
   op.v_global_scale = v_global_scale;
@@ -696,7 +689,7 @@ void append_mla(const EnginePools& p, int32_t layer, py::handle ckv, py::handle 
   op.layer = layer;
   op.ckv = view_of(cb, dtype_of(*cb.t, ckv_dtype, "append_ckv"), 2, "append_ckv");
   op.kpe = view_of(kb, dtype_of(*kb.t, kpe_dtype, "append_kpe"), 2, "append_kpe");
-  const AppendCoordinates at(batch_indices, positions, indptr, indices, last_page_len);
+  const AppendCoordinateLists at(batch_indices, positions, indptr, indices, last_page_len);
   at.into(op);
   op.ckv_global_scale = ckv_global_scale;
   op.kpe_scale = kpe_scale;
@@ -771,11 +764,7 @@ void concat_and_cache_mla(const EnginePools& p, py::handle kv_c, py::handle k_pe
   AppendMlaOp op;
   op.ckv = on_backend(b, gathered(ckv_host.view, ckv_bytes), ckv_on_backend);
   op.kpe = on_backend(b, gathered(kpe_host.view, kpe_bytes), kpe_on_backend);
-  op.batch_indices = batch;
-  op.positions = positions;
-  op.indptr = indptr;
-  op.indices = indices;
-  op.last_page_len = last;
+  op.coordinates() = {batch, positions, indptr, indices, last};
   b.append_mla(p.pools, op);
 }
 

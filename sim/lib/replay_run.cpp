@@ -1092,11 +1092,7 @@ Runner::AppendInputs Runner::append_inputs(const LayerWrite& w, bool mla) {
 template <class Op>
 void Runner::set_append_tables(Op& op, const LayerWrite& w, const AppendInputs& in) const {
   op.layer = pool_layer_of_[w.layer];
-  op.batch_indices = in.batch;
-  op.positions = in.positions;
-  op.indptr = w.indptr;
-  op.indices = w.indices;
-  op.last_page_len = w.last_page_len;
+  op.coordinates() = {in.batch, in.positions, w.indptr, w.indices, w.last_page_len};
 }
 
 void Runner::write_append_paged(const LayerWrite& w, const std::vector<Entry>& es) {
@@ -1296,25 +1292,17 @@ void Runner::attend(int32_t layer, const std::vector<Entry>& es, size_t first, s
   }
   const TensorView ov = contiguous_view(out_b.get(), CacheDtype::fp32, {rows, Hq, D});
   // The fields both attention ops share.
-  auto fill = [&](auto& op) {
-    op.layer = pool_layer_of_[layer];
-    op.q = qv;
-    op.out = ov;
-    op.seq_lens = tables.seq_lens;
-    op.block_table = tables.table;
-    op.max_blocks_per_seq = tables.columns;
-    op.scales = sc;
-    op.window = read_map_;
-    op.order = order_;
-  };
+  const PagedAttentionQuery query{.layer = pool_layer_of_[layer], .q = qv, .out = ov, .seq_lens = tables.seq_lens,
+                                  .block_table = tables.table, .max_blocks_per_seq = tables.columns, .scales = sc,
+                                  .window = read_map_, .order = order_};
   if (decode) {
     DecodeAttentionOp op;
-    fill(op);
+    op.query() = query;
     notify("decode_attention", layer, batch);
     op_call([&] { be_.decode_attention(pools_, op); });
   } else {
     PrefillAttentionOp op;
-    fill(op);
+    op.query() = query;
     op.q_indptr = q_indptr;
     notify("prefill_attention", layer, batch);
     op_call([&] { be_.prefill_attention(pools_, op); });

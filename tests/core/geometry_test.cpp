@@ -9,9 +9,11 @@
 #include <tbb/parallel_for.h>
 
 #include <cstdint>
+#include <functional>
 #include <limits>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "kvsim/core/geometry.hpp"
@@ -471,35 +473,21 @@ TEST_CASE("validate_strides accepts contiguous strides and padded ones that stay
 TEST_CASE("validate_strides rejects overlapping strides with bad_strides") {
   const PoolGeometry g = small_fp16(BlockLayout::nhd);
   const int64_t pool = g.pool_elements(PoolKind::primary);
-  SUBCASE("head stride smaller than the span of a head's dims") {
+  // (what, the change to contiguous strides, what the message must mention)
+  const std::tuple<const char*, std::function<void(PoolStrides&)>, const char*> cases[] = {
+      {"head stride smaller than the span of a head's dims (head h+1 starts inside head h's row)",
+       [&](PoolStrides& s) { s.inner[0].head = g.head_dim - 1; }, "stride of head"},
+      {"V alone overlapping (K fine)", [](PoolStrides& s) { s.inner[1].head = 8; }, "stride of head"},
+      {"token stride equal to head stride", [](PoolStrides& s) { s.inner[0].token = s.inner[0].head; }, "overlaps"},
+      {"a zero stride over an extent > 1", [](PoolStrides& s) { s.layer = 0; }, "stride of layer = 0"},
+      {"a negative stride", [](PoolStrides& s) { s.block = -s.block; }, "negative"},
+      {"x that does not divide head_dim", [](PoolStrides& s) { s.inner[0].x = 5; }, "x = 5"},
+  };
+  for (const auto& c : cases) {
+    INFO(std::get<0>(c));
     PoolStrides s = contiguous_strides(g);
-    s.inner[0].head = g.head_dim - 1;  // head h+1 starts inside head h's row
-    check_bad_strides(g, s, pool, "stride of head");
-  }
-  SUBCASE("V alone overlapping (K fine)") {
-    PoolStrides s = contiguous_strides(g);
-    s.inner[1].head = 8;
-    check_bad_strides(g, s, pool, "stride of head");
-  }
-  SUBCASE("token stride equal to head stride") {
-    PoolStrides s = contiguous_strides(g);
-    s.inner[0].token = s.inner[0].head;
-    check_bad_strides(g, s, pool, "overlaps");
-  }
-  SUBCASE("a zero stride over an extent > 1") {
-    PoolStrides s = contiguous_strides(g);
-    s.layer = 0;
-    check_bad_strides(g, s, pool, "stride of layer = 0");
-  }
-  SUBCASE("a negative stride") {
-    PoolStrides s = contiguous_strides(g);
-    s.block = -s.block;
-    check_bad_strides(g, s, pool, "negative");
-  }
-  SUBCASE("x that does not divide head_dim") {
-    PoolStrides s = contiguous_strides(g);
-    s.inner[0].x = 5;
-    check_bad_strides(g, s, pool, "x = 5");
+    std::get<1>(c)(s);
+    check_bad_strides(g, s, pool, std::get<2>(c));
   }
 }
 

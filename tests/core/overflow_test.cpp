@@ -110,7 +110,7 @@ TEST_CASE("append coordinates: a length past 32-bit positions is rejected, not w
   const std::vector<int64_t> lens{int64_t{INT32_MAX} + 1};
   CHECK(code_of([&] { append_coordinates(indptr, lens); }) == ErrorCode::position_beyond_sequence);
   const std::vector<int64_t> ok{INT32_MAX};
-  const AppendCoordinates c = append_coordinates(indptr, ok);
+  const BatchIndicesPositions c = append_coordinates(indptr, ok);
   REQUIRE(c.positions.size() == 1);
   CHECK(c.positions[0] == INT32_MAX - 1);
 }

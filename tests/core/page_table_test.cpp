@@ -75,7 +75,7 @@ void validated_scatter(std::vector<uint8_t>& pool, const PoolGeometry& g, std::s
   const CsrPageTable csr = make_csr_view(indptr, indices, last_page_len, g);
   std::vector<int64_t> lengths(static_cast<size_t>(csr.batch));
   for (int32_t b = 0; b < csr.batch; ++b) lengths[static_cast<size_t>(b)] = csr.length(b);
-  const AppendCoordinates coords = append_coordinates(append_indptr, lengths);
+  const BatchIndicesPositions coords = append_coordinates(append_indptr, lengths);
   const size_t nnz = coords.positions.size();
   const size_t row = static_cast<size_t>(g.kv_heads) * g.head_dim;
   if (values.size() != nnz * row) fail(ErrorCode::shape_mismatch, "values");
@@ -578,13 +578,13 @@ TEST_CASE("append_coordinates against a hand-worked example") {
   //   sequence 2: nothing
   const std::vector<int32_t> append_indptr{0, 2, 5, 5};
   const std::vector<int64_t> lens{8, 6, 4};
-  const AppendCoordinates c = append_coordinates(append_indptr, lens);
+  const BatchIndicesPositions c = append_coordinates(append_indptr, lens);
   CHECK(c.batch_indices == std::vector<int32_t>{0, 0, 1, 1, 1});
   CHECK(c.positions == std::vector<int32_t>{6, 7, 3, 4, 5});
   // A sequence appending its whole length (a prefill) gets positions 0..len-1.
   const std::vector<int32_t> prefill_indptr{0, 3};
   const std::vector<int64_t> prefill_len{3};
-  const AppendCoordinates p = append_coordinates(prefill_indptr, prefill_len);
+  const BatchIndicesPositions p = append_coordinates(prefill_indptr, prefill_len);
   CHECK(p.positions == std::vector<int32_t>{0, 1, 2});
   CHECK(p.batch_indices == std::vector<int32_t>{0, 0, 0});
 }

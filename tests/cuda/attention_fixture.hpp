@@ -135,14 +135,8 @@ inline AttentionProblem make_problem(const AttentionCase& c) {
   AttentionProblem p;
   p.c = c;
   PoolGeometry& g = p.geometry;
-  g.layers = 2;
-  g.kv_factor = 2;
-  g.kv_heads = c.kv_heads;
-  g.tokens_per_block = c.page;
-  g.head_dim = c.head_dim;
-  g.dtype = c.dtype;
-  g.layout = c.layout;
-  g.placement = c.placement;
+  g = {.layers = 2, .kv_factor = 2, .kv_heads = c.kv_heads, .tokens_per_block = c.page, .head_dim = c.head_dim,
+       .dtype = c.dtype, .layout = c.layout, .placement = c.placement};
   p.window = c.window > 0 ? WindowMapping::make(c.window, c.sinks, c.page, c.one_more_block) : WindowMapping{};
   std::mt19937 rng(c.seed);
   std::vector<int64_t> pages(c.seq_lens.size());

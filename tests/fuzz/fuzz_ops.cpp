@@ -189,6 +189,26 @@ Csr draw_csr(Draw& d, const PoolGeometry& g, int32_t batch) {
   return c;
 }
 
+// An append's coordinates: a CSR table of 1..3 sequences and nnz tokens whose
+// (sequence, position) may each be out of range.
+struct DrawnAppend {
+  Csr c;
+  int32_t nnz = 0;
+  std::vector<int32_t> bi, pos;
+  AppendCoordinates coordinates() const { return {bi, pos, c.indptr, c.indices, c.last}; }
+};
+DrawnAppend draw_append(Draw& d, const PoolGeometry& g, int32_t max_nnz) {
+  DrawnAppend a;
+  const int32_t batch = d.small(1, 3);
+  a.c = draw_csr(d, g, batch);
+  a.nnz = d.small(0, max_nnz);
+  a.bi.resize(a.nnz);
+  a.pos.resize(a.nnz);
+  for (auto& x : a.bi) x = d.i32(-1, batch);
+  for (auto& x : a.pos) x = d.i32(-1, 40);
+  return a;
+}
+
 WindowMapping draw_window(Draw& d, const PoolGeometry& g) {
   if (d.flag()) return {};
   const int32_t W = d.flag() ? d.small(1, 40) : d.i32(0, 0x7FFFFFFF);
@@ -207,23 +227,15 @@ void run_one(Draw& d, Pools& p) {
   const int32_t layer = d.i32(0, g.layers);
   switch (d.small(0, 11)) {
     case 0: {  // append_paged
-      const int32_t batch = d.small(1, 3);
-      const Csr c = draw_csr(d, g, batch);
-      const int32_t nnz = d.small(0, 12);
-      std::vector<int32_t> bi(nnz), pos(nnz);
-      for (auto& x : bi) x = d.i32(-1, batch);
-      for (auto& x : pos) x = d.i32(-1, 40);
-      if (d.small(0, 7) == 0) pos.resize(d.small(0, nnz));
+      DrawnAppend at = draw_append(d, g, 12);
+      const int32_t nnz = at.nnz;
+      if (d.small(0, 7) == 0) at.pos.resize(d.small(0, nnz));
       const CacheDtype in = d.flag() ? (g.dtype == CacheDtype::nvfp4 ? float_dtype(d) : g.dtype) : any_dtype(d);
       AppendPagedOp op;
       op.layer = layer;
       op.k = tensor(keep, in, {nnz, g.kv_heads, g.head_dim});
       op.v = tensor(keep, in, {nnz, g.kv_heads, d.flag() ? g.head_dim : d.small(1, 64)});
-      op.batch_indices = bi;
-      op.positions = pos;
-      op.indptr = c.indptr;
-      op.indices = c.indices;
-      op.last_page_len = c.last;
+      op.coordinates() = at.coordinates();
       op.k_global_scale = d.flag() ? 1.0f : d.scale();
       op.v_global_scale = d.flag() ? 1.0f : d.scale();
       be.append_paged(pools, op);
@@ -289,12 +301,8 @@ void run_one(Draw& d, Pools& p) {
       break;
     }
     case 3: {  // append_mla
-      const int32_t batch = d.small(1, 3);
-      const Csr c = draw_csr(d, g, batch);
-      const int32_t nnz = d.small(0, 8);
-      std::vector<int32_t> bi(nnz), pos(nnz);
-      for (auto& x : bi) x = d.i32(-1, batch);
-      for (auto& x : pos) x = d.i32(-1, 40);
+      const DrawnAppend at = draw_append(d, g, 8);
+      const int32_t nnz = at.nnz;
       const int64_t d_ckv = d.flag() ? 16 : d.small(1, 40);
       const int64_t rest = g.head_dim - d_ckv;
       const int64_t d_kpe = g.dtype == CacheDtype::nvfp4 ? (rest > 1 ? rest / 2 : 1) : (rest > 0 ? rest : 1);
@@ -302,11 +310,7 @@ void run_one(Draw& d, Pools& p) {
       op.layer = layer;
       op.ckv = tensor(keep, d.flag() ? g.dtype : float_dtype(d), {nnz, d_ckv});
       op.kpe = tensor(keep, d.flag() ? g.dtype : (d.flag() ? CacheDtype::fp8_e4m3 : float_dtype(d)), {nnz, d_kpe});
-      op.batch_indices = bi;
-      op.positions = pos;
-      op.indptr = c.indptr;
-      op.indices = c.indices;
-      op.last_page_len = c.last;
+      op.coordinates() = at.coordinates();
       op.ckv_global_scale = d.flag() ? 1.0f : d.scale();
       op.kpe_scale = d.flag() ? 1.0f : d.scale();
       be.append_mla(pools, op);
@@ -384,29 +388,24 @@ void run_one(Draw& d, Pools& p) {
       sc.v_global_scale = d.flag() ? 1.0f : d.scale();
       const WindowMapping w = draw_window(d, g);
       const CacheDtype qt = d.flag() ? CacheDtype::fp32 : any_dtype(d);
+      const auto query = [&](int64_t rows) {
+        return PagedAttentionQuery{.layer = layer,
+                                   .q = tensor(keep, qt, {rows, hq, g.head_dim}),
+                                   .out = tensor(keep, qt, {rows, hq, g.head_dim}),
+                                   .seq_lens = lens,
+                                   .block_table = table,
+                                   .max_blocks_per_seq = max_blocks,
+                                   .scales = sc,
+                                   .window = w};
+      };
       if (d.small(0, 1) == 0) {
         DecodeAttentionOp op;
-        op.layer = layer;
-        op.q = tensor(keep, qt, {batch, hq, g.head_dim});
-        op.out = tensor(keep, qt, {batch, hq, g.head_dim});
-        op.seq_lens = lens;
-        op.block_table = table;
-        op.max_blocks_per_seq = max_blocks;
-        op.scales = sc;
-        op.window = w;
+        op.query() = query(batch);
         be.decode_attention(pools, op);
       } else {
-        const int64_t rows = qptr.back() >= 0 && qptr.back() <= 64 ? qptr.back() : 0;
         PrefillAttentionOp op;
-        op.layer = layer;
-        op.q = tensor(keep, qt, {rows, hq, g.head_dim});
-        op.out = tensor(keep, qt, {rows, hq, g.head_dim});
+        op.query() = query(qptr.back() >= 0 && qptr.back() <= 64 ? qptr.back() : 0);
         op.q_indptr = qptr;
-        op.seq_lens = lens;
-        op.block_table = table;
-        op.max_blocks_per_seq = max_blocks;
-        op.scales = sc;
-        op.window = w;
         be.prefill_attention(pools, op);
       }
       break;

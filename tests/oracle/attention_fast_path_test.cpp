@@ -259,24 +259,20 @@ void check_case(const Case& c, int threads = 2) {
         store_float(q.t.data, q.t.dtype, q.t.offset(r, h, d), v);
       }
   // The op must be valid (attend_query reads whatever the table says).
+  PagedAttentionQuery query;
+  query.q = query.out = q.t;
+  query.seq_lens = c.lens;
+  query.block_table = p.table;
+  query.max_blocks_per_seq = p.max_blocks;
+  query.window = p.window;
   if (c.decode) {
     DecodeAttentionOp op;
-    op.q = q.t;
-    op.out = q.t;
-    op.seq_lens = c.lens;
-    op.block_table = p.table;
-    op.max_blocks_per_seq = p.max_blocks;
-    op.window = p.window;
+    op.query() = query;
     validate_decode_attention(p.kv, op);
   } else {
     PrefillAttentionOp op;
-    op.q = q.t;
-    op.out = q.t;
+    op.query() = query;
     op.q_indptr = q_indptr;
-    op.seq_lens = c.lens;
-    op.block_table = p.table;
-    op.max_blocks_per_seq = p.max_blocks;
-    op.window = p.window;
     validate_prefill_attention(p.kv, op);
   }
 

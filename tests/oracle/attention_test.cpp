@@ -67,14 +67,8 @@ struct Fixture {
 Fixture make_fixture(BlockLayout layout, LayerPlacement placement, int P, CacheDtype dtype, int H, int group, int D,
                      std::vector<int32_t> lens, WindowMapping window = {}) {
   Fixture f;
-  f.g.layers = 2;
-  f.g.kv_factor = 2;
-  f.g.kv_heads = H;
-  f.g.tokens_per_block = P;
-  f.g.head_dim = D;
-  f.g.dtype = dtype;
-  f.g.layout = layout;
-  f.g.placement = placement;
+  f.g = {.layers = 2, .kv_factor = 2, .kv_heads = H, .tokens_per_block = P, .head_dim = D, .dtype = dtype,
+         .layout = layout, .placement = placement};
   f.hq = H * group;
   f.seq_lens = lens;
   f.window = window;
@@ -664,14 +658,8 @@ TEST_CASE("mma order: offered for bf16, fp16, fp8 and int8 caches; fp32 and nvfp
     op.scales = scales_for(dtype, 64);
     op.order = AttentionOrder::mma;
     PrefillAttentionOp pre;
-    pre.q = op.q;
-    pre.out = op.out;
+    pre.query() = op;  // the same query rows, as a one-token prefill chunk per sequence
     pre.q_indptr = indptr;
-    pre.seq_lens = op.seq_lens;
-    pre.block_table = op.block_table;
-    pre.max_blocks_per_seq = op.max_blocks_per_seq;
-    pre.scales = op.scales;
-    pre.order = AttentionOrder::mma;
     for (int which = 0; which < 2; ++which) {
       INFO("dtype " << dtype_name(dtype) << (which ? " prefill" : " decode"));
       bool thrown = false;

@@ -67,11 +67,7 @@ TEST_CASE("DifferentialBackend: one flipped pool byte is reported with its coord
   op.layer = 1;
   op.k = contiguous_view(k.get(), CacheDtype::fp16, {6, 2, 8});
   op.v = contiguous_view(v.get(), CacheDtype::fp16, {6, 2, 8});
-  op.batch_indices = batch_indices;
-  op.positions = positions;
-  op.indptr = indptr;
-  op.indices = indices;
-  op.last_page_len = last;
+  op.coordinates() = {batch_indices, positions, indptr, indices, last};
 
   diff.set_context("step 3 layer 1 append_paged", {"req-a", "req-b"});
   diff.append_paged(pools, op);

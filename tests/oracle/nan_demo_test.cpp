@@ -32,16 +32,15 @@ std::vector<bool> run_step(Backend& be, bool zero_v_tail, CacheDtype dtype) {
   BackendBuffer qkv_b(be, qkv.size() * 2), q_out(be, static_cast<size_t>(nnz) * hq * D * 2);
   qkv_b.upload(qkv.data(), qkv.size() * 2);
 
-  QkvPreprocessOp w;
-  w.num_q_heads = hq;
-  w.qkv = contiguous_view(qkv_b.get(), CacheDtype::bf16, {nnz, fused});
-  w.q_out = contiguous_view(q_out.get(), CacheDtype::bf16, {nnz, hq, D});
-  w.seq_lens = lens;
-  w.cache_lens = lens;
-  w.block_table = table;
-  w.max_blocks_per_seq = max_blocks;
-  w.context_phase = true;
-  w.zero_v_tail = zero_v_tail;
+  QkvPreprocessOp w{.num_q_heads = hq,
+                    .qkv = contiguous_view(qkv_b.get(), CacheDtype::bf16, {nnz, fused}),
+                    .q_out = contiguous_view(q_out.get(), CacheDtype::bf16, {nnz, hq, D}),
+                    .seq_lens = lens,
+                    .cache_lens = lens,
+                    .block_table = table,
+                    .max_blocks_per_seq = max_blocks,
+                    .context_phase = true,
+                    .zero_v_tail = zero_v_tail};
   if (dtype == CacheDtype::nvfp4) w.nvfp4_global_scale[1] = w.nvfp4_global_scale[2] = 0.01f;
   be.qkv_preprocess_write(pools, w);
 

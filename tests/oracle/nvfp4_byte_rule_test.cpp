@@ -36,14 +36,12 @@ namespace {
 constexpr int32_t kHeads = 2, kTokens = 4, kDim = 32;
 
 PoolGeometry nvfp4_geometry(int64_t blocks) {
-  PoolGeometry g;
-  g.dtype = CacheDtype::nvfp4;
-  g.kv_heads = kHeads;
-  g.tokens_per_block = kTokens;
-  g.head_dim = kDim;
-  g.primary_blocks = blocks;
-  g.secondary_blocks = blocks;
-  return g;
+  return {.kv_heads = kHeads,
+          .tokens_per_block = kTokens,
+          .head_dim = kDim,
+          .dtype = CacheDtype::nvfp4,
+          .primary_blocks = blocks,
+          .secondary_blocks = blocks};
 }
 
 // Host pools with caller strides over buffers large enough for any strides here.
@@ -87,7 +85,7 @@ struct Ops {
       AppendPagedOp op;
       op.k = contiguous_view(k.data(), CacheDtype::fp32, {1, kHeads, kDim});
       op.v = contiguous_view(v.data(), CacheDtype::fp32, {1, kHeads, kDim});
-      op.batch_indices = zero, op.positions = zero, op.indptr = indptr, op.indices = zero, op.last_page_len = one;
+      op.coordinates() = {zero, zero, indptr, zero, one};
       b.append_paged(p, op);
     });
     ops.emplace_back("qkv_preprocess_write", [this](Backend& b, const KvPools& p) {

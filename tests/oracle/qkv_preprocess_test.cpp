@@ -144,6 +144,16 @@ struct Step {
   }
 };
 
+// A step on `g` writing `layer` with hq query heads of `in` input (q_out the same dtype).
+Step make_step(const PoolGeometry& g, int32_t layer, int32_t hq, CacheDtype in) {
+  Step st;
+  st.g = g;
+  st.layer = layer;
+  st.hq = hq;
+  st.in_dtype = st.q_dtype = in;
+  return st;
+}
+
 // Pool contents (primary data + scales) and q_out.
 struct State {
   std::vector<uint8_t> pool, scales, q;
@@ -676,10 +686,9 @@ TEST_CASE("qkv_preprocess_write: windowed mapping with sinks wraps tokens into t
   Rng rng{0x3141};
   for (bool one_more : {false, true})
     for (int32_t P : {4, 5}) {
-      Step st;
-      st.g = PoolGeometry{1, 2, 1, P, 64, CacheDtype::fp32, BlockLayout::nhd, LayerPlacement::in_block, 1, 0};
-      st.hq = 1;
-      st.in_dtype = st.q_dtype = CacheDtype::fp32;
+      Step st =
+          make_step(PoolGeometry{1, 2, 1, P, 64, CacheDtype::fp32, BlockLayout::nhd, LayerPlacement::in_block, 1, 0}, 0,
+                    1, CacheDtype::fp32);
       set_rope(st, RopeStyle::neox, 64);
       st.window = RefWindow{10, 3, P, one_more};  // S = 3: bubble P - 3
       st.seq_lens = {25};
@@ -708,11 +717,9 @@ TEST_CASE("qkv_preprocess_write: windowed mapping with sinks wraps tokens into t
 
 TEST_CASE("qkv_preprocess_write: a window longer than every sequence writes what no window writes") {
   Rng rng{0x2718};
-  Step st;
-  st.g = PoolGeometry{2, 2, 2, 3, 80, CacheDtype::bf16, BlockLayout::split_x, LayerPlacement::per_layer, 1, 0};
-  st.layer = 1;
-  st.hq = 8;
-  st.in_dtype = st.q_dtype = CacheDtype::bf16;
+  Step st =
+      make_step(PoolGeometry{2, 2, 2, 3, 80, CacheDtype::bf16, BlockLayout::split_x, LayerPlacement::per_layer, 1, 0},
+                1, 8, CacheDtype::bf16);
   set_rope(st, RopeStyle::gptj, 40);
   st.seq_lens = {7, 20, 1};
   st.cache_lens = {7, 26, 13};
@@ -798,10 +805,8 @@ TEST_CASE("qkv_preprocess_write: after the ring wraps, the tail zeroed is past t
   // P = 4, W = 9, S = 2: bubble 2, cyclic 7; sinks in slots 0, 1, ring in
   // slots 4..10, slot 11 (page 2, entry 3) is never live.
   Rng rng{0xbeef};
-  Step st;
-  st.g = PoolGeometry{1, 2, 1, 4, 64, CacheDtype::fp32, BlockLayout::nhd, LayerPlacement::in_block, 1, 0};
-  st.hq = 2;
-  st.in_dtype = st.q_dtype = CacheDtype::fp32;
+  Step st = make_step(PoolGeometry{1, 2, 1, 4, 64, CacheDtype::fp32, BlockLayout::nhd, LayerPlacement::in_block, 1, 0},
+                      0, 2, CacheDtype::fp32);
   st.window = RefWindow{9, 2, 4, false};
   // Tokens 14..18 -> slots 9, 10, 4, 5, 6: the newest (18) is page 1, entry 2;
   // slot 7 (page 1, entry 3) holds token 12, still inside the window.
@@ -839,11 +844,9 @@ TEST_CASE("qkv_preprocess_write: after the ring wraps, the tail zeroed is past t
 // ---------------------------------------------------------------- thread counts
 TEST_CASE("qkv_preprocess_write: results are identical for 1, 2, 3 and all threads on a larger step") {
   Rng rng{0x7777};
-  Step st;
-  st.g = PoolGeometry{2, 2, 4, 16, 128, CacheDtype::nvfp4, BlockLayout::hnd, LayerPlacement::per_layer, 1, 0};
-  st.layer = 1;
-  st.hq = 32;
-  st.in_dtype = st.q_dtype = CacheDtype::bf16;
+  Step st =
+      make_step(PoolGeometry{2, 2, 4, 16, 128, CacheDtype::nvfp4, BlockLayout::hnd, LayerPlacement::per_layer, 1, 0}, 1,
+                32, CacheDtype::bf16);
   set_rope(st, RopeStyle::neox, 128);
   set_quant_scales(st);
   st.window.P = 16;
@@ -875,12 +878,9 @@ TEST_CASE("qkv_preprocess_write: results are identical for 1, 2, 3 and all threa
 TEST_CASE("qkv_preprocess_write: core work items give the same bytes in any order") {
   Rng rng{0x0bad};
   for (int config = 0; config < 4; ++config) {
-    Step st;
-    st.g = PoolGeometry{2, 2, 2, config % 2 ? 5 : 4, 64, config < 2 ? CacheDtype::fp16 : CacheDtype::nvfp4,
-                        config % 2 ? BlockLayout::hnd : BlockLayout::nhd, LayerPlacement::in_block, 1, 0};
-    st.layer = 1;
-    st.hq = 4;
-    st.in_dtype = st.q_dtype = CacheDtype::fp16;
+    Step st = make_step(PoolGeometry{2, 2, 2, config % 2 ? 5 : 4, 64, config < 2 ? CacheDtype::fp16 : CacheDtype::nvfp4,
+                                     config % 2 ? BlockLayout::hnd : BlockLayout::nhd, LayerPlacement::in_block, 1, 0},
+                        1, 4, CacheDtype::fp16);
     set_rope(st, RopeStyle::gptj, 64);
     set_quant_scales(st);
     st.window = RefWindow{config % 2 ? 13 : 11, 2, st.g.tokens_per_block, config == 3};  // rings that wrap in one chunk

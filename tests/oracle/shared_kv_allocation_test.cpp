@@ -124,11 +124,7 @@ Run run_ops(Backend& be, const PoolGeometry& g, bool shared, int64_t pages) {
   ap.layer = layer;
   ap.k = contiguous_view(kb.get(), input, {nnz, H, D});
   ap.v = contiguous_view(vb.get(), input, {nnz, H, D});
-  ap.batch_indices = b.batch_indices;
-  ap.positions = b.positions;
-  ap.indptr = b.indptr;
-  ap.indices = b.indices;
-  ap.last_page_len = b.last_page_len;
+  ap.coordinates() = {b.batch_indices, b.positions, b.indptr, b.indices, b.last_page_len};
   be.append_paged(pools, ap);
 
   Run r;

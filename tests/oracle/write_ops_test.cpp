@@ -493,11 +493,7 @@ TEST_CASE("append_paged IsEquivalentToRef: layouts x placements x dtypes x page 
           op.layer = layer;
           op.k = in.view(0);
           op.v = in.view(1);
-          op.batch_indices = rb.batch_indices;
-          op.positions = rb.positions;
-          op.indptr = rb.indptr;
-          op.indices = rb.indices;
-          op.last_page_len = rb.last_page_len;
+          op.coordinates() = {rb.batch_indices, rb.positions, rb.indptr, rb.indices, rb.last_page_len};
           op.k_global_scale = k_gs;
           op.v_global_scale = v_gs;
 
@@ -535,11 +531,7 @@ TEST_CASE("append_paged nvfp4 writes the contract §4 codes for a hand-computed 
   AppendPagedOp op;
   op.k = k.view(0, {1, 1, 16}, {16, 16, 1});
   op.v = v.view(0, {1, 1, 16}, {16, 16, 1});
-  op.batch_indices = bi;
-  op.positions = pos;
-  op.indptr = indptr;
-  op.indices = indices;
-  op.last_page_len = last;
+  op.coordinates() = {bi, pos, indptr, indices, last};
   op.k_global_scale = 1.0f;
   op.v_global_scale = 2.0f;
   single_backend().append_paged(tp.pools, op);
@@ -567,11 +559,7 @@ TEST_CASE("append_paged rejects invalid inputs before any byte moves") {
   op.layer = 1;
   op.k = in.view(0);
   op.v = in.view(1);
-  op.batch_indices = bi;
-  op.positions = pos;
-  op.indptr = indptr;
-  op.indices = indices;
-  op.last_page_len = last;
+  op.coordinates() = {bi, pos, indptr, indices, last};
   Backend& b = single_backend();
   auto run = [&] { b.append_paged(tp.pools, op); };
 
@@ -970,11 +958,7 @@ TEST_CASE("append_mla IsEquivalentToRef: dtypes (nvfp4 ckv + fp8 kpe mix) x layo
           op.layer = layer;
           op.ckv = ckv_buf.view(0, {n, d_ckv}, {ckv_row, 1});
           op.kpe = kpe_buf.view(kpe_base, {n, d_kpe}, {kpe_row, 1});
-          op.batch_indices = rb.batch_indices;
-          op.positions = rb.positions;
-          op.indptr = rb.indptr;
-          op.indices = rb.indices;
-          op.last_page_len = rb.last_page_len;
+          op.coordinates() = {rb.batch_indices, rb.positions, rb.indptr, rb.indices, rb.last_page_len};
           op.ckv_global_scale = ckv_gs;
           op.kpe_scale = kpe_scale;
 
@@ -1039,11 +1023,7 @@ TEST_CASE("append_mla nvfp4 row layout: ckv nibbles, then kpe fp8 bytes, scales 
   AppendMlaOp op;
   op.ckv = ckv.view(0, {1, 16}, {16, 1});
   op.kpe = kpe.view(0, {1, 8}, {8, 1});
-  op.batch_indices = bi;
-  op.positions = pos;
-  op.indptr = indptr;
-  op.indices = indices;
-  op.last_page_len = last;
+  op.coordinates() = {bi, pos, indptr, indices, last};
   op.ckv_global_scale = 1.0f;
   op.kpe_scale = 0.5f;
   single_backend().append_mla(tp.pools, op);
@@ -1076,11 +1056,7 @@ TEST_CASE("append_mla rejects invalid inputs before any byte moves") {
   op.layer = 0;
   op.ckv = ckv.view(0, {2, 64}, {64, 1});
   op.kpe = kpe.view(0, {2, 16}, {16, 1});
-  op.batch_indices = bi;
-  op.positions = pos;
-  op.indptr = indptr;
-  op.indices = indices;
-  op.last_page_len = last;
+  op.coordinates() = {bi, pos, indptr, indices, last};
   op.ckv_global_scale = 0.5f;
   auto run = [&] { b.append_mla(tp.pools, op); };
 
@@ -1129,11 +1105,7 @@ TEST_CASE("append_mla rejects invalid inputs before any byte moves") {
   }
   SUBCASE("two sequences, one block") {
     std::vector<int32_t> bi2{0, 1}, pos2{4, 0}, indptr2{0, 2, 3}, indices2{3, 1, 1}, last2{2, 1};
-    op.batch_indices = bi2;
-    op.positions = pos2;
-    op.indptr = indptr2;
-    op.indices = indices2;
-    op.last_page_len = last2;
+    op.coordinates() = {bi2, pos2, indptr2, indices2, last2};
     expect_rejected(ErrorCode::shared_block_write, tp, run);
   }
   SUBCASE("layer out of range") {

@@ -107,11 +107,7 @@ inline void mla_setup(Backend& be, const MlaCase& c, MlaSetup& s) {
     w.layer = layer;
     w.ckv = contiguous_view(ckv_b.get(), in, {nnz, c.d_ckv});
     w.kpe = contiguous_view(kpe_b.get(), in, {nnz, c.d_kpe});
-    w.batch_indices = batch;
-    w.positions = positions;
-    w.indptr = indptr;
-    w.indices = indices;
-    w.last_page_len = last_page_len;
+    w.coordinates() = {batch, positions, indptr, indices, last_page_len};
     w.ckv_global_scale = 0.02f;
     w.kpe_scale = 0.125f;
     be.append_mla(s.pools, w);
@@ -140,21 +136,12 @@ inline void mla_setup(Backend& be, const MlaCase& c, MlaSetup& s) {
   s.q.upload(q.data(), q.size());
   s.out = BackendBuffer(be, static_cast<size_t>(s.rows * c.heads * c.d_ckv * 4));
   be.fill(s.out.get(), 0, s.out.bytes());
-  MlaAttentionOp& op = s.op;
-  op.layer = 1;
-  op.q = contiguous_view(s.q.get(), c.q_dtype, {s.rows, c.heads, dq});
-  op.out = contiguous_view(s.out.get(), CacheDtype::fp32, {s.rows, c.heads, c.d_ckv});
-  op.q_indptr = s.q_indptr;
-  op.seq_lens = s.seq_lens;
-  op.block_table = s.table;
-  op.max_blocks_per_seq = s.max_blocks;
-  op.d_ckv = c.d_ckv;
-  op.d_kpe = c.d_kpe;
-  op.sm_scale = 1.0f / 24.0f;
   const bool coded = c.dtype == CacheDtype::fp8_e4m3 || c.dtype == CacheDtype::fp8_e5m2 || c.dtype == CacheDtype::int8;
-  op.scale = coded ? c.scale : 1.0f;
-  op.ckv_global_scale = 0.02f;
-  op.kpe_scale = 0.125f;
+  s.op = {.layer = 1, .q = contiguous_view(s.q.get(), c.q_dtype, {s.rows, c.heads, dq}),
+          .out = contiguous_view(s.out.get(), CacheDtype::fp32, {s.rows, c.heads, c.d_ckv}),
+          .q_indptr = s.q_indptr, .seq_lens = s.seq_lens, .block_table = s.table, .max_blocks_per_seq = s.max_blocks,
+          .d_ckv = c.d_ckv, .d_kpe = c.d_kpe, .sm_scale = 1.0f / 24.0f, .scale = coded ? c.scale : 1.0f,
+          .ckv_global_scale = 0.02f, .kpe_scale = 0.125f};
 }
 
 // The op's output, as fp32 values.

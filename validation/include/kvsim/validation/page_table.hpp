@@ -125,20 +125,20 @@ inline void validate_exclusive_writers(std::span<const std::pair<int32_t, int64_
 // FlashInfer get_batch_indices_positions: for token i of sequence b (in
 // [append_indptr[b], append_indptr[b+1])), positions[i] = i + len[b] -
 // append_indptr[b+1], len being the post-append length.
-struct AppendCoordinates {
+struct BatchIndicesPositions {
   std::vector<int32_t> batch_indices;
   std::vector<int32_t> positions;
 };
 
-inline AppendCoordinates append_coordinates(std::span<const int32_t> append_indptr,
-                                            std::span<const int64_t> seq_lens_after) {
+inline BatchIndicesPositions append_coordinates(std::span<const int32_t> append_indptr,
+                                                std::span<const int64_t> seq_lens_after) {
   if (append_indptr.empty() || append_indptr.size() != seq_lens_after.size() + 1)
     fail(ErrorCode::shape_mismatch, "append_indptr has " + std::to_string(append_indptr.size()) +
                                         " entries for " + std::to_string(seq_lens_after.size()) +
                                         " sequences: rule: batch + 1 entries");
   if (append_indptr[0] != 0)
     fail(ErrorCode::indptr_bad_start, "append_indptr[0] = " + std::to_string(append_indptr[0]) + ": rule: starts at 0");
-  AppendCoordinates c;
+  BatchIndicesPositions c;
   const int64_t batch = static_cast<int64_t>(seq_lens_after.size());
   for (int64_t b = 0; b < batch; ++b) {
     if (append_indptr[b + 1] < append_indptr[b])

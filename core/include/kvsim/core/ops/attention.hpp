@@ -5,7 +5,6 @@
 #pragma once
 
 #include <span>
-
 #include <vector>
 
 #include "../attention_math.hpp"
@@ -28,37 +27,35 @@ struct AttentionScales {
   float v_global_scale = 1.0f;  // nvfp4
 };
 
-// One query token per sequence, at position seq_lens[b] - 1 (its K/V already
-// in the cache). Block table is dense (TensorRT-LLM / vLLM), -1 padded, and
-// maps cache slots (after the window mapping) to blocks.
-struct DecodeAttentionOp {
+// What decode_attention and prefill_attention share: the layer, the query
+// and output rows [rows, Hq, D] (fp32/fp16/bf16), each sequence's length
+// (including its queries, whose K/V are already in the cache) and the dense
+// block table (TensorRT-LLM / vLLM), -1 padded, that maps cache slots (after
+// the window mapping) to blocks.
+struct PagedAttentionQuery {
   int32_t layer = 0;
-  TensorView q;    // [batch, Hq, D] fp32/fp16/bf16
-  TensorView out;  // [batch, Hq, D] fp32/fp16/bf16
-  std::span<const int32_t> seq_lens;     // tokens per sequence, including the query token
+  TensorView q;    // [rows, Hq, D]
+  TensorView out;  // [rows, Hq, D]
+  std::span<const int32_t> seq_lens;     // [batch]
   std::span<const int32_t> block_table;  // [batch, max_blocks_per_seq]
   int32_t max_blocks_per_seq = 0;
   AttentionScales scales;
   WindowMapping window;
-  TensorView lse;  // optional [batch, Hq] fp32: each query head's natural-log LSE (attention_math.hpp)
+  TensorView lse;  // optional [rows, Hq] fp32: each query head's natural-log LSE (attention_math.hpp)
   AttentionOrder order = AttentionOrder::fp32;  // arithmetic order (mma: offered for some cache dtypes)
+  // This part of an op, so that a caller sets it in one assignment.
+  PagedAttentionQuery& query() { return *this; }
 };
 
-// Causal attention for a chunk of new tokens: query i of sequence b (i in
-// [q_indptr[b], q_indptr[b+1])) is at position seq_lens[b] - n_b + (i -
-// q_indptr[b]) and attends to keys at positions <= its own (past + chunk).
-struct PrefillAttentionOp {
-  int32_t layer = 0;
-  TensorView q;    // [nnz, Hq, D]
-  TensorView out;  // [nnz, Hq, D]
-  std::span<const int32_t> q_indptr;     // [batch + 1]
-  std::span<const int32_t> seq_lens;     // tokens per sequence after this chunk
-  std::span<const int32_t> block_table;  // [batch, max_blocks_per_seq]
-  int32_t max_blocks_per_seq = 0;
-  AttentionScales scales;
-  WindowMapping window;
-  TensorView lse;  // optional [nnz, Hq] fp32: each query head's natural-log LSE
-  AttentionOrder order = AttentionOrder::fp32;  // arithmetic order (mma: offered for some cache dtypes)
+// One query token per sequence (rows = batch), at position seq_lens[b] - 1.
+struct DecodeAttentionOp : PagedAttentionQuery {};
+
+// Causal attention for a chunk of new tokens (rows = nnz): query i of
+// sequence b (i in [q_indptr[b], q_indptr[b+1])) is at position seq_lens[b] -
+// n_b + (i - q_indptr[b]) and attends to keys at positions <= its own (past +
+// chunk); seq_lens counts the tokens after this chunk.
+struct PrefillAttentionOp : PagedAttentionQuery {
+  std::span<const int32_t> q_indptr;  // [batch + 1]
 };
 
 // ---------------------------------------------------------------- key list
@@ -106,14 +103,20 @@ KVSIM_HD constexpr KeyList make_key_list(int64_t p, const WindowMapping& w, Page
 }
 
 // ---------------------------------------------------------------- work item
-// Trivially copyable arguments of attend_query (built on the host from the
-// op descriptor; block_table points into the backend's memory).
-struct AttentionArgs {
+// What every paged-attention work item reads (attend_query here,
+// attend_mla_query in mla_attention.hpp): the pools, the layer, the query and
+// output rows and the dense block table (in the backend's memory).
+struct PagedReadArgs {
   KvPools pools;
   int32_t layer = 0;
   TensorView q, out;
   const int32_t* block_table = nullptr;
   int32_t max_blocks_per_seq = 0;
+};
+
+// Trivially copyable arguments of attend_query (built on the host from the
+// op descriptor).
+struct AttentionArgs : PagedReadArgs {
   AttentionScales scales;
   WindowMapping window;
   AttentionOrder order = AttentionOrder::fp32;

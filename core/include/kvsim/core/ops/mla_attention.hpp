@@ -53,12 +53,7 @@ struct MlaAttentionOp {
 
 // Trivially copyable arguments of attend_mla_query; row_seq / row_position
 // point at the backend's copies of make_mla_rows().
-struct MlaAttentionArgs {
-  KvPools pools;
-  int32_t layer = 0;
-  TensorView q, out;
-  const int32_t* block_table = nullptr;
-  int32_t max_blocks_per_seq = 0;
+struct MlaAttentionArgs : PagedReadArgs {
   int32_t d_ckv = 0, d_kpe = 0;
   int32_t heads = 0;
   int64_t rows = 0;

@@ -34,6 +34,21 @@
 
 namespace kvsim {
 
+// FlashInfer's append coordinates, the five arrays append_paged_kv_cache
+// and append_paged_mla_kv_cache both take: input token i goes to request
+// batch_indices[i] at position positions[i] of the CSR page table (indptr,
+// indices, last_page_len), which already includes the appended tokens.
+// AppendPagedOp and AppendMlaOp are these plus their rows.
+struct AppendCoordinates {
+  std::span<const int32_t> batch_indices;   // [nnz]
+  std::span<const int32_t> positions;       // [nnz]
+  std::span<const int32_t> indptr;          // [batch + 1]
+  std::span<const int32_t> indices;         // [indptr[batch]]
+  std::span<const int32_t> last_page_len;   // [batch]
+  // This part of an op, so that a caller sets all five in one assignment.
+  AppendCoordinates& coordinates() { return *this; }
+};
+
 // contract §5.1 — FlashInfer append_paged_kv_cache. Token i of sequence
 // b = batch_indices[i] at position positions[i] goes to
 //   (page_slot, entry) = divmod(indptr[b] * P + positions[i], P),  block = indices[page_slot].
@@ -49,14 +64,9 @@ namespace kvsim {
 // reference in the table, two sequences writing one block, two tokens
 // writing one (block, entry) slot, a non-finite or non-positive nvfp4
 // global scale, shape/dtype mismatches, a layer out of range.
-struct AppendPagedOp {
+struct AppendPagedOp : AppendCoordinates {
   int32_t layer = 0;
   TensorView k, v;                          // [nnz, H, D]
-  std::span<const int32_t> batch_indices;   // [nnz]
-  std::span<const int32_t> positions;       // [nnz]
-  std::span<const int32_t> indptr;          // [batch + 1], tables already include the appended tokens
-  std::span<const int32_t> indices;         // [indptr[batch]]
-  std::span<const int32_t> last_page_len;   // [batch]
   float k_global_scale = 1.0f;              // nvfp4 only
   float v_global_scale = 1.0f;
 };
@@ -105,12 +115,10 @@ struct ReshapeAndCacheOp {
 //        kpe nibbles; they are never written (a reader must not use them).
 //      Requirements: d_ckv % 16 == 0 (else unsupported_head_dim); the
 //      geometry's head_dim % 16 == 0 then makes d_kpe a multiple of 8.
-struct AppendMlaOp {
+struct AppendMlaOp : AppendCoordinates {
   int32_t layer = 0;
   TensorView ckv;  // [nnz, d_ckv]
   TensorView kpe;  // [nnz, d_kpe]
-  std::span<const int32_t> batch_indices, positions;
-  std::span<const int32_t> indptr, indices, last_page_len;
   float ckv_global_scale = 1.0f;  // nvfp4 ckv
   float kpe_scale = 1.0f;         // fp8 kpe in the nvfp4 mix, when kpe is fp32/fp16/bf16
 };
@@ -257,13 +265,30 @@ KVSIM_HD inline void write_pool_row(const KvPools& pools, const PoolRow& r, int3
 }
 
 // ---------------------------------------------------------------- append_paged
-struct AppendPagedArgs {
+// Where an append's tokens go, as its work items read them (on CUDA the
+// pointers are swapped for device copies): the part of AppendPagedArgs and
+// AppendMlaArgs that AppendCoordinates and the layer give.
+struct AppendTargets {
   int32_t layer = 0;
-  TensorView k, v;
   const int32_t* batch_indices = nullptr;
   const int32_t* positions = nullptr;
   int64_t nnz = 0;
   CsrPageTable table;
+  AppendTargets& targets() { return *this; }
+};
+
+inline AppendTargets make_append_targets(const KvPools& pools, int32_t layer, const AppendCoordinates& at) {
+  AppendTargets t;
+  t.layer = layer;
+  t.batch_indices = at.batch_indices.data();
+  t.positions = at.positions.data();
+  t.nnz = static_cast<int64_t>(at.batch_indices.size());
+  t.table = make_csr_view(at.indptr, at.indices, at.last_page_len, pools.geometry);
+  return t;
+}
+
+struct AppendPagedArgs : AppendTargets {
+  TensorView k, v;
   RowEncoding encoding = RowEncoding::copy_bytes;
   float k_global_scale = 1.0f;
   float v_global_scale = 1.0f;
@@ -271,13 +296,9 @@ struct AppendPagedArgs {
 
 inline AppendPagedArgs make_append_paged_args(const KvPools& pools, const AppendPagedOp& op) {
   AppendPagedArgs a;
-  a.layer = op.layer;
+  a.targets() = make_append_targets(pools, op.layer, op);
   a.k = op.k;
   a.v = op.v;
-  a.batch_indices = op.batch_indices.data();
-  a.positions = op.positions.data();
-  a.nnz = static_cast<int64_t>(op.batch_indices.size());
-  a.table = make_csr_view(op.indptr, op.indices, op.last_page_len, pools.geometry);
   a.encoding = pools.geometry.dtype == CacheDtype::nvfp4 ? RowEncoding::nvfp4 : RowEncoding::copy_bytes;
   a.k_global_scale = op.k_global_scale;
   a.v_global_scale = op.v_global_scale;
@@ -399,16 +420,11 @@ KVSIM_HD inline void reshape_and_cache_token_head(const KvPools& pools, const Re
 }
 
 // ---------------------------------------------------------------- append_mla
-struct AppendMlaArgs {
-  int32_t layer = 0;
+struct AppendMlaArgs : AppendTargets {
   TensorView ckv, kpe;
   int32_t d_ckv = 0;
   int32_t d_kpe = 0;
   int32_t kpe_dim0 = 0;  // first pool dim of kpe: d_ckv (nibbles for nvfp4 too)
-  const int32_t* batch_indices = nullptr;
-  const int32_t* positions = nullptr;
-  int64_t nnz = 0;
-  CsrPageTable table;
   RowEncoding ckv_encoding = RowEncoding::copy_bytes;
   RowEncoding kpe_encoding = RowEncoding::copy_bytes;
   float ckv_global_scale = 1.0f;
@@ -417,16 +433,12 @@ struct AppendMlaArgs {
 
 inline AppendMlaArgs make_append_mla_args(const KvPools& pools, const AppendMlaOp& op) {
   AppendMlaArgs a;
-  a.layer = op.layer;
+  a.targets() = make_append_targets(pools, op.layer, op);
   a.ckv = op.ckv;
   a.kpe = op.kpe;
   a.d_ckv = static_cast<int32_t>(op.ckv.shape[1]);
   a.d_kpe = static_cast<int32_t>(op.kpe.shape[1]);
   a.kpe_dim0 = a.d_ckv;
-  a.batch_indices = op.batch_indices.data();
-  a.positions = op.positions.data();
-  a.nnz = static_cast<int64_t>(op.batch_indices.size());
-  a.table = make_csr_view(op.indptr, op.indices, op.last_page_len, pools.geometry);
   if (pools.geometry.dtype == CacheDtype::nvfp4) {
     a.ckv_encoding = RowEncoding::nvfp4;
     a.kpe_encoding = op.kpe.dtype == CacheDtype::fp8_e4m3 ? RowEncoding::fp8_pairs_copy : RowEncoding::fp8_pairs_divide;
