@@ -79,9 +79,6 @@ BlockManager::BlockManager(const BlockManagerConfig& config, BlockMover* mover) 
     groups_.push_back(g);
     pools = std::max(pools, gc.pool + 1);
   }
-  if (!single_legacy_group() && (config_.partial_reuse || config_.offload))
-    fail(ErrorCode::bad_scenario, "block manager: partial reuse and offload are modelled for one full-attention "
-                                  "or ring-window group only");
   pools_.resize(static_cast<size_t>(pools));
   for (int32_t p = 0; p < pools; ++p) {
     Pool& pool = pools_[p];
@@ -96,6 +93,7 @@ BlockManager::BlockManager(const BlockManagerConfig& config, BlockMover* mover) 
         std::swap(pool.free[i - 1], pool.free[state % i]);
       }
     }
+    for (int64_t b = config_.secondary_blocks - 1; b >= 0; --b) pool.free_secondary.push_back(static_cast<int32_t>(b));
     bool null_block = false;
     for (const Group& g : groups_)
       null_block = null_block || (g.config.pool == p && (g.config.mode == WindowMode::release ||
@@ -107,7 +105,6 @@ BlockManager::BlockManager(const BlockManagerConfig& config, BlockMover* mover) 
     pool.blocks[kNullBlock].reserved = true;
     pool.free.erase(std::find(pool.free.begin(), pool.free.end(), kNullBlock));
   }
-  for (int64_t b = config_.secondary_blocks - 1; b >= 0; --b) free_secondary_.push_back(static_cast<int32_t>(b));
 }
 
 bool BlockManager::single_legacy_group() const {
@@ -167,25 +164,64 @@ void BlockManager::evict(int32_t pool, int32_t block) {
   ++counters_.evicted_blocks;
   tell({BlockEvent::Kind::evict, -1, block, -1, -1, 0, pool});
   Node& node = nodes_.at(key);
-  if (config_.offload && config_.secondary_blocks > 0) {
-    if (free_secondary_.empty()) {  // the secondary pool is full: drop its least recently offloaded block
-      const uint64_t oldest = secondary_lru_.front();
-      secondary_lru_.pop_front();
-      free_secondary_.push_back(nodes_.at(oldest).block);
-      tell({BlockEvent::Kind::drop_secondary, -1, -1, nodes_.at(oldest).block});
+  // Offloaded into the pool's secondary pool, unless that has neither a free
+  // block nor an offloaded one to drop (all held by a hit being onboarded).
+  if (config_.offload && config_.secondary_blocks > 0 && (!p.free_secondary.empty() || !p.secondary_lru.empty())) {
+    if (p.free_secondary.empty()) {  // the secondary pool is full: drop its least recently offloaded block
+      const uint64_t oldest = p.secondary_lru.front();
+      p.secondary_lru.pop_front();
+      p.free_secondary.push_back(nodes_.at(oldest).block);
+      tell({BlockEvent::Kind::drop_secondary, -1, -1, nodes_.at(oldest).block, -1, 0, pool, nodes_.at(oldest).group});
       forget_node(oldest);
     }
-    const int32_t sec = free_secondary_.back();
-    free_secondary_.pop_back();
-    if (mover_) mover_->offload(block, sec);
-    tell({BlockEvent::Kind::offload, -1, block, sec, -1, 0, pool});
+    const int32_t sec = p.free_secondary.back();
+    p.free_secondary.pop_back();
+    if (mover_) mover_->offload(pool, block, sec);
+    tell({BlockEvent::Kind::offload, -1, block, sec, -1, 0, pool, node.group});
     node.pool = PoolKind::secondary;
     node.block = sec;
-    secondary_lru_.push_back(key);
+    p.secondary_lru.push_back(key);
     ++counters_.offloaded_blocks;
     return;
   }
   forget_node(key);
+}
+
+void BlockManager::detach_secondary(int32_t pool, uint64_t key) {
+  std::list<uint64_t>& lru = pools_[pool].secondary_lru;
+  lru.erase(std::find(lru.begin(), lru.end(), key));
+}
+
+void BlockManager::onboard_node(SeqId seq, int32_t pool, uint64_t key) {
+  Pool& p = pools_[pool];
+  Node& node = nodes_.at(key);
+  const int32_t dst = *take_block(pool);  // may evict (and offload) another block: this one is detached
+  if (mover_) mover_->onboard(pool, node.block, dst);
+  tell({BlockEvent::Kind::onboard, seq, dst, node.block, -1, 0, pool, node.group});
+  p.free_secondary.push_back(node.block);  // freed only now that its bytes have moved
+  node.pool = PoolKind::primary;
+  node.block = dst;
+  p.blocks[dst].node = key;
+  p.blocks[dst].refs = 1;
+  ++counters_.onboarded_blocks;
+}
+
+std::pair<int64_t, int32_t> BlockManager::partial_source(uint64_t parent, std::span<const int32_t> tokens,
+                                                         int64_t room) const {
+  int64_t best = 0;
+  int32_t src = -1;
+  auto range = children_.equal_range(parent);
+  for (auto it = range.first; it != range.second; ++it) {
+    const Node& c = nodes_.at(it->second);
+    if (c.pool != PoolKind::primary || !c.written) continue;
+    int64_t n = 0;
+    while (n < room && c.tokens[n] == tokens[n]) ++n;
+    if (n > best || (n == best && n > 0 && c.block < src)) {
+      best = n;
+      src = c.block;
+    }
+  }
+  return {best, src};
 }
 
 void BlockManager::forget_node(uint64_t key) {
@@ -235,6 +271,7 @@ MatchResult BlockManager::add_sequence(SeqId seq, std::span<const int32_t> promp
   if (!single_legacy_group()) {
     m = match_groups(seq, s, prompt);
     counters_.reuse_hit_tokens += m.tokens();
+    counters_.partial_reuse_tokens += m.partial_tokens;
     return m;
   }
   Table& tb = s.tables[0];
@@ -258,17 +295,9 @@ MatchResult BlockManager::add_sequence(SeqId seq, std::span<const int32_t> promp
     if (!found) break;
     Node& node = nodes_.at(found->key);
     if (node.pool == PoolKind::secondary) {  // onboard the hit into a primary block
-      const auto dst = take_block(0);
-      if (!dst) break;
-      if (mover_) mover_->onboard(node.block, *dst);
-      tell({BlockEvent::Kind::onboard, seq, *dst, node.block});
-      secondary_lru_.erase(std::find(secondary_lru_.begin(), secondary_lru_.end(), node.key));
-      free_secondary_.push_back(node.block);
-      node.pool = PoolKind::primary;
-      node.block = *dst;
-      pools_[0].blocks[*dst].node = node.key;
-      ++counters_.onboarded_blocks;
-      ++pools_[0].blocks[*dst].refs;
+      if (available_blocks(0) == 0) break;
+      detach_secondary(0, node.key);
+      onboard_node(seq, 0, node.key);
     } else {
       ref(0, node.block);
     }
@@ -295,24 +324,12 @@ MatchResult BlockManager::add_sequence(SeqId seq, std::span<const int32_t> promp
   if (config_.partial_reuse && m.full_tokens < limit) {
     // The cached child of the matched prefix that shares the longest head with the prompt's next tokens.
     const int64_t room = std::min<int64_t>(limit - m.full_tokens, P);
-    int64_t best = 0;
-    int32_t src = -1;
-    auto range = children_.equal_range(parent);
-    for (auto it = range.first; it != range.second; ++it) {
-      const Node& c = nodes_.at(it->second);
-      if (c.pool != PoolKind::primary || !c.written) continue;
-      int64_t n = 0;
-      while (n < room && c.tokens[n] == prompt[m.full_tokens + n]) ++n;
-      if (n > best || (n == best && n > 0 && c.block < src)) {
-        best = n;
-        src = c.block;
-      }
-    }
+    const auto [best, src] = partial_source(parent, prompt.subspan(static_cast<size_t>(m.full_tokens)), room);
     if (best > 0) {
       ref(0, src);  // keep the source out of eviction while the copy's destination is taken
       const auto dst = take_block(0);
       if (dst) {
-        if (mover_) mover_->partial_copy(src, *dst, static_cast<int32_t>(best));
+        if (mover_) mover_->partial_copy(0, src, *dst, static_cast<int32_t>(best));
         tell({BlockEvent::Kind::partial_copy, seq, *dst, -1, src, static_cast<int32_t>(best)});
         pools_[0].blocks[*dst].refs = 1;
         tb.blocks.push_back(*dst);
@@ -327,13 +344,13 @@ MatchResult BlockManager::add_sequence(SeqId seq, std::span<const int32_t> promp
 }
 
 // vLLM's hybrid hit rule. Per group, found[i] says whether block i of the
-// prompt is cached in that group's chain. A full group serves a hit of e
-// blocks when blocks [0, e) are found; a sliding group when the blocks of the
-// last W - S tokens before token e * P are (cdiv(W - S - 1, P) blocks, vLLM's
+// prompt is cached in that group's chain (in the primary pool or, with
+// offload, in the secondary one). A full group serves a hit of e blocks when
+// blocks [0, e) are found; a sliding group when the blocks of the last W - S
+// tokens before token e * P are (cdiv(W - S - 1, P) blocks, vLLM's
 // sliding_window_contiguous_blocks) and so are the sinks' blocks. The hit is
-// the largest e every group serves: starting from every full block of the
-// prompt but its last token, each group in turn lowers it to the largest e it
-// serves up to there, until no group lowers it.
+// the largest e every group serves whose onboards fit in their pools. With
+// partial reuse, a partial block follows (match_partial_groups).
 MatchResult BlockManager::match_groups(SeqId seq, Sequence& s, std::span<const int32_t> prompt) {
   const int64_t P = config_.page_size;
   const int64_t limit = static_cast<int64_t>(prompt.size()) - 1;
@@ -345,9 +362,7 @@ MatchResult BlockManager::match_groups(SeqId seq, Sequence& s, std::span<const i
     uint64_t parent = groups_[g].root;
     for (int64_t i = 0; i < max_blocks; ++i) {
       const auto block_tokens = prompt.subspan(static_cast<size_t>(i * P), static_cast<size_t>(P));
-      const Node* n = find_node(parent, block_tokens);
-      if (n && n->pool != PoolKind::primary) n = nullptr;
-      found[g].push_back(n);
+      found[g].push_back(find_node(parent, block_tokens));
       parent = block_key(parent, block_tokens);
       keys[g].push_back(parent);
     }
@@ -362,26 +377,54 @@ MatchResult BlockManager::match_groups(SeqId seq, Sequence& s, std::span<const i
     const int64_t window_blocks = (recent - 1 + P - 1) / P;
     return i < sink_blocks || i >= e - window_blocks;
   };
-  auto serves = [&](size_t g, int64_t e) {
-    for (int64_t i = 0; i < e; ++i)
-      if (needed(g, e, i) && !found[g][i]) return false;
+  auto serves = [&](int64_t e) {
+    for (size_t g = 0; g < G; ++g)
+      for (int64_t i = 0; i < e; ++i)
+        if (needed(g, e, i) && !found[g][i]) return false;
+    return true;
+  };
+  // Each onboard takes a block of its group's pool (free, or an unreferenced
+  // cached one evicted); the hit's own cached primary blocks are referenced
+  // first, so they are not among those.
+  auto onboards_fit = [&](int64_t e) {
+    std::vector<int64_t> onboards(pools_.size(), 0), pinned(pools_.size(), 0);
+    for (size_t g = 0; g < G; ++g) {
+      const int32_t pool = groups_[g].config.pool;
+      for (int64_t i = 0; i < e; ++i) {
+        if (!needed(g, e, i)) continue;
+        const Node* n = found[g][i];
+        if (n->pool == PoolKind::secondary)
+          ++onboards[pool];
+        else if (pools_[pool].blocks[n->block].refs == 0)
+          ++pinned[pool];
+      }
+    }
+    for (int32_t p = 0; p < static_cast<int32_t>(pools_.size()); ++p)
+      if (onboards[p] > available_blocks(p) - pinned[p]) return false;
     return true;
   };
   int64_t hit = max_blocks;
-  for (bool lowered = true; lowered;) {
-    lowered = false;
-    for (size_t g = 0; g < G; ++g)
-      while (hit > 0 && !serves(g, hit)) {
-        --hit;
-        lowered = true;
+  while (hit > 0 && !(serves(hit) && onboards_fit(hit))) --hit;
+  // Reference the hit's primary blocks, detach its offloaded ones (so that no
+  // eviction below drops them), then onboard those.
+  std::vector<std::pair<size_t, uint64_t>> offloaded;  // (group, node key)
+  for (size_t g = 0; g < G; ++g)
+    for (int64_t i = 0; i < hit; ++i) {
+      if (!needed(g, hit, i)) continue;
+      const Node* n = found[g][i];
+      if (n->pool == PoolKind::primary) {
+        ref(groups_[g].config.pool, n->block);
+      } else {
+        detach_secondary(groups_[g].config.pool, n->key);
+        offloaded.push_back({g, n->key});
       }
-  }
+    }
+  for (const auto& [g, key] : offloaded) onboard_node(seq, groups_[g].config.pool, key);
   for (size_t g = 0; g < G; ++g) {
     Table& tb = s.tables[g];
     const int32_t pool = groups_[g].config.pool;
     for (int64_t i = 0; i < hit; ++i) {
       if (needed(g, hit, i)) {
-        ref(pool, found[g][i]->block);
         tb.blocks.push_back(found[g][i]->block);
         tell({BlockEvent::Kind::hit, seq, found[g][i]->block, -1, -1, static_cast<int32_t>(P), pool,
               static_cast<int32_t>(g)});
@@ -396,7 +439,50 @@ MatchResult BlockManager::match_groups(SeqId seq, Sequence& s, std::span<const i
   }
   MatchResult m;
   m.full_tokens = hit * P;
+  if (config_.partial_reuse) m.partial_tokens = match_partial_groups(seq, s, prompt, hit);
   return m;
+}
+
+// TensorRT-LLM's partial reuse over several groups: the prompt's next
+// tokens after the full hit are copied, in every group, from the cached
+// child of that group's last hit block sharing the longest head with them;
+// the partial hit is the fewest tokens any group shares (it is one prefix of
+// the prompt), and nothing is copied unless every group can take a block.
+int64_t BlockManager::match_partial_groups(SeqId seq, Sequence& s, std::span<const int32_t> prompt, int64_t hit) {
+  const int64_t P = config_.page_size;
+  const int64_t start = hit * P, limit = static_cast<int64_t>(prompt.size()) - 1;
+  if (start >= limit) return 0;
+  const int64_t room = std::min<int64_t>(limit - start, P);
+  const size_t G = groups_.size();
+  std::vector<int32_t> src(G);
+  int64_t tokens = room;
+  for (size_t g = 0; g < G; ++g) {
+    const uint64_t parent = hit == 0 ? groups_[g].root : s.tables[g].keys[hit - 1];
+    const auto [shared, block] = partial_source(parent, prompt.subspan(static_cast<size_t>(start)), room);
+    tokens = std::min(tokens, shared);
+    src[g] = block;
+  }
+  if (tokens == 0) return 0;
+  std::vector<int64_t> takes(pools_.size(), 0), pinned(pools_.size(), 0);
+  for (size_t g = 0; g < G; ++g) {
+    const int32_t pool = groups_[g].config.pool;
+    ++takes[pool];
+    if (pools_[pool].blocks[src[g]].refs == 0) ++pinned[pool];
+  }
+  for (int32_t p = 0; p < static_cast<int32_t>(pools_.size()); ++p)
+    if (takes[p] > available_blocks(p) - pinned[p]) return 0;
+  for (size_t g = 0; g < G; ++g) ref(groups_[g].config.pool, src[g]);  // no source is evicted for a destination
+  for (size_t g = 0; g < G; ++g) {
+    const int32_t pool = groups_[g].config.pool;
+    const int32_t dst = *take_block(pool);
+    if (mover_) mover_->partial_copy(pool, src[g], dst, static_cast<int32_t>(tokens));
+    tell({BlockEvent::Kind::partial_copy, seq, dst, -1, src[g], static_cast<int32_t>(tokens), pool,
+          static_cast<int32_t>(g)});
+    pools_[pool].blocks[dst].refs = 1;
+    s.tables[g].blocks.push_back(dst);
+  }
+  for (size_t g = 0; g < G; ++g) unref(groups_[g].config.pool, src[g]);
+  return tokens;
 }
 
 std::vector<int64_t> BlockManager::pages_to_fill(const Sequence& s, int32_t g, int64_t length) const {
@@ -560,12 +646,16 @@ PoolCounts BlockManager::counts(PoolKind kind) const {
       for (const PrimaryBlock& b : p.blocks) c.referenced += (b.refs > 0 || b.reserved) ? 1 : 0;
     }
   } else {
-    c.size = config_.secondary_blocks;
-    c.free = static_cast<int64_t>(free_secondary_.size());
-    c.cached = static_cast<int64_t>(secondary_lru_.size());
+    for (const Pool& p : pools_) {
+      c.size += config_.secondary_blocks;
+      c.free += static_cast<int64_t>(p.free_secondary.size());
+      c.cached += static_cast<int64_t>(p.secondary_lru.size());
+    }
   }
   return c;
 }
+
+int64_t BlockManager::secondary_cached() const { return counts(PoolKind::secondary).cached; }
 
 BlockUse BlockManager::block_use(int32_t pool, int32_t block) const {
   const PrimaryBlock& b = pools_.at(static_cast<size_t>(pool)).blocks.at(static_cast<size_t>(block));
@@ -623,11 +713,16 @@ std::string BlockManager::check_conservation() const {
       if (in_lru && !pb.node) return where + "in the LRU but not in the prefix tree";
     }
   }
-  for (uint64_t key : secondary_lru_) {
-    const Node& n = nodes_.at(key);
-    if (n.pool != PoolKind::secondary) return "secondary LRU holds a node that lives in the primary pool";
-    if (std::count(free_secondary_.begin(), free_secondary_.end(), n.block))
-      return "secondary block " + std::to_string(n.block) + " is both free and holding an offloaded block";
+  for (int32_t pi = 0; pi < static_cast<int32_t>(pools_.size()); ++pi) {
+    const Pool& pool = pools_[pi];
+    const std::string where = pools_.size() > 1 ? "pool " + std::to_string(pi) + " " : std::string();
+    for (uint64_t key : pool.secondary_lru) {
+      const Node& n = nodes_.at(key);
+      if (n.pool != PoolKind::secondary) return where + "secondary LRU holds a node that lives in the primary pool";
+      if (groups_[n.group].config.pool != pi) return where + "secondary LRU holds a node of another pool's group";
+      if (std::count(pool.free_secondary.begin(), pool.free_secondary.end(), n.block))
+        return where + "secondary block " + std::to_string(n.block) + " is both free and holding an offloaded block";
+    }
   }
   return "";
 }

@@ -319,23 +319,24 @@ class Runner final : public BlockMover {
   RunRecord run();
 
   // ---- BlockMover: the block manager's byte moves, with the offload round trip checked
-  void partial_copy(int32_t src, int32_t dst, int32_t tokens) override {
+  // `pool`: the pool set of pool_sets_ (VSWA: a window size's); 0 without [layers].
+  void partial_copy(int32_t pool, int32_t src, int32_t dst, int32_t tokens) override {
     PartialCopyOp op;
     op.src_block = src;
     op.dst_block = dst;
     op.num_tokens = tokens;
     notify("partial_copy", 0, std::vector<std::string>{});
-    dump_move("partial_copy", {{"blocks", {src, dst}}, {"num_tokens", {tokens}}});
-    op_call([&] { be_.partial_copy(pool_sets_[0], op); });
+    dump_move("partial_copy", {{"blocks", {src, dst}}, {"num_tokens", {tokens}}}, pool);
+    op_call([&] { be_.partial_copy(pool_sets_[pool], op); });
   }
-  void offload(int32_t primary, int32_t secondary) override { move(primary, secondary, true); }
-  void onboard(int32_t secondary, int32_t primary) override { move(primary, secondary, false); }
+  void offload(int32_t pool, int32_t primary, int32_t secondary) override { move(pool, primary, secondary, true); }
+  void onboard(int32_t pool, int32_t secondary, int32_t primary) override { move(pool, primary, secondary, false); }
 
  private:
   void allocate_pools();
   void allocate_engine_pools(Engine engine, uint8_t fill);
-  void move(int32_t primary, int32_t secondary, bool to_secondary);
-  std::vector<uint8_t> block_bytes(PoolKind kind, int32_t block);
+  void move(int32_t pool, int32_t primary, int32_t secondary, bool to_secondary);
+  std::vector<uint8_t> block_bytes(int32_t pool, PoolKind kind, int32_t block);
   void notify(const std::string& op, int32_t layer, const std::vector<Entry>& entries);
   void notify(const std::string& op, int32_t layer, std::vector<std::string> sequence_ids);
   void execute(const StepPlan& plan);
@@ -440,9 +441,12 @@ class Runner final : public BlockMover {
   // cached lengths per sequence, each token's position and cache slot.
   void dump_write_tables(const LayerWrite& w, const std::string& op);
   // A block move's ids (partial_copy, offload, onboard: no layer, several a
-  // step): stepS_OPk_NAME.npy, k counting that op's moves within the step.
-  void dump_move(const std::string& op, const std::vector<std::pair<std::string, std::vector<int32_t>>>& tables) {
+  // step): stepS_OPk_NAME.npy, k counting that op's moves within the step;
+  // with several pool sets, its pool too.
+  void dump_move(const std::string& op, std::vector<std::pair<std::string, std::vector<int32_t>>> tables,
+                 int32_t pool) {
     if (!dump_) return;
+    if (pool_sets_.size() > 1) tables.push_back({"pool", {pool}});
     const Phase dumping(clock_, &rec_.timings.recording);
     if (moves_step_ != step_) {
       moves_step_ = step_;
@@ -512,10 +516,13 @@ class Runner final : public BlockMover {
   bool snapshot_off_boundary_ = false;
   // offload_before_copy: offloads issued this step whose copy runs only at
   // the step's end (vLLM #45704: the store stream is not waited for).
-  std::vector<std::pair<int32_t, int32_t>> pending_offloads_;  // (primary, secondary)
-  // What each secondary block was given by its last offload: an onboard must
-  // return exactly that (the offload invariant, end to end).
-  std::map<int32_t, Digest128> offloaded_digest_;
+  struct PendingOffload {
+    int32_t pool, primary, secondary;
+  };
+  std::vector<PendingOffload> pending_offloads_;
+  // What each (pool, secondary block) was given by its last offload: an
+  // onboard must return exactly that (the offload invariant, end to end).
+  std::map<std::pair<int32_t, int32_t>, Digest128> offloaded_digest_;
   int32_t rotary_dim_ = 0;
   int64_t rope_rows_ = 0;
   BackendBuffer rope_;
@@ -654,65 +661,68 @@ void Runner::allocate_engine_pools(Engine engine, uint8_t fill) {
 
 // Every byte of one block: each (layer, kv) sub-block, data and nvfp4 scales,
 // located by element_offset / scale_offset.
-std::vector<uint8_t> Runner::block_bytes(PoolKind kind, int32_t block) {
+std::vector<uint8_t> Runner::block_bytes(int32_t pool, PoolKind kind, int32_t block) {
   std::vector<uint8_t> out;
+  const KvPools& ps = pool_sets_[pool];
+  const PoolGeometry& g = ps.geometry;
   const int k = static_cast<int>(kind);
-  for (int32_t l = 0; l < g_.layers; ++l)
-    for (int32_t kv = 0; kv < g_.kv_factor; ++kv) {
-      const int64_t first = element_byte_offset(element_offset(pool_sets_[0].strides[k], block, l, kv, 0, 0, 0), g_.dtype);
-      const size_t n = static_cast<size_t>(g_.bytes_for(g_.inner_elements()));
+  for (int32_t l = 0; l < g.layers; ++l)
+    for (int32_t kv = 0; kv < g.kv_factor; ++kv) {
+      const int64_t first = element_byte_offset(element_offset(ps.strides[k], block, l, kv, 0, 0, 0), g.dtype);
+      const size_t n = static_cast<size_t>(g.bytes_for(g.inner_elements()));
       const size_t at = out.size();
       out.resize(at + n);
-      transfer([&] { be_.to_host(out.data() + at, static_cast<uint8_t*>(pool_sets_[0].data[k]) + first, n); });
-      if (g_.has_scale_pool()) {
-        const int64_t sfirst = scale_offset(pool_sets_[0].scale_strides[k], block, l, kv, 0, 0, 0);
-        const size_t sn = static_cast<size_t>(g_.scale_geometry().inner_elements());
+      transfer([&] { be_.to_host(out.data() + at, static_cast<uint8_t*>(ps.data[k]) + first, n); });
+      if (g.has_scale_pool()) {
+        const int64_t sfirst = scale_offset(ps.scale_strides[k], block, l, kv, 0, 0, 0);
+        const size_t sn = static_cast<size_t>(g.scale_geometry().inner_elements());
         const size_t sat = out.size();
         out.resize(sat + sn);
-        transfer([&] { be_.to_host(out.data() + sat, static_cast<uint8_t*>(pool_sets_[0].scales[k]) + sfirst, sn); });
+        transfer([&] { be_.to_host(out.data() + sat, static_cast<uint8_t*>(ps.scales[k]) + sfirst, sn); });
       }
     }
   return out;
 }
 
-void Runner::move(int32_t primary, int32_t secondary, bool to_secondary) {
-  const std::vector<uint8_t> before = to_secondary ? block_bytes(PoolKind::primary, primary)
-                                                   : block_bytes(PoolKind::secondary, secondary);
+void Runner::move(int32_t pool, int32_t primary, int32_t secondary, bool to_secondary) {
+  const std::vector<uint8_t> before = to_secondary ? block_bytes(pool, PoolKind::primary, primary)
+                                                   : block_bytes(pool, PoolKind::secondary, secondary);
   ++rec_.offload_round_trips;
   if (to_secondary) {
     const Phase checking(clock_, &rec_.timings.checks);
-    offloaded_digest_[secondary] = blake2b_128(before.data(), before.size());
+    offloaded_digest_[{pool, secondary}] = blake2b_128(before.data(), before.size());
   }
   if (to_secondary && offload_before_copy_) {
     // vLLM #45704: the GPU -> CPU store runs on a stream nobody waits for; it
     // lands at the end of the step, after this step's writes to the block.
-    pending_offloads_.push_back({primary, secondary});
+    pending_offloads_.push_back({pool, primary, secondary});
     return;
   }
   MoveBlocksOp op;
   op.primary = std::span<const int32_t>(&primary, 1);
   op.secondary = std::span<const int32_t>(&secondary, 1);
   notify(to_secondary ? "offload" : "onboard", 0, std::vector<std::string>{});
-  dump_move(to_secondary ? "offload" : "onboard", {{"primary", {primary}}, {"secondary", {secondary}}});
+  dump_move(to_secondary ? "offload" : "onboard", {{"primary", {primary}}, {"secondary", {secondary}}}, pool);
+  const KvPools& ps = pool_sets_[pool];
   if (to_secondary)
-    op_call([&] { be_.offload(pool_sets_[0], op); });
+    op_call([&] { be_.offload(ps, op); });
   else
-    op_call([&] { be_.onboard(pool_sets_[0], op); });
-  if (to_secondary && offload_drops_scales_ && g_.has_scale_pool()) {
+    op_call([&] { be_.onboard(ps, op); });
+  if (to_secondary && offload_drops_scales_ && ps.geometry.has_scale_pool()) {
     // vLLM #48412: the offload moved the nvfp4 data but dropped the packed scales.
     const int k = static_cast<int>(PoolKind::secondary);
     const Phase writing(clock_, &rec_.timings.transfers);
-    for (int32_t l = 0; l < g_.layers; ++l)
-      for (int32_t kv = 0; kv < g_.kv_factor; ++kv)
-        be_.fill(static_cast<uint8_t*>(pool_sets_[0].scales[k]) +
-                     scale_offset(pool_sets_[0].scale_strides[k], secondary, l, kv, 0, 0, 0),
-                 0, static_cast<size_t>(g_.scale_geometry().inner_elements()));
+    for (int32_t l = 0; l < ps.geometry.layers; ++l)
+      for (int32_t kv = 0; kv < ps.geometry.kv_factor; ++kv)
+        be_.fill(static_cast<uint8_t*>(ps.scales[k]) + scale_offset(ps.scale_strides[k], secondary, l, kv, 0, 0, 0), 0,
+                 static_cast<size_t>(ps.geometry.scale_geometry().inner_elements()));
   }
-  const std::vector<uint8_t> after = to_secondary ? block_bytes(PoolKind::secondary, secondary)
-                                                  : block_bytes(PoolKind::primary, primary);
+  const std::vector<uint8_t> after = to_secondary ? block_bytes(pool, PoolKind::secondary, secondary)
+                                                  : block_bytes(pool, PoolKind::primary, primary);
   if (!rec_.offload_violation.empty()) return;
   const Phase checking(clock_, &rec_.timings.checks);
-  const std::string which = std::string(to_secondary ? "offload" : "onboard") + " of primary block " +
+  const std::string which = std::string(to_secondary ? "offload" : "onboard") +
+                            (pool_sets_.size() > 1 ? " in pool " + std::to_string(pool) : std::string()) + " of primary block " +
                             std::to_string(primary) + " <-> secondary block " + std::to_string(secondary) + " at step " +
                             std::to_string(step_);
   if (after != before) {
@@ -723,7 +733,7 @@ void Runner::move(int32_t primary, int32_t secondary, bool to_secondary) {
     return;
   }
   // End to end: an onboard returns exactly what the block's offload was given.
-  const auto it = offloaded_digest_.find(secondary);
+  const auto it = offloaded_digest_.find({pool, secondary});
   if (!to_secondary && it != offloaded_digest_.end() && blake2b_128(after.data(), after.size()) != it->second)
     rec_.offload_violation = which + ": the onboarded bytes differ from the bytes its offload was given (BLAKE2b-128)";
 }
@@ -731,13 +741,13 @@ void Runner::move(int32_t primary, int32_t secondary, bool to_secondary) {
 // offload_before_copy: the copies issued this step land now, reading the
 // primary blocks as this step's writes left them.
 void Runner::finish_pending_offloads() {
-  for (const auto& [primary, secondary] : pending_offloads_) {
+  for (const PendingOffload& o : pending_offloads_) {
     MoveBlocksOp op;
-    op.primary = std::span<const int32_t>(&primary, 1);
-    op.secondary = std::span<const int32_t>(&secondary, 1);
+    op.primary = std::span<const int32_t>(&o.primary, 1);
+    op.secondary = std::span<const int32_t>(&o.secondary, 1);
     notify("offload", 0, std::vector<std::string>{});
-    dump_move("offload", {{"primary", {primary}}, {"secondary", {secondary}}});
-    op_call([&] { be_.offload(pool_sets_[0], op); });
+    dump_move("offload", {{"primary", {o.primary}}, {"secondary", {o.secondary}}}, o.pool);
+    op_call([&] { be_.offload(pool_sets_[o.pool], op); });
   }
   pending_offloads_.clear();
 }

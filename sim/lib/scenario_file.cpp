@@ -814,8 +814,6 @@ void check_layers(const Scenario& s, const Checker& c) {
   c.require(!s.mla.enabled, "layers", "expected no [layers] with MLA (kvsim's MLA models DeepSeek-V3, whose layers all attend fully: no per-layer windows)");
   c.require(!s.cache.shared_kv_allocation, "cache.shared_kv_allocation",
             "expected false with [layers] (each KV cache group's pool is allocated on its own)");
-  c.require(!s.reuse.partial && !s.reuse.offload, s.reuse.partial ? "reuse.partial" : "reuse.offload",
-            "expected false with [layers] (partial reuse and offload are modelled for one KV cache group only)");
   const bool vswa = l.allocation == KvAllocation::vswa;
   const bool cyclic = vswa && l.rule == VswaRule::cyclic;
   if (!vswa) {

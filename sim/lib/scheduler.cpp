@@ -183,9 +183,9 @@ void Scheduler::free_finished(const std::vector<int32_t>& finished) {
 namespace {
 // Block moves the dry run of planned_steps() does not perform.
 struct NoMoves final : BlockMover {
-  void partial_copy(int32_t, int32_t, int32_t) override {}
-  void offload(int32_t, int32_t) override {}
-  void onboard(int32_t, int32_t) override {}
+  void partial_copy(int32_t, int32_t, int32_t, int32_t) override {}
+  void offload(int32_t, int32_t, int32_t) override {}
+  void onboard(int32_t, int32_t, int32_t) override {}
 };
 }  // namespace
 

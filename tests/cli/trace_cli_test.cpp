@@ -106,9 +106,26 @@ TEST_CASE("a window of the Mooncake trace replays with every invariant under poo
   CHECK(s["ok"] == true);
 }
 
+TEST_CASE("one cache set-up of a Mooncake window checks all eleven invariants: [layers] with an offload tier") {
+  // fp8 + NaN-poisoned pages + a sliding and a full layer (vLLM hybrid) + an offload tier.
+  const Result r = run("run --json --trace " + kTrace +
+                       " --requests 56:62 --scale 1/32 --step-ms 100 --kv-dtype fp8_e4m3 --poison-nan"
+                       " --primary-blocks 64 --secondary-blocks 64 --layer-windows 256,0 2>/dev/null");
+  REQUIRE(r.code == 0);
+  const nlohmann::json s = nlohmann::json::parse(r.out)["scenarios"][0];
+  CHECK(s["ok"] == true);
+  CHECK(s["reuse_hit_tokens"] == 448);
+  CHECK(s["offloaded_blocks"].get<int>() > 0);
+  std::set<std::string> passed;
+  for (auto it = s["invariants"].begin(); it != s["invariants"].end(); ++it)
+    if (it.value() == "pass") passed.insert(it.key());
+  CHECK(passed == std::set<std::string>{"batch", "chunking", "conservation", "dense", "layout", "no_nan", "offload",
+                                        "quantization", "reuse", "window", "write"});
+}
+
 TEST_CASE("two cache set-ups of one Mooncake window between them check every invariant, each passing") {
-  // No one scenario admits all eleven invariants (a window or [layers] rules out offload), so:
-  // fp8 + NaN-poisoned pages + an offload tier, then fp8 + NaN-poisoned pages + sliding/full layers.
+  // A window of its own splits the invariants: fp8 + NaN-poisoned pages + an offload tier, then
+  // fp8 + NaN-poisoned pages + sliding/full layers.
   const std::string window = "--trace " + kTrace + " --requests 56:62 --scale 1/32 --step-ms 100 --kv-dtype fp8_e4m3 --poison-nan";
   const std::string offload = window + " --primary-blocks 40 --secondary-blocks 64";
   const std::string layers = window + " --primary-blocks 64 --layer-windows 256,0";

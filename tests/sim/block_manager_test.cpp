@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
 #include <numeric>
 #include <set>
 #include <string>
@@ -17,6 +18,8 @@
 #include "kvsim/sim/scheduler.hpp"
 #include "kvsim/sim/synthetic_model.hpp"
 
+#include "../support/rng.hpp"
+
 using namespace kvsim;
 using namespace kvsim::sim;
 
@@ -25,14 +28,17 @@ namespace {
 struct Move {
   std::string op;
   int32_t a, b, n;
+  int32_t pool = 0;
   bool operator==(const Move&) const = default;
 };
 
 struct RecordingMover final : BlockMover {
   std::vector<Move> moves;
-  void partial_copy(int32_t s, int32_t d, int32_t n) override { moves.push_back({"partial_copy", s, d, n}); }
-  void offload(int32_t p, int32_t s) override { moves.push_back({"offload", p, s, 0}); }
-  void onboard(int32_t s, int32_t p) override { moves.push_back({"onboard", s, p, 0}); }
+  void partial_copy(int32_t pool, int32_t s, int32_t d, int32_t n) override {
+    moves.push_back({"partial_copy", s, d, n, pool});
+  }
+  void offload(int32_t pool, int32_t p, int32_t s) override { moves.push_back({"offload", p, s, 0, pool}); }
+  void onboard(int32_t pool, int32_t s, int32_t p) override { moves.push_back({"onboard", s, p, 0, pool}); }
 };
 
 std::vector<int32_t> iota_tokens(int32_t n, int32_t first = 100) {
@@ -541,6 +547,117 @@ TEST_CASE("VSWA pools: each window size has its own block ids and free list; all
   CHECK_FALSE(bm.ensure_capacity(0, 28));  // the full pool is out of blocks
   CHECK(bm.table(0, 1).size() == 6);
   conserved(bm);
+}
+
+TEST_CASE("VSWA offload: each pool offloads into its own secondary pool; a hit onboards into its group's pool") {
+  // P = 4, W = 8: group 0 sliding in pool 0 (block 0 its null block), group 1 full in pool 1.
+  BlockManagerConfig c = reuse_config(4, 8, 8);
+  c.groups = {{WindowMode::sliding, 8, 0, false, 0}, {WindowMode::none, 0, 0, false, 1}};
+  c.offload = true;
+  RecordingMover mover;
+  BlockManager bm(c, &mover);
+  const auto prompt = iota_tokens(17);  // 4 full blocks cached in each chain
+  run_and_free(bm, 0, prompt);
+  // An unrelated 7-page sequence: pool 0 (7 usable blocks, 4 cached) evicts all 4, pool 1 (4 free) evicts 3.
+  bm.add_sequence(1, iota_tokens(28, 900));
+  REQUIRE(bm.ensure_capacity(1, 28));
+  int offloads[2] = {0, 0};
+  for (const Move& m : mover.moves)
+    if (m.op == "offload") ++offloads[m.pool];
+  CHECK(offloads[0] == 4);
+  CHECK(offloads[1] == 3);
+  CHECK(bm.secondary_cached() == 7);
+  CHECK(bm.counts(PoolKind::secondary).size == 16);  // 8 per pool
+  conserved(bm);
+  bm.free_sequence(1);
+  // The prompt again: 16 tokens hit. The full group needs blocks 0..3 (block 0 still in pool 1, three
+  // onboarded), the sliding group the cdiv(7, 4) = 2 blocks before the hit point (both onboarded).
+  mover.moves.clear();
+  const MatchResult m = bm.add_sequence(2, prompt);
+  CHECK(m.full_tokens == 16);
+  int onboards[2] = {0, 0};
+  for (const Move& mv : mover.moves) {
+    CHECK(mv.op == "onboard");
+    ++onboards[mv.pool];
+  }
+  CHECK(onboards[0] == 2);
+  CHECK(onboards[1] == 3);
+  CHECK(bm.counters().onboarded_blocks == 5);
+  CHECK(bm.table(2, 0)[0] == BlockManager::kNullBlock);
+  CHECK(bm.table(2, 0)[1] == BlockManager::kNullBlock);
+  for (int i = 2; i < 4; ++i) CHECK(bm.block_use(0, bm.table(2, 0)[i]) == BlockUse::referenced);
+  for (int32_t b : bm.table(2, 1)) CHECK(bm.block_use(1, b) == BlockUse::referenced);
+  conserved(bm);
+}
+
+TEST_CASE("hybrid partial reuse: every group copies the same head of its own cached block") {
+  BlockManagerConfig c = hybrid_config(4, 64, 8);
+  c.partial_reuse = true;
+  RecordingMover mover;
+  BlockManager bm(c, &mover);
+  const auto a = iota_tokens(24);  // 6 full blocks in each chain
+  run_and_free(bm, 0, a);
+  std::vector<int32_t> b(a.begin(), a.begin() + 22);  // 5 full blocks and 2 tokens of block 5, then others
+  for (int32_t t = 0; t < 8; ++t) b.push_back(5000 + t);
+  const MatchResult m = bm.add_sequence(1, b);
+  CHECK(m.full_tokens == 20);
+  CHECK(m.partial_tokens == 2);
+  CHECK(bm.counters().partial_reuse_tokens == 2);
+  REQUIRE(mover.moves.size() == 2);  // one copy per group, each from its own chain's block
+  for (int g = 0; g < 2; ++g) {
+    CHECK(mover.moves[g].op == "partial_copy");
+    CHECK(mover.moves[g].n == 2);
+    CHECK(mover.moves[g].b == bm.table(1, g)[5]);
+    CHECK(bm.table(1, g).size() == 6);
+  }
+  CHECK(mover.moves[0].a != mover.moves[1].a);
+  REQUIRE(bm.ensure_capacity(1, 30));
+  conserved(bm);
+}
+
+TEST_CASE("groups with offload and partial reuse: conservation after every operation (hybrid and VSWA, odd pages)") {
+  for (const bool vswa : {false, true})
+    for (const int32_t P : {1, 3, 5}) {
+      INFO(std::string(vswa ? "vswa" : "hybrid") << " P " << P);
+      BlockManagerConfig c = reuse_config(P, 40, 12);
+      c.groups = {{WindowMode::sliding, 2 * P + 1, 0, false, 0}, {WindowMode::none, 0, 0, false, vswa ? 1 : 0}};
+      c.offload = c.partial_reuse = true;
+      RecordingMover mover;
+      BlockManager bm(c, &mover);
+      testing::Rng rng(0x5157 + P + (vswa ? 100 : 0));
+      const std::vector<int32_t> shared = iota_tokens(6 * P + 2);
+      std::vector<int32_t> live;
+      std::map<int32_t, std::vector<int32_t>> prompts;
+      for (int32_t seq = 0; seq < 60; ++seq) {
+        // A prompt sharing some head of `shared`, then its own tokens.
+        std::vector<int32_t> prompt(shared.begin(), shared.begin() + rng.uniform(0, static_cast<int64_t>(shared.size())));
+        for (int64_t i = rng.uniform(1, 3 * P); i > 0; --i) prompt.push_back(static_cast<int32_t>(10000 + rng.below(4)));
+        const MatchResult m = bm.add_sequence(seq, prompt);
+        conserved(bm);
+        const int64_t len = static_cast<int64_t>(prompt.size());
+        if (!bm.ensure_capacity(seq, len)) {
+          bm.cancel_sequence(seq, m);
+          conserved(bm);
+        } else {
+          bm.commit(seq, prompt, len);
+          bm.mark_step_written();
+          bm.release_out_of_window(seq, len);
+          live.push_back(seq);
+          prompts[seq] = prompt;
+          conserved(bm);
+        }
+        while (live.size() > 3 || (!live.empty() && rng.below(3) == 0)) {  // finish some, oldest first
+          bm.free_sequence(live.front());
+          live.erase(live.begin());
+          conserved(bm);
+        }
+      }
+      CHECK(bm.counters().reuse_hit_tokens > 0);
+      CHECK(bm.counters().offloaded_blocks > 0);
+      CHECK(bm.counters().onboarded_blocks > 0);
+      if (P > 1) CHECK(bm.counters().partial_reuse_tokens > 0);  // a 1-token block matches whole or not at all
+      for (const Move& mv : mover.moves) CHECK((vswa || mv.pool == 0));
+    }
 }
 
 TEST_CASE("block order: lowest first (default), highest first, or a seeded shuffle of every block") {

@@ -593,9 +593,6 @@ TEST_CASE("[layers]: per-layer windows by list or pattern, both allocation model
                  "rejected by core");
   check_rejected("[layers]\nwindows = [16, 0]\nallocation = \"bogus\"\n" + kOneRequest, "3:14: layers.allocation",
                  "expected one of vswa, hybrid");
-  check_rejected("[layers]\nwindows = [16, 0]\n[reuse]\nenabled = true\noffload = true\n[cache]\nsecondary_blocks = 4\n" +
-                     kOneRequest,
-                 "5:11: reuse.offload", "modelled for one KV cache group only");
   check_rejected("[window]\nmode = \"sliding\"\nwindow = 8\n" + kOneRequest, "2:8: window.mode",
                  "expected one of none, cyclic, release");
   // Each pool must hold a request alone: the full group every token, a sliding group its window, + the null block.

@@ -6,7 +6,9 @@
 //    blocks (a finished sequence's blocks are released tail first, as vLLM
 //    does, so a prefix's tail is evicted before its head);
 //  * TensorRT-LLM's secondary pool: an evicted cached block can be offloaded
-//    there and is onboarded again on a later hit;
+//    there and is onboarded again on a later hit (each primary pool has its
+//    own secondary pool of secondary_blocks, as each VSWA window size has its
+//    own host pool);
 //  * partial-block reuse (TensorRT-LLM cuKVCacheBlockPartialCopy): the
 //    matching prefix of a cached block is copied into a fresh private block;
 //  * sliding windows: TensorRT-LLM's cyclic mode (a sequence's table maps
@@ -34,7 +36,12 @@
 //    of the last W - S tokens before the hit point (and the sinks' blocks)
 //    cached (SlidingWindowManager.find_longest_cache_hit); the sliding
 //    group's earlier entries are the null block. Each group keys its blocks
-//    in its own chain (vLLM's BlockHashWithGroupId).
+//    in its own chain (vLLM's BlockHashWithGroupId). An offloaded block
+//    counts as cached there too (it is onboarded into its group's pool when
+//    the hit needs it, and a hit is lowered until its onboards fit), and a
+//    partial hit extends the prefix by the tokens every group can copy from
+//    one cached block of its own chain (the same count for every group: the
+//    hit is one prefix of the prompt).
 // The last prompt token is never matched (it is always recomputed: its
 // output is what the engine samples from). Blocks of a sequence are
 // registered in the tree as soon as the scheduler commits the step that
@@ -55,6 +62,7 @@
 #include <span>
 #include <string>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include <kvsim/validation/window.hpp>
@@ -65,12 +73,14 @@ namespace kvsim::sim {
 
 // How the block manager moves bytes: the replay implements it with the
 // backend's partial_copy / offload / onboard; unit tests record the calls.
+// `pool` names the primary pool (and its secondary pool) the blocks are of:
+// always 0 but with [layers] on TensorRT-LLM VSWA (a pool per window size).
 class BlockMover {
  public:
   virtual ~BlockMover() = default;
-  virtual void partial_copy(int32_t src_block, int32_t dst_block, int32_t tokens) = 0;
-  virtual void offload(int32_t primary_block, int32_t secondary_block) = 0;
-  virtual void onboard(int32_t secondary_block, int32_t primary_block) = 0;
+  virtual void partial_copy(int32_t pool, int32_t src_block, int32_t dst_block, int32_t tokens) = 0;
+  virtual void offload(int32_t pool, int32_t primary_block, int32_t secondary_block) = 0;
+  virtual void onboard(int32_t pool, int32_t secondary_block, int32_t primary_block) = 0;
 };
 
 // One page table per sequence: a KV cache group's window and pool.
@@ -84,7 +94,7 @@ struct GroupConfig {
 
 struct BlockManagerConfig {
   int64_t primary_blocks = 0;  // per pool
-  int64_t secondary_blocks = 0;
+  int64_t secondary_blocks = 0;  // per pool
   int32_t page_size = 16;
   bool reuse = false;
   bool partial_reuse = false;
@@ -224,7 +234,7 @@ class BlockManager {
   int32_t group_count() const { return static_cast<int32_t>(groups_.size()); }
   const GroupConfig& group(int32_t g) const { return groups_[g].config; }
 
-  // Primary counts summed over the pools (secondary: pool 0's).
+  // Counts summed over the pools.
   PoolCounts counts(PoolKind kind) const;
   // "" when free + referenced + cached = size for both pools and every
   // block is in exactly one of those states; otherwise what is wrong.
@@ -245,8 +255,8 @@ class BlockManager {
   int32_t ref_count(int32_t block, int32_t pool = 0) const { return pools_[pool].blocks[block].refs; }
   // Cached primary blocks, least recently used first (tests).
   std::vector<int32_t> lru_order(int32_t pool = 0) const;
-  // Secondary blocks holding offloaded cached blocks (tests).
-  int64_t secondary_cached() const { return static_cast<int64_t>(secondary_lru_.size()); }
+  // Secondary blocks holding offloaded cached blocks, of every pool (tests).
+  int64_t secondary_cached() const;
 
  private:
   struct Node {  // a cached full block
@@ -268,6 +278,8 @@ class BlockManager {
     std::vector<int32_t> free;  // stack of free block ids
     std::list<int32_t> lru;     // cached, unreferenced blocks, oldest first
     std::unordered_map<int32_t, std::list<int32_t>::iterator> lru_pos;
+    std::vector<int32_t> free_secondary;  // this pool's secondary pool: stack of free block ids
+    std::list<uint64_t> secondary_lru;    // its offloaded nodes, oldest first
   };
   struct Group {
     GroupConfig config;
@@ -288,6 +300,19 @@ class BlockManager {
   std::vector<int64_t> pages_to_fill(const Sequence& s, int32_t g, int64_t length) const;
   // The vLLM hit rule over every group (any group sliding, or several groups).
   MatchResult match_groups(SeqId seq, Sequence& s, std::span<const int32_t> prompt);
+  // With partial reuse, after a hit of `hit` full blocks: copies the head of
+  // the next block every group can serve from a cached block of its chain.
+  int64_t match_partial_groups(SeqId seq, Sequence& s, std::span<const int32_t> prompt, int64_t hit);
+  // The cached, written child of `parent` sharing the longest head with
+  // tokens[0, room): (tokens shared, its primary block), (0, -1) for none.
+  std::pair<int64_t, int32_t> partial_source(uint64_t parent, std::span<const int32_t> tokens, int64_t room) const;
+  // Takes offloaded node `key` out of its pool's secondary LRU, so that no
+  // eviction drops it before its onboard.
+  void detach_secondary(int32_t pool, uint64_t key);
+  // Moves detached offloaded node `key` back into a primary block of `pool`
+  // (taken from the free list, else by evicting; the caller made sure there
+  // is one), referenced once.
+  void onboard_node(SeqId seq, int32_t pool, uint64_t key);
   bool single_legacy_group() const;
 
   uint64_t block_key(uint64_t parent, std::span<const int32_t> tokens) const;
@@ -304,8 +329,6 @@ class BlockManager {
   BlockMover* mover_;
   std::vector<Group> groups_;
   std::vector<Pool> pools_;
-  std::vector<int32_t> free_secondary_;
-  std::list<uint64_t> secondary_lru_;    // offloaded nodes, oldest first
   std::unordered_map<uint64_t, Node> nodes_;
   std::unordered_multimap<uint64_t, uint64_t> children_;  // parent key -> child keys
   std::map<SeqId, Sequence> seqs_;
