@@ -16,14 +16,17 @@ namespace {
 // kCopy: the op only copies bytes (the host checked the encodings), told to
 // the compiler so the kernel carries no quantizing path: fewer registers,
 // more threads per SM, more 16-byte loads in flight.
+// An item is n chunks of one (token, kv, head) row, `groups` = chunks / n
+// apart: item j of a head takes chunks j, j + groups, ...; consecutive
+// threads take consecutive chunks, so every access of a warp is coalesced.
 template <bool kCopy>
 struct AppendPagedItem {
   KvPools pools;
   AppendPagedArgs args;
-  int32_t chunks;
+  int32_t groups, n;
   __device__ void operator()(int64_t row, int32_t i) const {
     if (kCopy) __builtin_assume(args.encoding == RowEncoding::copy_bytes);
-    append_paged_chunk(pools, args, row >> 1, i / chunks, static_cast<int32_t>(row & 1), i % chunks);
+    append_paged_chunks(pools, args, row >> 1, i / groups, static_cast<int32_t>(row & 1), i % groups, n, groups);
   }
 };
 
@@ -31,13 +34,13 @@ template <bool kCopy>
 struct ReshapeAndCacheItem {
   KvPools pools;
   ReshapeAndCacheArgs args;
-  int32_t chunks;
+  int32_t groups, n;
   __device__ void operator()(int64_t row, int32_t i) const {
     if (kCopy) {
       __builtin_assume(args.key_encoding == RowEncoding::copy_bytes);
       __builtin_assume(args.value_encoding == RowEncoding::copy_bytes);
     }
-    reshape_and_cache_chunk(pools, args, row >> 1, i / chunks, static_cast<int32_t>(row & 1), i % chunks);
+    reshape_and_cache_chunks(pools, args, row >> 1, i / groups, static_cast<int32_t>(row & 1), i % groups, n, groups);
   }
 };
 
@@ -52,17 +55,36 @@ void upload_append_table(CudaBackend& b, const char* op, const AppendCoordinates
   dev.table.last_page_len = static_cast<const int32_t*>(d[4]);
 }
 
-// Rows (token, kv) of (head, chunk) items; the copy-only instantiation (more
-// CTAs per SM) when the op only moves bytes.
+// Chunks per item of a copy: up to kCopyWords 16-byte chunks, all loaded
+// before any is stored (copy_words16), when a K and a V row's dims are one
+// run of pool bytes (NHD, HND; a split-x V row is not: its chunks go element
+// by element either way) and the count divides the row's chunks; else 1.
+int32_t copy_chunks_per_item(const KvPools& pools, int32_t chunks) {
+  const PoolStrides& s = pools.strides_of(PoolKind::primary);
+  const int32_t D = pools.geometry.head_dim;
+  if (!dims_contiguous(s.inner[0], 0, D) || !dims_contiguous(s.inner[1], 0, D)) return 1;
+  for (int32_t n = kCopyWords; n > 1; n /= 2)
+    if (chunks % n == 0) return n;
+  return 1;
+}
+
+// Rows (token, kv) of (head, chunks) items. An op that only moves bytes gets
+// the copy-only instantiation: several chunks per item, each item's loads in
+// flight together (64 registers, 4 CTAs of 256 per SM: 64 KB in flight per
+// SM), or, with one chunk per item, 32 registers and 8 CTAs per SM.
 template <template <bool> class Item, class Args>
 void launch_kv_chunks(CudaBackend& b, const char* op, const KvPools& pools, const Args& args, int64_t tokens,
                       bool copy, const char* copy_kernel, const char* kernel) {
   const int32_t heads = pools.geometry.kv_heads, chunks = row_chunks(pools.geometry.head_dim, pools.geometry.dtype);
   b.begin_kernels();
-  if (copy)
-    cuda::launch_row_items<8>(op, copy_kernel, b.stream(), tokens * 2, heads * chunks, Item<true>{pools, args, chunks});
+  const int32_t n = copy ? copy_chunks_per_item(pools, chunks) : 1;
+  const Item<true> copy_item{pools, args, chunks / n, n};
+  if (copy && n > 1)
+    cuda::launch_row_items<4>(op, copy_kernel, b.stream(), tokens * 2, heads * (chunks / n), copy_item);
+  else if (copy)
+    cuda::launch_row_items<8>(op, copy_kernel, b.stream(), tokens * 2, heads * chunks, copy_item);
   else
-    cuda::launch_row_items(op, kernel, b.stream(), tokens * 2, heads * chunks, Item<false>{pools, args, chunks});
+    cuda::launch_row_items(op, kernel, b.stream(), tokens * 2, heads * chunks, Item<false>{pools, args, chunks, 1});
   b.finish(op);
 }
 
@@ -74,7 +96,7 @@ void CudaBackend::run_append_paged(const KvPools& pools, const AppendPagedOp& op
   if (args.nnz == 0) return;
   upload_append_table(*this, kOp, op, args);
   launch_kv_chunks<AppendPagedItem>(*this, kOp, pools, args, args.nnz, args.encoding == RowEncoding::copy_bytes,
-                                    "append_paged_chunk<copy>", "append_paged_chunk");
+                                    "append_paged_chunks<copy>", "append_paged_chunks");
 }
 
 void CudaBackend::run_reshape_and_cache(const KvPools& pools, const ReshapeAndCacheOp& op) {
@@ -85,7 +107,7 @@ void CudaBackend::run_reshape_and_cache(const KvPools& pools, const ReshapeAndCa
   launch_kv_chunks<ReshapeAndCacheItem>(
       *this, kOp, pools, args, args.num_tokens,
       args.key_encoding == RowEncoding::copy_bytes && args.value_encoding == RowEncoding::copy_bytes,
-      "reshape_and_cache_chunk<copy>", "reshape_and_cache_chunk");
+      "reshape_and_cache_chunks<copy>", "reshape_and_cache_chunks");
 }
 
 }  // namespace kvsim

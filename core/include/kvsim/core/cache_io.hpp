@@ -32,6 +32,26 @@ KVSIM_HD constexpr int32_t row_chunks(int32_t head_dim, CacheDtype pool_dtype) {
   return (head_dim + c - 1) / c;
 }
 
+// The most 16-byte words copy_words16 holds at once (a wide backend's copy
+// item moves up to this many chunks of a row).
+inline constexpr int kCopyWords = 4;
+
+#if defined(__CUDA_ARCH__)
+// Word k (16 bytes, both ends aligned) from src[k] to dst[k], k < n <=
+// kCopyWords, every load issued before the first store: a store waits for
+// its load, so load-store pairs in turn keep one word in flight per thread
+// where this keeps n. The words are disjoint, so the bytes are a plain copy's.
+__device__ inline void copy_words16(uint8_t* const* dst, const uint8_t* const* src, int n) {
+  uint4 w[kCopyWords];
+#pragma unroll
+  for (int k = 0; k < kCopyWords; ++k)
+    if (k < n) w[k] = *reinterpret_cast<const uint4*>(src[k]);
+#pragma unroll
+  for (int k = 0; k < kCopyWords; ++k)
+    if (k < n) *reinterpret_cast<uint4*>(dst[k]) = w[k];
+}
+#endif
+
 // Moves n bytes between two disjoint runs: a byte copy, so it is exact by
 // construction; the device takes 16-, 8- or 4-byte words when both ends are
 // aligned (one coalesced vector access per thread instead of n).

@@ -318,15 +318,48 @@ KVSIM_HD inline PoolRow append_target(const CsrPageTable& table, int32_t layer, 
 }
 
 // Chunk `chunk` of row r -- dims [chunk * c, chunk * c + c), c =
-// row_chunk_elements, the last chunk possibly short -- from input row `in`:
-// the work item of a wide backend. Chunks own disjoint bytes (nvfp4 chunks
-// are whole 16-element blocks, so no byte is shared between two of them).
+// row_chunk_elements, the last chunk possibly short -- from input row `in`.
+// Chunks own disjoint bytes (nvfp4 chunks are whole 16-element blocks, so no
+// byte is shared between two of them), so any grouping of a row's chunks
+// into work items writes the same bytes.
 KVSIM_HD inline void write_pool_row_chunk(const KvPools& pools, const PoolRow& r, int32_t chunk, InputRow in,
                                           RowEncoding encoding, float scale) {
   const int32_t c = row_chunk_elements(pools.geometry.dtype), D = pools.geometry.head_dim;
   const int32_t dim0 = chunk * c;
   in.base = in.at(dim0);
   write_pool_row(pools, r, dim0, D - dim0 < c ? D - dim0 : c, in, encoding, scale);
+}
+
+// Chunks chunk, chunk + stride, ..., chunk + (n - 1) * stride of row r, n <=
+// kCopyWords: the work item of a wide backend (consecutive threads take
+// consecutive `chunk`s, so each of a warp's accesses is one run of bytes).
+// On the device a copy of whole 16-byte chunks loads all n before storing
+// any (copy_words16); every other case writes chunk by chunk, the same bytes.
+KVSIM_HD inline void write_pool_row_chunks(const KvPools& pools, const PoolRow& r, int32_t chunk, int32_t n,
+                                           int32_t stride, const InputRow& in, RowEncoding encoding, float scale) {
+#if defined(__CUDA_ARCH__)
+  if (encoding == RowEncoding::copy_bytes && in.stride == 1 && n <= kCopyWords) {
+    const PoolStrides& s = pools.strides_of(PoolKind::primary);
+    const int32_t c = row_chunk_elements(pools.geometry.dtype), D = pools.geometry.head_dim;
+    const int nbytes = bytes_per_element(pools.geometry.dtype);
+    uint8_t* dst[kCopyWords];
+    const uint8_t* src[kCopyWords];
+    uintptr_t align = 0;
+    bool whole = true;
+    for (int32_t k = 0; k < n; ++k) {
+      const int32_t dim0 = (chunk + k * stride) * c;
+      whole = whole && D - dim0 >= c && c * nbytes == 16 && dims_contiguous(s.inner[r.kv], dim0, c);
+      dst[k] = pools.bytes(PoolKind::primary) + pool_row_offset(s, r, dim0) * nbytes;
+      src[k] = static_cast<const uint8_t*>(in.data) + in.at(dim0) * nbytes;
+      align |= reinterpret_cast<uintptr_t>(dst[k]) | reinterpret_cast<uintptr_t>(src[k]);
+    }
+    if (whole && (align & 15) == 0) {
+      copy_words16(dst, src, n);
+      return;
+    }
+  }
+#endif
+  for (int32_t k = 0; k < n; ++k) write_pool_row_chunk(pools, r, chunk + k * stride, in, encoding, scale);
 }
 
 // Both rows of one (token, KV head) target: K (kv 0) from `k`, V (kv 1) from `v`.
@@ -339,14 +372,14 @@ KVSIM_HD inline void write_kv_rows(const KvPools& pools, PoolRow r, InputRow k, 
   write_pool_row(pools, r, 0, D, v, v_encoding, v_scale);
 }
 
-// Work item (token i, KV head, kv, chunk): one chunk of the K (kv 0) or V (kv 1) row.
-KVSIM_HD inline void append_paged_chunk(const KvPools& pools, const AppendPagedArgs& a, int64_t i, int32_t head,
-                                        int32_t kv, int32_t chunk) {
+// Work item (token i, KV head, kv, chunks chunk + k * stride for k < n): chunks of the K (kv 0) or V (kv 1) row.
+KVSIM_HD inline void append_paged_chunks(const KvPools& pools, const AppendPagedArgs& a, int64_t i, int32_t head,
+                                         int32_t kv, int32_t chunk, int32_t n, int32_t stride) {
   PoolRow r = append_target(a.table, a.layer, a.batch_indices[i], a.positions[i]);
   r.head = head;
   r.kv = kv;
-  write_pool_row_chunk(pools, r, chunk, input_row(kv == 0 ? a.k : a.v, i, head), a.encoding,
-                       kv == 0 ? a.k_global_scale : a.v_global_scale);
+  write_pool_row_chunks(pools, r, chunk, n, stride, input_row(kv == 0 ? a.k : a.v, i, head), a.encoding,
+                        kv == 0 ? a.k_global_scale : a.v_global_scale);
 }
 
 // Work item (token i, KV head): K and V rows of that head.
@@ -398,16 +431,16 @@ KVSIM_HD inline PoolRow reshape_target(const KvPools& pools, const ReshapeAndCac
   return r;
 }
 
-// Work item (token t, KV head, kv, chunk), as append_paged_chunk; a negative
-// slot writes nothing.
-KVSIM_HD inline void reshape_and_cache_chunk(const KvPools& pools, const ReshapeAndCacheArgs& a, int64_t t,
-                                             int32_t head, int32_t kv, int32_t chunk) {
+// Work item (token t, KV head, kv, chunks chunk + k * stride for k < n), as
+// append_paged_chunks; a negative slot writes nothing.
+KVSIM_HD inline void reshape_and_cache_chunks(const KvPools& pools, const ReshapeAndCacheArgs& a, int64_t t,
+                                              int32_t head, int32_t kv, int32_t chunk, int32_t n, int32_t stride) {
   const int64_t slot = a.slot_mapping[t];
   if (slot < 0) return;
   PoolRow r = reshape_target(pools, a, slot, head);
   r.kv = kv;
-  write_pool_row_chunk(pools, r, chunk, input_row(kv == 0 ? a.key : a.value, t, head),
-                       kv == 0 ? a.key_encoding : a.value_encoding, kv == 0 ? a.k_scale : a.v_scale);
+  write_pool_row_chunks(pools, r, chunk, n, stride, input_row(kv == 0 ? a.key : a.value, t, head),
+                        kv == 0 ? a.key_encoding : a.value_encoding, kv == 0 ? a.k_scale : a.v_scale);
 }
 
 // Work item (token t, KV head); a negative slot writes nothing.
