@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "kvsim/validation/errors.hpp"
+#include "kvsim/validation/geometry.hpp"
 #include "kvsim/sim/model_presets.hpp"
 #include "numbers.hpp"
 
@@ -70,7 +71,7 @@ void add_trace_scenario_options(CLI::App& cmd, TraceScenarioOptions& o) {
                    1e-6, 1e9);
   add_int_option(cmd, "--page-size", o.import.page_size, "Cache page size of the scenario", 1, 1024);
   add_int_option(cmd, "--primary-blocks", o.import.primary_blocks,
-                 "Primary pool blocks; 0 = every block of the window at once", 0, int64_t{1} << 31);
+                 "Primary pool blocks; 0 = every block of the window at once", 0, kMaxBlocks);
   add_int_option(cmd, "--token-budget", o.import.token_budget, "Scheduler tokens per step", 1, 1 << 24);
   cmd.add_option("--model", o.model_preset,
                  "Model preset for the scenario ([model] preset = NAME: llama-3.1-8b, llama-3.1-70b, qwen3-32b, mistral-7b, "
@@ -80,7 +81,7 @@ void add_trace_scenario_options(CLI::App& cmd, TraceScenarioOptions& o) {
   cmd.add_option("--kv-dtype", o.import.dtype, "Cache dtype of the scenario (fp32, fp16, bf16, fp8_e4m3, fp8_e5m2, int8, nvfp4)")
       ->check([](const std::string& v) { return v.empty() ? std::string("empty value: expected a cache dtype") : std::string(); });
   add_int_option(cmd, "--secondary-blocks", o.import.secondary_blocks,
-                 "A secondary (offload) tier of this many blocks, reuse.offload on; 0 = none", 0, int64_t{1} << 31);
+                 "A secondary (offload) tier of this many blocks, reuse.offload on; 0 = none", 0, kMaxBlocks);
   cmd.add_flag("--poison-nan", o.import.poison_nan,
                "Fresh pages hold NaN and V tails are zeroed (cache.poison_nan, zero_v_tail: the no_nan invariant)")
       ->disable_flag_override();  // a switch: "--poison-nan=2" is an error, not true

@@ -251,6 +251,12 @@ int64_t BlockManager::available_blocks(int32_t pool) const {
   return static_cast<int64_t>(pools_[pool].free.size() + pools_[pool].lru.size());
 }
 
+bool BlockManager::pools_can_give(const std::vector<int64_t>& takes, const std::vector<int64_t>& pinned) const {
+  for (int32_t p = 0; p < static_cast<int32_t>(pools_.size()); ++p)
+    if (takes[p] > available_blocks(p) - pinned[p]) return false;
+  return true;
+}
+
 int64_t BlockManager::available_blocks() const {
   int64_t n = 0;
   for (int32_t p = 0; p < static_cast<int32_t>(pools_.size()); ++p) n += available_blocks(p);
@@ -321,23 +327,7 @@ MatchResult BlockManager::add_sequence(SeqId seq, std::span<const int32_t> promp
     }
   }
   for (int32_t b : tb.blocks) tell({BlockEvent::Kind::hit, seq, b, -1, -1, static_cast<int32_t>(P)});
-  if (config_.partial_reuse && m.full_tokens < limit) {
-    // The cached child of the matched prefix that shares the longest head with the prompt's next tokens.
-    const int64_t room = std::min<int64_t>(limit - m.full_tokens, P);
-    const auto [best, src] = partial_source(parent, prompt.subspan(static_cast<size_t>(m.full_tokens)), room);
-    if (best > 0) {
-      ref(0, src);  // keep the source out of eviction while the copy's destination is taken
-      const auto dst = take_block(0);
-      if (dst) {
-        if (mover_) mover_->partial_copy(0, src, *dst, static_cast<int32_t>(best));
-        tell({BlockEvent::Kind::partial_copy, seq, *dst, -1, src, static_cast<int32_t>(best)});
-        pools_[0].blocks[*dst].refs = 1;
-        tb.blocks.push_back(*dst);
-        m.partial_tokens = best;
-      }
-      unref(0, src);
-    }
-  }
+  if (config_.partial_reuse) m.partial_tokens = match_partial(seq, s, prompt, m.full_tokens / P);
   counters_.reuse_hit_tokens += m.tokens();
   counters_.partial_reuse_tokens += m.partial_tokens;
   return m;
@@ -350,7 +340,7 @@ MatchResult BlockManager::add_sequence(SeqId seq, std::span<const int32_t> promp
 // tokens before token e * P are (cdiv(W - S - 1, P) blocks, vLLM's
 // sliding_window_contiguous_blocks) and so are the sinks' blocks. The hit is
 // the largest e every group serves whose onboards fit in their pools. With
-// partial reuse, a partial block follows (match_partial_groups).
+// partial reuse, a partial block follows (match_partial).
 MatchResult BlockManager::match_groups(SeqId seq, Sequence& s, std::span<const int32_t> prompt) {
   const int64_t P = config_.page_size;
   const int64_t limit = static_cast<int64_t>(prompt.size()) - 1;
@@ -399,9 +389,7 @@ MatchResult BlockManager::match_groups(SeqId seq, Sequence& s, std::span<const i
           ++pinned[pool];
       }
     }
-    for (int32_t p = 0; p < static_cast<int32_t>(pools_.size()); ++p)
-      if (onboards[p] > available_blocks(p) - pinned[p]) return false;
-    return true;
+    return pools_can_give(onboards, pinned);
   };
   int64_t hit = max_blocks;
   while (hit > 0 && !(serves(hit) && onboards_fit(hit))) --hit;
@@ -439,16 +427,16 @@ MatchResult BlockManager::match_groups(SeqId seq, Sequence& s, std::span<const i
   }
   MatchResult m;
   m.full_tokens = hit * P;
-  if (config_.partial_reuse) m.partial_tokens = match_partial_groups(seq, s, prompt, hit);
+  if (config_.partial_reuse) m.partial_tokens = match_partial(seq, s, prompt, hit);
   return m;
 }
 
-// TensorRT-LLM's partial reuse over several groups: the prompt's next
-// tokens after the full hit are copied, in every group, from the cached
-// child of that group's last hit block sharing the longest head with them;
+// TensorRT-LLM's partial reuse (cuKVCacheBlockPartialCopy), in every group:
+// the prompt's next tokens after the full hit are copied from the cached
+// child of the group's last hit block sharing the longest head with them;
 // the partial hit is the fewest tokens any group shares (it is one prefix of
 // the prompt), and nothing is copied unless every group can take a block.
-int64_t BlockManager::match_partial_groups(SeqId seq, Sequence& s, std::span<const int32_t> prompt, int64_t hit) {
+int64_t BlockManager::match_partial(SeqId seq, Sequence& s, std::span<const int32_t> prompt, int64_t hit) {
   const int64_t P = config_.page_size;
   const int64_t start = hit * P, limit = static_cast<int64_t>(prompt.size()) - 1;
   if (start >= limit) return 0;
@@ -469,8 +457,7 @@ int64_t BlockManager::match_partial_groups(SeqId seq, Sequence& s, std::span<con
     ++takes[pool];
     if (pools_[pool].blocks[src[g]].refs == 0) ++pinned[pool];
   }
-  for (int32_t p = 0; p < static_cast<int32_t>(pools_.size()); ++p)
-    if (takes[p] > available_blocks(p) - pinned[p]) return 0;
+  if (!pools_can_give(takes, pinned)) return 0;
   for (size_t g = 0; g < G; ++g) ref(groups_[g].config.pool, src[g]);  // no source is evicted for a destination
   for (size_t g = 0; g < G; ++g) {
     const int32_t pool = groups_[g].config.pool;

@@ -702,9 +702,12 @@ void check_cache(const Scenario& s, const Checker& c) {
   const CacheSpec& k = s.cache;
   c.require(k.page_size >= 1 && k.page_size <= kMaxTokensPerBlock, "cache.page_size",
             "expected 1..1024 tokens per block, got " + std::to_string(k.page_size));
-  c.require(k.primary_blocks >= 1, "cache.primary_blocks", "expected >= 1, got " + std::to_string(k.primary_blocks));
-  c.require(k.secondary_blocks >= 0, "cache.secondary_blocks",
-            "expected >= 0, got " + std::to_string(k.secondary_blocks));
+  c.require(k.primary_blocks >= 1 && k.primary_blocks <= kMaxBlocks, "cache.primary_blocks",
+            "expected 1.." + std::to_string(kMaxBlocks) + " (block ids are 31 bits), got " +
+                std::to_string(k.primary_blocks));
+  c.require(k.secondary_blocks >= 0 && k.secondary_blocks <= kMaxBlocks, "cache.secondary_blocks",
+            "expected 0.." + std::to_string(kMaxBlocks) + " (block ids are 31 bits), got " +
+                std::to_string(k.secondary_blocks));
   // No size cap here: the pools may be as large as the backend's memory,
   // which kvsim run checks before allocating (estimate.hpp, check_fits).
   const PoolGeometry g = pool_geometry(s);

@@ -152,7 +152,10 @@ TEST_CASE("two cache set-ups of one Mooncake window between them check every inv
   }
   CHECK(passed == std::set<std::string>{"batch", "chunking", "conservation", "dense", "layout", "no_nan", "offload",
                                         "quantization", "reuse", "window", "write"});
-  Result r = run("trace import " + kTrace + " --requests 0:2 --kv-dtype fp9 2>&1");
+  Result r = run("trace import " + kTrace + " --requests 0:2 --secondary-blocks 2147483647 2>&1");
+  CHECK(r.code == 2);
+  CHECK(r.out == "kvsim: error: bad_argument: --secondary-blocks = '2147483647': out of range: must be in [0, 2147483646]\n");
+  r = run("trace import " + kTrace + " --requests 0:2 --kv-dtype fp9 2>&1");
   CHECK(r.code == 2);
   CHECK(r.out.rfind("kvsim: error: bad_argument: --kv-dtype = 'fp9': expected fp32,", 0) == 0);
   r = run("trace import " + kTrace + " --requests 0:2 --layer-windows 256,-1 2>&1");

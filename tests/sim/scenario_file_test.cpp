@@ -346,6 +346,10 @@ TEST_CASE("out-of-range values are rejected") {
   check_rejected("[model]\nlayers = 99999999999\n" + kOneRequest, "2:10: model.layers",
                  "expected an integer in -2147483648..2147483647, got an integer (99999999999)");
   check_rejected("[cache]\npage_size = 0\n" + kOneRequest, "2:13: cache.page_size", "expected 1..1024");
+  check_rejected("[cache]\nsecondary_blocks = 4000000000000\n" + kOneRequest, "2:20: cache.secondary_blocks",
+                 "expected 0..2147483646 (block ids are 31 bits), got 4000000000000");
+  check_rejected("[cache]\nprimary_blocks = 2147483647\n" + kOneRequest, "2:18: cache.primary_blocks",
+                 "expected 1..2147483646");
   check_rejected("[cache]\npage_size = 1025\n" + kOneRequest, "2:13: cache.page_size", "expected 1..1024");
   check_rejected("[model]\nq_heads = 6\nkv_heads = 4\n" + kOneRequest, "2:11: model.q_heads",
                  "expected a positive multiple of kv_heads = 4");

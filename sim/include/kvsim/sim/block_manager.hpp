@@ -302,7 +302,10 @@ class BlockManager {
   MatchResult match_groups(SeqId seq, Sequence& s, std::span<const int32_t> prompt);
   // With partial reuse, after a hit of `hit` full blocks: copies the head of
   // the next block every group can serve from a cached block of its chain.
-  int64_t match_partial_groups(SeqId seq, Sequence& s, std::span<const int32_t> prompt, int64_t hit);
+  int64_t match_partial(SeqId seq, Sequence& s, std::span<const int32_t> prompt, int64_t hit);
+  // Whether each pool p can give takes[p] blocks (free, or unreferenced cached
+  // ones evicted) once pinned[p] of its cached blocks are referenced.
+  bool pools_can_give(const std::vector<int64_t>& takes, const std::vector<int64_t>& pinned) const;
   // The cached, written child of `parent` sharing the longest head with
   // tokens[0, room): (tokens shared, its primary block), (0, -1) for none.
   std::pair<int64_t, int32_t> partial_source(uint64_t parent, std::span<const int32_t> tokens, int64_t room) const;

@@ -21,6 +21,10 @@ inline std::string geometry_summary(const PoolGeometry& g) {
          std::string(placement_name(g.placement));
 }
 
+// Most blocks a pool may have: BlockRef is 31 bits of block id plus the pool
+// bit, and -1 is BAD_PAGE.
+inline constexpr int64_t kMaxBlocks = 0x7FFFFFFE;
+
 // Rejects every geometry the contract does not support, naming field and value.
 inline void validate_geometry(const PoolGeometry& g) {
   auto bad = [&](ErrorCode c, const std::string& what) { fail(c, what + " (geometry " + geometry_summary(g) + ")"); };
@@ -47,8 +51,7 @@ inline void validate_geometry(const PoolGeometry& g) {
                                                " must be a multiple of x = " + std::to_string(g.split_x()) +
                                                " for split-x with " + std::string(dtype_name(g.dtype)));
   }
-  // BlockRef is 31 bits of block id plus the pool bit (-1 is BAD_PAGE).
-  if (g.primary_blocks > 0x7FFFFFFE || g.secondary_blocks > 0x7FFFFFFE)
+  if (g.primary_blocks > kMaxBlocks || g.secondary_blocks > kMaxBlocks)
     bad(ErrorCode::bad_geometry, "block counts must be < 2^31 - 1 (a BlockRef holds 31 bits of block id)");
   // The larger pool's size in bits (elements * bits per element) must fit in int64.
   const long double total = static_cast<long double>(g.layers) * g.kv_factor * g.kv_heads * g.tokens_per_block *
