@@ -152,15 +152,28 @@ TEST_CASE("two cache set-ups of one Mooncake window between them check every inv
   }
   CHECK(passed == std::set<std::string>{"batch", "chunking", "conservation", "dense", "layout", "no_nan", "offload",
                                         "quantization", "reuse", "window", "write"});
-  Result r = run("trace import " + kTrace + " --requests 0:2 --secondary-blocks 2147483647 2>&1");
-  CHECK(r.code == 2);
-  CHECK(r.out == "kvsim: error: bad_argument: --secondary-blocks = '2147483647': out of range: must be in [0, 2147483646]\n");
-  r = run("trace import " + kTrace + " --requests 0:2 --kv-dtype fp9 2>&1");
-  CHECK(r.code == 2);
-  CHECK(r.out.rfind("kvsim: error: bad_argument: --kv-dtype = 'fp9': expected fp32,", 0) == 0);
-  r = run("trace import " + kTrace + " --requests 0:2 --layer-windows 256,-1 2>&1");
-  CHECK(r.code == 2);
-  CHECK(r.out.find("--layer-windows entry 1 = '-1': out of range: must be in [0, 2147483647]") != std::string::npos);
+  // Bad flags: exit 2 and the flag named: the whole message, its start, or somewhere in it.
+  enum class Match { whole, start, inside };
+  struct BadFlag {
+    const char* flags;
+    std::string says;
+    Match match;
+  };
+  for (const BadFlag& f : {BadFlag{"--secondary-blocks 2147483647",
+                                   "kvsim: error: bad_argument: --secondary-blocks = '2147483647': out of range: must be "
+                                   "in [0, 2147483646]\n",
+                                   Match::whole},
+                           BadFlag{"--kv-dtype fp9", "kvsim: error: bad_argument: --kv-dtype = 'fp9': expected fp32,",
+                                   Match::start},
+                           BadFlag{"--layer-windows 256,-1",
+                                   "--layer-windows entry 1 = '-1': out of range: must be in [0, 2147483647]", Match::inside}}) {
+    CAPTURE(f.flags);
+    const Result r = run("trace import " + kTrace + " --requests 0:2 " + f.flags + " 2>&1");
+    CHECK(r.code == 2);
+    if (f.match == Match::whole) CHECK(r.out == f.says);
+    if (f.match == Match::start) CHECK(r.out.rfind(f.says, 0) == 0);
+    if (f.match == Match::inside) CHECK(r.out.find(f.says) != std::string::npos);
+  }
 }
 
 TEST_CASE("trace schedule (metadata only) reports the counters kvsim run reports for the same window") {
