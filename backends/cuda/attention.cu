@@ -401,6 +401,8 @@ void prefill_attention(const KvPools& pools, const PrefillAttentionOp& op, cudaS
                        cudaEvent_t kernels_start) {
   if (op.order == AttentionOrder::fp32 && prefill_tiled_applies(pools, op.q, op.window))
     return prefill_attention_tiled(pools, op, stream, kernels_start);
+  if (op.order == AttentionOrder::mma && prefill_mma_applies(pools, op.q, op.window))
+    return prefill_attention_mma(pools, op, stream, kernels_start);
   attend_rows("prefill_attention", pools, op, stream, kernels_start);
 }
 

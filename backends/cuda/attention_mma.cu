@@ -21,26 +21,13 @@
 #include "backends/cuda/attention_plan.cuh"
 #include "backends/cuda/attention_warp.cuh"
 #include "backends/cuda/cuda_check.hpp"
+#include "backends/cuda/mma_fragments.cuh"
 
 namespace kvsim::cuda {
 namespace {
 
 using canon::kPartitionSize;
 constexpr int kRows = 16;  // the instruction's m
-
-__device__ __forceinline__ uint32_t pack_codes(uint32_t lo, uint32_t hi) { return (lo & 0xFFFFu) | (hi << 16); }
-
-// d = a * b + c for one m16n8k16 (c and d in place).
-__device__ __forceinline__ void mma_16816(mma::Operand f, float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  if (f == mma::Operand::fp16)
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  else
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
 
 struct Key {
   bool live = false;    // inside the partition (masked tail keys are live: V is read)

@@ -122,4 +122,15 @@ void prefill_attention_tiled(const KvPools& pools, const PrefillAttentionOp& op,
 // Resources of the tiled kernel for this geometry (false: it does not apply).
 bool prefill_tiled_info(const KvPools& pools, const TensorView& q, KernelInfo& info);
 
+// The mma order's tiled prefill kernel (attention_prefill_mma.cu): the same
+// row blocks and two passes on the tensor cores, K/V tiles by cp.async read
+// with ldmatrix, a partition max per (unit, partition) as its only scratch.
+// Applies without a window to bf16/fp16 caches with contiguous 16-byte
+// aligned rows, D 128, GQA group 1 .. 64; prefill_attention() takes it for an
+// op in the mma order wherever it applies.
+bool prefill_mma_applies(const KvPools& pools, const TensorView& q, const WindowMapping& window);
+void prefill_attention_mma(const KvPools& pools, const PrefillAttentionOp& op, cudaStream_t stream,
+                           cudaEvent_t kernels_start = nullptr);
+bool prefill_mma_info(const KvPools& pools, const TensorView& q, KernelInfo& info);
+
 }  // namespace kvsim::cuda

@@ -31,6 +31,7 @@
 #include "backends/cuda/attention_plan.cuh"
 #include "backends/cuda/attention_warp.cuh"
 #include "backends/cuda/cuda_check.hpp"
+#include "backends/cuda/prefill_rows.cuh"
 
 #include <algorithm>
 #include <type_traits>
@@ -48,14 +49,6 @@ constexpr int kChunk = 64;  // keys per K/V tile
 constexpr int kChunksPerPart = kPartitionSize / kChunk;
 static_assert(kChunksPerPart * kChunk == kPartitionSize);
 constexpr int kMaxTreeLevels = 6;  // 32 leaves: levels 0..5
-
-// A block of consecutive query rows of one sequence.
-struct RowBlock {
-  int32_t seq = 0;
-  int32_t first_row = 0;       // row of q / out
-  int32_t rows = 0;            // 1 .. kUnits / G
-  int32_t first_position = 0;  // absolute position of first_row
-};
 
 template <int C>
 struct Shape {
@@ -228,12 +221,12 @@ struct F16Code {
 };
 
 // P.V of one V tile (keys first_key ..) for 8 units x C dims of a thread.
-template <class Order, int C, int G, bool kGuarded, class SmemT, class ListEnd>
+template <class Order, int C, int G, bool kGuarded, class SmemT>
 __device__ __forceinline__ void pv_tile(const SmemT& sm, int ch, int pu0, int lane, int64_t first_key,
-                                        const ListEnd& list_end, float (&acc)[8][C]) {
+                                        const BlockKeys& bk, float (&acc)[8][C]) {
   int64_t end[8];
 #pragma unroll
-  for (int i = 0; i < 8; ++i) end[i] = kGuarded ? list_end((pu0 + i) / G) : 0;
+  for (int i = 0; i < 8; ++i) end[i] = kGuarded ? bk.list_end((pu0 + i) / G) : 0;
 #pragma unroll 4
   for (int jj = 0; jj < kChunk; ++jj) {
     const float4 pa = *reinterpret_cast<const float4*>(&sm.s[ch * kChunk + jj][pu0]);
@@ -265,15 +258,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int32_t* table = a.block_table + static_cast<int64_t>(blk.seq) * a.max_blocks_per_seq;
   const float score_scale = a.scales.sm_scale * a.scales.k_scale;
 
-  // Key list of row r (no window): attended 0..p, then the tail to the end of p's page.
-  auto attended_end = [&](int r) -> int64_t { return r < blk.rows ? int64_t{blk.first_position} + r + 1 : 0; };
-  auto list_end = [&](int r) -> int64_t {
-    if (r >= blk.rows) return 0;
-    const int64_t p = int64_t{blk.first_position} + r;
-    return p + 1 + (page.page_size - 1 - page.mod(p));
-  };
-  const int64_t keys_attended = attended_end(blk.rows - 1);
-  const int64_t keys_listed = list_end(blk.rows - 1);  // also the end of the slots read (whole pages)
+  const BlockKeys bk{blk, page};
+  const int64_t keys_attended = bk.attended(), keys_listed = bk.listed();
   const int32_t pass1_chunks = static_cast<int32_t>((keys_attended + kChunk - 1) / kChunk);
   const int32_t pass2_chunks = static_cast<int32_t>((keys_listed + kChunk - 1) / kChunk);
   const int32_t steps = pass1_chunks + 2 * pass2_chunks;
@@ -331,7 +317,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       const int64_t key = first_key + k0 + 16 * j;
 #pragma unroll
       for (int i = 0; i < 4; ++i)
-        sc[i][j] = key < attended_end((u0 + i) / G) ? dot[i][j] * score_scale : canon::neg_inf();
+        sc[i][j] = key < bk.attended_end((u0 + i) / G) ? dot[i][j] * score_scale : canon::neg_inf();
     }
   };
 
@@ -416,17 +402,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       float v[kWarp];
 #pragma unroll
       for (int l = 0; l < kWarp; ++l) v[l] = sm.run[tid][l];
-      // canon::butterfly_sum32's lane 0: levels 16, 8, 4, 2, 1.
-#pragma unroll
-      for (int l = 0; l < 16; ++l) v[l] = v[l] + v[l + 16];
-#pragma unroll
-      for (int l = 0; l < 8; ++l) v[l] = v[l] + v[l + 8];
-#pragma unroll
-      for (int l = 0; l < 4; ++l) v[l] = v[l] + v[l + 4];
-#pragma unroll
-      for (int l = 0; l < 2; ++l) v[l] = v[l] + v[l + 2];
-      v[0] = v[0] + v[1];
-      sm.part_sum[tid] = v[0];
+      sm.part_sum[tid] = butterfly_lane0(v);
     }
     // (advance()'s barrier publishes the probabilities and sums.)
 
@@ -439,17 +415,17 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int32_t ch = 0; ch < n_chunks; ++ch, ++s) {
       advance(s);
       const int64_t first_key = part_first + ch * kChunk;
-      if (first_key + kChunk > list_end(0)) {
-        pv_tile<Order, C, G, true>(sm, ch, pu0, lane, first_key, list_end, acc);
+      if (first_key + kChunk > bk.list_end(0)) {
+        pv_tile<Order, C, G, true>(sm, ch, pu0, lane, first_key, bk, acc);
       } else {
-        pv_tile<Order, C, G, false>(sm, ch, pu0, lane, first_key, list_end, acc);
+        pv_tile<Order, C, G, false>(sm, ch, pu0, lane, first_key, bk, acc);
       }
     }
     // Fold the partition in partition order: attend_query's merge, for the
     // units whose key list reaches it (the others have no such partition).
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
-      if (part_first >= list_end((pu0 + i) / G)) continue;
+      if (part_first >= bk.list_end((pu0 + i) / G)) continue;
       const float w = canon::merge_weight(sm.part_max[pu0 + i], sm.global_max[pu0 + i]);
       out_sum[i] = canon::fma_f32(sm.part_sum[pu0 + i], w, out_sum[i]);
 #pragma unroll
@@ -481,15 +457,7 @@ bool launch_shape(const AttentionArgs& a, const RowBlock* blocks, int32_t n_bloc
                   KernelInfo* info) {
   auto kernel = prefill_tiled_kernel<CanonicalFp32Order, Elem, C, G>;
   const int smem = static_cast<int>(sizeof(Smem<C>));
-  KVSIM_CUDA_CHECK("prefill_attention", cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-  if (info) {
-    cudaFuncAttributes attr{};
-    KVSIM_CUDA_CHECK("prefill_attention", cudaFuncGetAttributes(&attr, kernel));
-    int per_sm = 0;
-    KVSIM_CUDA_CHECK("prefill_attention", cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, smem));
-    *info = KernelInfo{attr.numRegs, smem, per_sm, kThreads / kWarp, kChunk, 1};
-    return true;
-  }
+  if (prefill_kernel_setup(kernel, kThreads, smem, kChunk, 1, info)) return true;
   const int32_t kv_heads = a.pools.geometry.kv_heads;
   kernel<<<static_cast<unsigned>(n_blocks) * kv_heads, kThreads, smem, stream>>>(a, blocks, kv_heads);
   check_launch("prefill_attention", "prefill_tiled_kernel", stream);
@@ -526,16 +494,11 @@ bool launch(const AttentionArgs& a, const RowBlock* blocks, int32_t n, cudaStrea
 
 }  // namespace prefill_tiled
 
-bool prefill_tiled_applies(const KvPools& pools, const TensorView& q, const WindowMapping& window) {
+bool prefill_rows_contiguous(const KvPools& pools) {
   const PoolGeometry& g = pools.geometry;
-  if (window.enabled() || g.kv_factor != 2) return false;
-  if (g.dtype != CacheDtype::bf16 && g.dtype != CacheDtype::fp16 && g.dtype != CacheDtype::fp32) return false;
-  if (g.head_dim != 128) return false;
-  const int64_t group = q.shape[1] / g.kv_heads;
-  if (group != 1 && group != 2 && group != 4 && group != 8) return false;
-  // Contiguous rows of 16-byte aligned codes: element_offset(.., d) = row start + d.
+  if (g.kv_factor != 2) return false;
   const int64_t elem = bits_per_element(g.dtype) / 8;
-  if (reinterpret_cast<uintptr_t>(pools.data[0]) % 16 != 0) return false;
+  if (elem == 0 || reinterpret_cast<uintptr_t>(pools.data[0]) % 16 != 0) return false;
   const PoolStrides& st = pools.strides[0];
   for (const int64_t s : {st.block, st.layer, st.kv})
     if (s * elem % 16 != 0) return false;
@@ -546,6 +509,16 @@ bool prefill_tiled_applies(const KvPools& pools, const TensorView& q, const Wind
   return true;
 }
 
+bool prefill_tiled_applies(const KvPools& pools, const TensorView& q, const WindowMapping& window) {
+  const PoolGeometry& g = pools.geometry;
+  if (window.enabled()) return false;
+  if (g.dtype != CacheDtype::bf16 && g.dtype != CacheDtype::fp16 && g.dtype != CacheDtype::fp32) return false;
+  if (g.head_dim != 128) return false;
+  const int64_t group = q.shape[1] / g.kv_heads;
+  if (group != 1 && group != 2 && group != 4 && group != 8) return false;
+  return prefill_rows_contiguous(pools);
+}
+
 bool prefill_tiled_info(const KvPools& pools, const TensorView& q, KernelInfo& info) {
   AttentionArgs a;
   a.pools = pools;
@@ -553,12 +526,7 @@ bool prefill_tiled_info(const KvPools& pools, const TensorView& q, KernelInfo& i
   return prefill_tiled::launch(a, nullptr, 0, nullptr, &info);
 }
 
-void prefill_attention_tiled(const KvPools& pools, const PrefillAttentionOp& op, cudaStream_t stream,
-                             cudaEvent_t kernels_start) {
-  using prefill_tiled::RowBlock;
-  const char* name = "prefill_attention";
-  const int32_t group = static_cast<int32_t>(op.q.shape[1] / pools.geometry.kv_heads);
-  const int32_t rows_per_block = prefill_tiled::kUnits / group;
+std::vector<RowBlock> make_row_blocks(const PrefillAttentionOp& op, int32_t rows_per_block) {
   std::vector<RowBlock> blocks;
   for (size_t b = 0; b + 1 < op.q_indptr.size(); ++b)
     for (int32_t i = op.q_indptr[b]; i < op.q_indptr[b + 1]; i += rows_per_block) {
@@ -570,20 +538,26 @@ void prefill_attention_tiled(const KvPools& pools, const PrefillAttentionOp& op,
           static_cast<int32_t>(prefill_position(op.seq_lens[b], op.q_indptr[b], op.q_indptr[b + 1], i));
       blocks.push_back(r);
     }
-  if (blocks.empty()) return;
-  // Longest key lists first: the causal triangle's heavy blocks start early.
   std::stable_sort(blocks.begin(), blocks.end(), [](const RowBlock& x, const RowBlock& y) {
     return x.first_position + x.rows > y.first_position + y.rows;
   });
+  return blocks;
+}
+
+PrefillUpload upload_prefill(const char* name, const KvPools& pools, const PrefillAttentionOp& op, int32_t group,
+                             const std::vector<RowBlock>& blocks, size_t extra_bytes, cudaStream_t stream) {
+  auto aligned = [](size_t n) { return (n + 255) / 256 * 256; };
   const size_t block_bytes = blocks.size() * sizeof(RowBlock);
   const size_t table_bytes = op.block_table.size() * sizeof(int32_t);
-  void* meta = nullptr;
-  KVSIM_CUDA_CHECK(name, cudaMallocAsync(&meta, block_bytes + table_bytes + 256, stream));
-  KVSIM_CUDA_CHECK(name, cudaMemcpyAsync(meta, blocks.data(), block_bytes, cudaMemcpyHostToDevice, stream));
-  char* table = static_cast<char*>(meta) + (block_bytes + 255) / 256 * 256;
+  PrefillUpload up;
+  KVSIM_CUDA_CHECK(name, cudaMallocAsync(&up.meta, aligned(block_bytes) + aligned(table_bytes) + extra_bytes, stream));
+  KVSIM_CUDA_CHECK(name, cudaMemcpyAsync(up.meta, blocks.data(), block_bytes, cudaMemcpyHostToDevice, stream));
+  char* table = static_cast<char*>(up.meta) + aligned(block_bytes);
   if (table_bytes)
     KVSIM_CUDA_CHECK(name, cudaMemcpyAsync(table, op.block_table.data(), table_bytes, cudaMemcpyHostToDevice, stream));
-  AttentionArgs a;
+  up.blocks = static_cast<const RowBlock*>(up.meta);
+  up.extra = extra_bytes ? table + aligned(table_bytes) : nullptr;
+  AttentionArgs& a = up.args;
   a.pools = pools;
   a.layer = op.layer;
   a.q = op.q;
@@ -593,10 +567,25 @@ void prefill_attention_tiled(const KvPools& pools, const PrefillAttentionOp& op,
   a.max_blocks_per_seq = op.max_blocks_per_seq;
   a.scales = op.scales;
   a.window = op.window;
+  a.order = op.order;
   a.group = group;
+  return up;
+}
+
+void PrefillUpload::release(cudaStream_t stream) {
+  if (meta) KVSIM_CUDA_CHECK("prefill_attention", cudaFreeAsync(meta, stream));
+  meta = nullptr;
+}
+
+void prefill_attention_tiled(const KvPools& pools, const PrefillAttentionOp& op, cudaStream_t stream,
+                             cudaEvent_t kernels_start) {
+  const int32_t group = static_cast<int32_t>(op.q.shape[1] / pools.geometry.kv_heads);
+  const std::vector<RowBlock> blocks = make_row_blocks(op, prefill_tiled::kUnits / group);
+  if (blocks.empty()) return;
+  PrefillUpload up = upload_prefill("prefill_attention", pools, op, group, blocks, 0, stream);
   if (kernels_start) KVSIM_CUDA_CHECK("attention timing", cudaEventRecord(kernels_start, stream));
-  prefill_tiled::launch(a, static_cast<const RowBlock*>(meta), static_cast<int32_t>(blocks.size()), stream, nullptr);
-  KVSIM_CUDA_CHECK(name, cudaFreeAsync(meta, stream));
+  prefill_tiled::launch(up.args, up.blocks, static_cast<int32_t>(blocks.size()), stream, nullptr);
+  up.release(stream);
 }
 
 }  // namespace kvsim::cuda

@@ -33,15 +33,6 @@ using canon::kWarp;
 inline constexpr int kWarps = 2;     // warps per CTA (each with its own ring)
 inline constexpr int kMaxRowBytes = 256;
 
-__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
-  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-template <int kPending>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
-}
 
 // Per partition: {row, sequence, position, partition within the row}.
 using PartInfo = int4;

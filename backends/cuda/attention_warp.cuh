@@ -25,6 +25,17 @@ __device__ __forceinline__ float warp_butterfly_sum(float v) {
   return v;
 }
 
+// canon::butterfly_sum32's lane 0 computed by one thread from the 32 lanes'
+// values (levels 16, 8, 4, 2, 1; v is overwritten): the tiled prefill
+// kernels' partition sum of 32 lane runs kept in shared memory.
+__device__ __forceinline__ float butterfly_lane0(float (&v)[canon::kWarp]) {
+#pragma unroll
+  for (int off = canon::kWarp / 2; off >= 1; off >>= 1)
+#pragma unroll
+    for (int l = 0; l < off; ++l) v[l] = v[l] + v[l + off];
+  return v[0];
+}
+
 // Joins the lanes' run maxima left to right (ties keep the left value): the
 // oracle's sequential partition max, the first value equal to the maximum
 // (this matters for +0 / -0).
@@ -172,6 +183,18 @@ __device__ __forceinline__ void load_words(const uint8_t* src, uint32_t* words) 
   } else {
     words[0] = *reinterpret_cast<const uint32_t*>(src);
   }
+}
+
+// 16 bytes from global to shared memory without a register stop (cp.async:
+// attention_staged.cuh's ring, attention_prefill_mma.cu's tiles).
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int kPending>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
 }
 
 // The head dims the attention kernels are instantiated for, as C = D / 32

@@ -873,6 +873,7 @@ std::vector<Case> make_suite(const SuiteOptions& o) {
   cases.push_back(decode_case(bf16, 16, 32, 64, 8192, AttentionOrder::mma));
   cases.push_back(decode_case(fp8, 16, 32, 64, 8192, AttentionOrder::mma));
   cases.push_back(prefill_case(bf16, 32, 16384, AttentionOrder::mma));
+  cases.push_back(prefill_case(bf16, 32, 65536, AttentionOrder::mma));
   cases.push_back(block_copy_case(bf16, 16, 4096, 0));
   cases.push_back(block_copy_case(bf16, 64, 1024, 0));
   cases.push_back(block_copy_case(bf16, 16, 64, 8));

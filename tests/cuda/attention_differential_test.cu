@@ -409,6 +409,68 @@ TEST_CASE("PackedDecodersAreEquivalentToCoreCodecsForEveryCode (device and host)
   CHECK(differ == 0);
 }
 
+namespace {
+// Case i of a tiled prefill kernel's sweep: whole prompts (prefix 0), a chunk
+// after a cached prefix, a one-token chunk, partition and tile edges (256,
+// 257, 64, 65), a long chunk; layouts, placements, q/out dtypes, NaN tails
+// and Inf/NaN codes rotate with i.
+AttentionCase tiled_prefill_case(int i, AttentionOrder order, CacheDtype dtype, int32_t G, int32_t page) {
+  AttentionCase c;
+  c.order = order;
+  c.dtype = dtype;
+  c.group = G;
+  c.page = page;
+  c.kv_heads = 1 + i % 2;
+  c.layout = i % 2 ? BlockLayout::hnd : BlockLayout::nhd;
+  c.placement = i % 3 ? LayerPlacement::in_block : LayerPlacement::per_layer;
+  c.q_dtype = kFloats[i % 3];
+  c.out_dtype = kFloats[(i / 3) % 3];
+  c.seq_lens = {300 + i, 257, 1, 600, 64 + i % 3, 1023};
+  c.chunk = {300 + i, 1, 1, 256 + i % 5, 64 + i % 3, 700};
+  c.nan_tail = i % 4 == 1;
+  c.special_every = i % 5 == 2 ? 997 : 0;
+  c.seed = (order == AttentionOrder::mma ? 5151 : 4242) + i;
+  return c;
+}
+
+// One tiled prefill kernel's sweep against the oracle (every case must take
+// that kernel), then its resources on this device (docs/benchmarks.md quotes
+// them).
+template <class Keep, class Applies, class Info>
+void check_tiled_prefill_sweep(AttentionOrder order, std::initializer_list<CacheDtype> dtypes,
+                               std::initializer_list<int32_t> groups, Keep keep, Applies applies, Info info_of) {
+  auto cpu = make_backend("cpu");
+  int i = 0;
+  for (CacheDtype dtype : dtypes)
+    for (int32_t G : groups)
+      for (int32_t page : {1, 3, 16, 17}) {
+        if (!keep(G, page)) continue;
+        const AttentionCase c = tiled_prefill_case(i, order, dtype, G, page);
+        const AttentionProblem p = make_problem(c);
+        DeviceProblem dev(p);
+        INFO(c.describe());
+        CHECK(applies(dev.placed.pools, q_view(p, dev.placed.q), p.window));
+        check_against_oracle(*cpu, c);
+        ++i;
+      }
+  MESSAGE(attention_order_name(order) << " order tiled prefill: " << i << " cases compared");
+  AttentionCase c;
+  c.order = order;
+  c.dtype = CacheDtype::bf16;
+  c.seq_lens = {64};
+  c.chunk = {64};
+  const AttentionProblem p = make_problem(c);
+  DeviceProblem dev(p);
+  cuda::KernelInfo info;
+  REQUIRE(info_of(dev.placed.pools, q_view(p, dev.placed.q), info));
+  CHECK(info.registers > 0);
+  CHECK(info.ctas_per_sm >= 1);
+  MESSAGE(attention_order_name(order) << " order tiled prefill kernel (bf16, G 4): " << info.registers
+                                      << " registers, " << info.smem_per_cta << " bytes of shared memory, "
+                                      << info.ctas_per_sm << " CTA(s) per SM, " << info.warps_per_cta << " warps");
+}
+}  // namespace
+
 // The tiled prefill kernel (attention_prefill.cu): blocks of consecutive rows
 // sharing tiles, two passes, causal skipping. Every dtype and GQA group it
 // instantiates, pages 1/3/16/17, chunks that start and end on and off 64-key
@@ -416,49 +478,8 @@ TEST_CASE("PackedDecodersAreEquivalentToCoreCodecsForEveryCode (device and host)
 // NaN-poisoned V tails, Inf/NaN codes in live K/V, bf16/fp16/fp32 q and out.
 TEST_CASE("PrefillTiledIsEquivalentToRef") {
   SKIP_WITHOUT_GPU();
-  auto cpu = make_backend("cpu");
-  int i = 0;
-  for (CacheDtype dtype : {CacheDtype::bf16, CacheDtype::fp16, CacheDtype::fp32})
-    for (int32_t G : {1, 2, 4, 8})
-      for (int32_t page : {1, 3, 16, 17}) {
-        AttentionCase c;
-        c.dtype = dtype;
-        c.group = G;
-        c.page = page;
-        c.kv_heads = 1 + i % 2;
-        c.layout = i % 2 ? BlockLayout::hnd : BlockLayout::nhd;
-        c.placement = i % 3 ? LayerPlacement::in_block : LayerPlacement::per_layer;
-        c.q_dtype = kFloats[i % 3];
-        c.out_dtype = kFloats[(i / 3) % 3];
-        // Whole prompts (prefix 0), a chunk after a cached prefix, a one-token
-        // chunk, partition and tile edges (256, 257, 64, 65), a long chunk.
-        c.seq_lens = {300 + i, 257, 1, 600, 64 + i % 3, 1023};
-        c.chunk = {300 + i, 1, 1, 256 + i % 5, 64 + i % 3, 700};
-        c.nan_tail = i % 4 == 1;
-        c.special_every = i % 5 == 2 ? 997 : 0;
-        c.seed = 4242 + i;
-        const AttentionProblem p = make_problem(c);
-        DeviceProblem dev(p);
-        INFO(c.describe());
-        CHECK(cuda::prefill_tiled_applies(dev.placed.pools, q_view(p, dev.placed.q), p.window));
-        check_against_oracle(*cpu, c);
-        ++i;
-      }
-  MESSAGE("tiled prefill: " << i << " cases compared");
-  // The kernel's resources on this device (docs/benchmarks.md quotes them).
-  AttentionCase c;
-  c.dtype = CacheDtype::bf16;
-  c.seq_lens = {64};
-  c.chunk = {64};
-  const AttentionProblem p = make_problem(c);
-  DeviceProblem dev(p);
-  cuda::KernelInfo info;
-  REQUIRE(cuda::prefill_tiled_info(dev.placed.pools, q_view(p, dev.placed.q), info));
-  CHECK(info.registers > 0);
-  CHECK(info.ctas_per_sm >= 1);
-  MESSAGE("tiled prefill kernel (bf16, G 4): " << info.registers << " registers, " << info.smem_per_cta
-                                                << " bytes of shared memory, " << info.ctas_per_sm << " CTA(s) per SM, "
-                                                << info.warps_per_cta << " warps");
+  check_tiled_prefill_sweep(AttentionOrder::fp32, {CacheDtype::bf16, CacheDtype::fp16, CacheDtype::fp32}, {1, 2, 4, 8},
+                            [](int32_t, int32_t) { return true; }, cuda::prefill_tiled_applies, cuda::prefill_tiled_info);
 }
 
 TEST_CASE("PrefillTiledNanTailAndSpecialsAreTheOracles: NaN and Inf codes reach the same output bytes") {
@@ -539,4 +560,19 @@ TEST_CASE("MmaOrderWideGroupsNanTailAndSpecialsAreEquivalentToRef") {
       }
       ++i;
     }
+}
+
+// The mma order's tiled prefill kernel (attention_prefill_mma.cu): bf16 and
+// fp16 caches, GQA groups that fill the 16-row tiles exactly (1, 2, 4, 8) and
+// one that does not (20: tiles span rows and a CTA's last units are idle),
+// pages 1/3/16/17 (key lists of one tile ending in different pages: the
+// per-cut P.V), chunks on and off 64-key tiles and 256-key partitions, a
+// cached prefix, NaN-poisoned V tails past some lists, Inf/NaN codes in live
+// K/V, bf16/fp16/fp32 q and out.
+TEST_CASE("MmaOrderPrefillTiledIsEquivalentToRef") {
+  SKIP_WITHOUT_GPU();
+  // The oracle's model is slow: fewer cases for the wide groups.
+  check_tiled_prefill_sweep(AttentionOrder::mma, {CacheDtype::bf16, CacheDtype::fp16}, {1, 2, 4, 8, 20},
+                            [](int32_t G, int32_t page) { return G <= 4 || page == 1 || page == 17; },
+                            cuda::prefill_mma_applies, cuda::prefill_mma_info);
 }
