@@ -28,12 +28,15 @@ __device__ __forceinline__ float warp_butterfly_sum(float v) {
 // canon::butterfly_sum32's lane 0 computed by one thread from the 32 lanes'
 // values (levels 16, 8, 4, 2, 1; v is overwritten): the tiled prefill
 // kernels' partition sum of 32 lane runs kept in shared memory.
+template <int kOff = canon::kWarp / 2>
 __device__ __forceinline__ float butterfly_lane0(float (&v)[canon::kWarp]) {
 #pragma unroll
-  for (int off = canon::kWarp / 2; off >= 1; off >>= 1)
-#pragma unroll
-    for (int l = 0; l < off; ++l) v[l] = v[l] + v[l + off];
-  return v[0];
+  for (int l = 0; l < kOff; ++l) v[l] = v[l] + v[l + kOff];  // compile-time indices: v stays in registers
+  if constexpr (kOff == 1) {
+    return v[0];
+  } else {
+    return butterfly_lane0<kOff / 2>(v);
+  }
 }
 
 // Joins the lanes' run maxima left to right (ties keep the left value): the
