@@ -95,6 +95,59 @@ __device__ __forceinline__ void tile_scores(mma::Operand f, const Smem& sm, int 
   }
 }
 
+// P.V of one group of 8 keys (starting at absolute key kg) for the warp's 16
+// units: A = the keys' hi parts (k 0..7) and lo parts (k 8..15) from the
+// probabilities p (the score's C fragment), B = the 8 V codes twice by
+// ldmatrix.trans from vrow (this lane's row of the group in the V tile).
+// Where some list of the warp ends inside the group (kg + 8 > lo_end), one
+// run per distinct cut with the V codes past the cut zeroed; each unit keeps
+// its own cut's result (cut 0: nothing).
+__device__ __forceinline__ void pv_group(mma::Operand f, float p0, float p1, float p2, float p3, const uint16_t* vrow, int64_t kg,
+                                         int32_t lo_end, int64_t end_a, int64_t end_b, int t4,
+                                         float (&acc)[kDimTiles][4]) {
+  mma_order::SplitProbability sp[4];
+#pragma unroll
+  const float p[4] = {p0, p1, p2, p3};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) sp[i] = mma_order::split_probability(f, p[i]);
+  const uint32_t pa[4] = {pack_codes(sp[0].hi, sp[1].hi), pack_codes(sp[2].hi, sp[3].hi),
+                          pack_codes(sp[0].lo, sp[1].lo), pack_codes(sp[2].lo, sp[3].lo)};
+  if (kg + 8 <= lo_end) {
+#pragma unroll
+    for (int dq = 0; dq < kDimTiles / 4; ++dq) {
+      uint32_t b[4];
+      ldmatrix_x4_trans(b, vrow + 32 * dq);
+#pragma unroll
+      for (int m = 0; m < 4; ++m) mma_16816(f, acc[4 * dq + m], pa, b[m], b[m]);
+    }
+    return;
+  }
+  auto cut = [&](int64_t end) { return end <= kg ? 0 : end - kg >= 8 ? 8 : static_cast<int>(end - kg); };
+  const int cut_a = cut(end_a), cut_b = cut(end_b);
+  for (int c = 1; c <= 8; ++c) {
+    if (!__any_sync(kFullMask, cut_a == c || cut_b == c)) continue;
+    const uint32_t keep = (2 * t4 < c ? 0x0000FFFFu : 0u) | (2 * t4 + 1 < c ? 0xFFFF0000u : 0u);
+#pragma unroll
+    for (int dq = 0; dq < kDimTiles / 4; ++dq) {
+      uint32_t b[4];
+      ldmatrix_x4_trans(b, vrow + 32 * dq);
+#pragma unroll
+      for (int m = 0; m < 4; ++m) {
+        float r[4] = {acc[4 * dq + m][0], acc[4 * dq + m][1], acc[4 * dq + m][2], acc[4 * dq + m][3]};
+        mma_16816(f, r, pa, b[m] & keep, b[m] & keep);
+        if (cut_a == c) {
+          acc[4 * dq + m][0] = r[0];
+          acc[4 * dq + m][1] = r[1];
+        }
+        if (cut_b == c) {
+          acc[4 * dq + m][2] = r[2];
+          acc[4 * dq + m][3] = r[3];
+        }
+      }
+    }
+  }
+}
+
 template <bool kF16>
 __global__ void __launch_bounds__(kThreads, 2)
     prefill_mma_kernel(AttentionArgs a, const RowBlock* __restrict__ blocks, int32_t kv_heads,
@@ -132,6 +185,8 @@ __global__ void __launch_bounds__(kThreads, 2)
       kFullMask, static_cast<unsigned>(min(valid_a ? own_a : INT_MAX, valid_b ? own_b : INT_MAX))));
   const int32_t hi_end = static_cast<int32_t>(__reduce_max_sync(kFullMask, static_cast<unsigned>(max(own_a, own_b))));
   const bool warp_active = hi_end > 0;
+  const int64_t lo_att = __reduce_min_sync(
+      kFullMask, static_cast<unsigned>(min(valid_a ? att_a : int64_t{INT_MAX}, valid_b ? att_b : int64_t{INT_MAX})));
   const int64_t end_a = valid_a ? own_a : hi_end, end_b = valid_b ? own_b : hi_end;
   const int64_t stats_a = blk.stats_first + (static_cast<int64_t>(kv_head) * kUnits + ua) * parts;
   const int64_t stats_b = blk.stats_first + (static_cast<int64_t>(kv_head) * kUnits + ub) * parts;
@@ -241,61 +296,27 @@ __global__ void __launch_bounds__(kThreads, 2)
       if (warp_active) {
         float S[kKeyTiles][4];
         tile_scores(f, sm, buf, warp, lane, S);
+        // Probabilities in place, all 32 first (independent exp chains), then
+        // P.V group by group; a tile inside every list's attended keys needs no mask.
+        const bool unmasked = first_key + kTileKeys <= lo_att;
 #pragma unroll
-        for (int n = 0; n < kKeyTiles; ++n) {
-          float p[4];
+        for (int n = 0; n < kKeyTiles; ++n)
 #pragma unroll
           for (int i = 0; i < 4; ++i) {
             const int64_t key = first_key + 8 * n + 2 * t4 + (i & 1);
-            const float sc = key < (i < 2 ? att_a : att_b) ? S[n][i] * score_scale : canon::neg_inf();
-            p[i] = canon::probability(sc, i < 2 ? m_a : m_b);
+            const float sc = unmasked || key < (i < 2 ? att_a : att_b) ? S[n][i] * score_scale : canon::neg_inf();
+            S[n][i] = canon::probability(sc, i < 2 ? m_a : m_b);
           }
-          *reinterpret_cast<float2*>(&P[g * kPStride + 8 * n + 2 * t4]) = make_float2(p[0], p[1]);
-          *reinterpret_cast<float2*>(&P[(g + 8) * kPStride + 8 * n + 2 * t4]) = make_float2(p[2], p[3]);
-          // P.V of keys 8n .. 8n + 7: A = their hi parts (k 0..7) and lo parts (k 8..15).
+#pragma unroll
+        for (int n = 0; n < kKeyTiles; ++n) {
+          *reinterpret_cast<float2*>(&P[g * kPStride + 8 * n + 2 * t4]) = make_float2(S[n][0], S[n][1]);
+          *reinterpret_cast<float2*>(&P[(g + 8) * kPStride + 8 * n + 2 * t4]) = make_float2(S[n][2], S[n][3]);
+        }
+#pragma unroll
+        for (int n = 0; n < kKeyTiles; ++n) {
           const int64_t kg = first_key + 8 * n;
-          if (kg >= hi_end) continue;  // past every list of the warp
-          mma_order::SplitProbability sp[4];
-#pragma unroll
-          for (int i = 0; i < 4; ++i) sp[i] = mma_order::split_probability(f, p[i]);
-          const uint32_t pa[4] = {pack_codes(sp[0].hi, sp[1].hi), pack_codes(sp[2].hi, sp[3].hi),
-                                  pack_codes(sp[0].lo, sp[1].lo), pack_codes(sp[2].lo, sp[3].lo)};
-          const uint16_t* vrow = &sm.v[buf][8 * n + (lane & 7)][8 * (lane >> 3)];
-          if (kg + 8 <= lo_end) {
-#pragma unroll
-            for (int dq = 0; dq < kDimTiles / 4; ++dq) {
-              uint32_t b[4];
-              ldmatrix_x4_trans(b, vrow + 32 * dq);
-#pragma unroll
-              for (int m = 0; m < 4; ++m) mma_16816(f, acc[4 * dq + m], pa, b[m], b[m]);
-            }
-          } else {
-            // Some list of the warp ends inside this group: one run per cut.
-            auto cut = [&](int64_t end) { return end <= kg ? 0 : end - kg >= 8 ? 8 : static_cast<int>(end - kg); };
-            const int cut_a = cut(end_a), cut_b = cut(end_b);
-            for (int c = 1; c <= 8; ++c) {
-              if (!__any_sync(kFullMask, cut_a == c || cut_b == c)) continue;
-              const uint32_t keep = (2 * t4 < c ? 0x0000FFFFu : 0u) | (2 * t4 + 1 < c ? 0xFFFF0000u : 0u);
-#pragma unroll
-              for (int dq = 0; dq < kDimTiles / 4; ++dq) {
-                uint32_t b[4];
-                ldmatrix_x4_trans(b, vrow + 32 * dq);
-#pragma unroll
-                for (int m = 0; m < 4; ++m) {
-                  float r[4] = {acc[4 * dq + m][0], acc[4 * dq + m][1], acc[4 * dq + m][2], acc[4 * dq + m][3]};
-                  mma_16816(f, r, pa, b[m] & keep, b[m] & keep);
-                  if (cut_a == c) {
-                    acc[4 * dq + m][0] = r[0];
-                    acc[4 * dq + m][1] = r[1];
-                  }
-                  if (cut_b == c) {
-                    acc[4 * dq + m][2] = r[2];
-                    acc[4 * dq + m][3] = r[3];
-                  }
-                }
-              }
-            }
-          }
+          if (kg < hi_end)  // else past every list of the warp
+            pv_group(f, S[n][0], S[n][1], S[n][2], S[n][3], &sm.v[buf][8 * n + (lane & 7)][8 * (lane >> 3)], kg, lo_end, end_a, end_b, t4, acc);
         }
         __syncwarp();
         // Lane runs of this tile (keys [8 run, 8 run + 8) of the tile, in order).

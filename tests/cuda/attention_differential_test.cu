@@ -453,7 +453,7 @@ void check_tiled_prefill_sweep(AttentionOrder order, std::initializer_list<Cache
         check_against_oracle(*cpu, c);
         ++i;
       }
-  MESSAGE(attention_order_name(order) << " order tiled prefill: " << i << " cases compared");
+  MESSAGE(std::string(attention_order_name(order)) << " order tiled prefill: " << i << " cases compared");
   AttentionCase c;
   c.order = order;
   c.dtype = CacheDtype::bf16;
@@ -465,7 +465,7 @@ void check_tiled_prefill_sweep(AttentionOrder order, std::initializer_list<Cache
   REQUIRE(info_of(dev.placed.pools, q_view(p, dev.placed.q), info));
   CHECK(info.registers > 0);
   CHECK(info.ctas_per_sm >= 1);
-  MESSAGE(attention_order_name(order) << " order tiled prefill kernel (bf16, G 4): " << info.registers
+  MESSAGE(std::string(attention_order_name(order)) << " order tiled prefill kernel (bf16, G 4): " << info.registers
                                       << " registers, " << info.smem_per_cta << " bytes of shared memory, "
                                       << info.ctas_per_sm << " CTA(s) per SM, " << info.warps_per_cta << " warps");
 }
