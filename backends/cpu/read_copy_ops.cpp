@@ -15,8 +15,11 @@ void CpuBackend::run_gather_paged(const KvPools& pools, const GatherPagedOp& op)
   if (op.num_tokens == 0) return;
   const GatherPagedArgs args = make_gather_paged_args(pools, op);
   const int32_t heads = pools.geometry.kv_heads;
+  float code_values[256];
+  const bool byte_codes = bits_per_element(pools.geometry.dtype) == 8;
+  if (byte_codes) gather_code_values(args, code_values);
   for_each_item(op.num_tokens * heads, [&](int64_t i) {  // one item per (token, head)
-    gather_paged_token_head(args, i / heads, static_cast<int32_t>(i % heads));
+    gather_paged_row(args, i / heads, static_cast<int32_t>(i % heads), byte_codes ? code_values : nullptr);
   });
 }
 

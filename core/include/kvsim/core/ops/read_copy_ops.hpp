@@ -150,6 +150,21 @@ KVSIM_HD inline float gather_element_value(const GatherPagedArgs& a, int64_t blo
   }
 }
 
+// gather_element_value of `count` consecutive codes of a T pool from element
+// e0 (T known at compile time: no per-element dtype switch or offset), into
+// out[0], out[step], ...
+template <CacheDtype T>
+KVSIM_HD inline void gather_run(const GatherPagedArgs& a, int64_t e0, int32_t count, float* out, int64_t step) {
+  const uint8_t* data = a.pools.bytes(PoolKind::primary);
+  for (int32_t i = 0; i < count; ++i) {
+    const float v = load_cache_code_value(data, T, e0 + i);
+    if constexpr (T == CacheDtype::fp8_e4m3 || T == CacheDtype::fp8_e5m2 || T == CacheDtype::int8)
+      out[i * step] = canonical_nan(v * a.scale);
+    else
+      out[i * step] = v;
+  }
+}
+
 // Writes out[t, h, dim0 .. dim0 + count).
 KVSIM_HD inline void gather_paged_dims(const GatherPagedArgs& a, int64_t t, int32_t h, int32_t dim0, int32_t count) {
   const BlockRef ref{a.block_ids[a.page.div(t)]};
@@ -157,6 +172,49 @@ KVSIM_HD inline void gather_paged_dims(const GatherPagedArgs& a, int64_t t, int3
   float* out = static_cast<float*>(a.out.data);
   for (int32_t d = dim0; d < dim0 + count; ++d)
     out[a.out.offset(t, h, d)] = ref.is_bad() ? 0.0f : gather_element_value(a, ref.block(), h, entry, d);
+}
+
+// The gathered value of each of the 256 codes of an fp8/int8 pool under the
+// op's scale: table[c] = gather_element_value of an element holding c.
+inline void gather_code_values(const GatherPagedArgs& a, float (&table)[256]) {
+  for (int c = 0; c < 256; ++c) {
+    const uint8_t code = static_cast<uint8_t>(c);
+    table[c] = canonical_nan(load_cache_code_value(&code, a.pools.geometry.dtype, 0) * a.scale);
+  }
+}
+
+// gather_paged_token_head for a backend that runs whole rows (the CPU): a row
+// the pool holds as one run of codes (NHD, HND, split-x K with x >= D) is
+// decoded by gather_run with the dtype known at compile time; any other row
+// (split-x V, nvfp4, a bad page) takes gather_paged_dims. The same values.
+// code_values (optional, fp8/int8 pools): gather_code_values' table, so a
+// run of 8-bit codes is one lookup per element.
+KVSIM_HD inline void gather_paged_row(const GatherPagedArgs& a, int64_t t, int32_t h,
+                                      const float* code_values = nullptr) {
+  const BlockRef ref{a.block_ids[a.page.div(t)]};
+  const CacheDtype dtype = a.pools.geometry.dtype;
+  const int32_t D = a.pools.geometry.head_dim;
+  const PoolStrides& s = a.pools.strides_of(PoolKind::primary);
+  if (!ref.is_bad() && dims_contiguous(s.inner[a.kv], 0, D)) {
+    const int64_t e0 = element_offset(s, ref.block(), a.layer, a.kv, h, a.page.mod(t), 0);
+    float* o = static_cast<float*>(a.out.data) + a.out.offset(t, h, 0);
+    const int64_t step = a.out.stride[2];
+    if (code_values && bits_per_element(dtype) == 8) {
+      const uint8_t* codes = a.pools.bytes(PoolKind::primary) + e0;
+      for (int32_t i = 0; i < D; ++i) o[i * step] = code_values[codes[i]];
+      return;
+    }
+    switch (dtype) {
+      case CacheDtype::fp32: return gather_run<CacheDtype::fp32>(a, e0, D, o, step);
+      case CacheDtype::fp16: return gather_run<CacheDtype::fp16>(a, e0, D, o, step);
+      case CacheDtype::bf16: return gather_run<CacheDtype::bf16>(a, e0, D, o, step);
+      case CacheDtype::fp8_e4m3: return gather_run<CacheDtype::fp8_e4m3>(a, e0, D, o, step);
+      case CacheDtype::fp8_e5m2: return gather_run<CacheDtype::fp8_e5m2>(a, e0, D, o, step);
+      case CacheDtype::int8: return gather_run<CacheDtype::int8>(a, e0, D, o, step);
+      default: break;  // nvfp4: per-element scales
+    }
+  }
+  gather_paged_dims(a, t, h, 0, D);
 }
 
 // Work item (token t in [0, num_tokens), head h in [0, H)): writes out[t, h, 0..D).
