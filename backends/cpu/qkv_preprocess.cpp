@@ -13,10 +13,6 @@
 
 namespace kvsim {
 
-// Dims per call of core's work item: loops of an exact, small length the
-// compiler unrolls and vectorizes (the bytes do not depend on it).
-constexpr int kCpuChunk = 64;
-
 void CpuBackend::run_qkv_preprocess_write(const KvPools& pools, const QkvPreprocessOp& op) {
   const QkvPreprocessArgs args = make_qkv_preprocess_args(pools, op);
 
@@ -32,8 +28,8 @@ void CpuBackend::run_qkv_preprocess_write(const KvPools& pools, const QkvPreproc
 
   for_each_item(items, [&](int64_t i) {
     const int64_t row = i / kv_heads;
-    qkv_preprocess_token_head<kCpuChunk>(pools, args, row_sequence[row], row_token[row], row,
-                                         static_cast<int32_t>(i % kv_heads));
+    qkv_preprocess_token_head<0>(pools, args, row_sequence[row], row_token[row], row,  // whole heads as rows
+                                 static_cast<int32_t>(i % kv_heads));
   });
 }
 

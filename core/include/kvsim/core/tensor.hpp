@@ -88,6 +88,34 @@ KVSIM_HD constexpr void store_float(void* data, CacheDtype t, int64_t offset, fl
   }
 }
 
+// v[i] = load_float(data, t, at + i * step) and store_float(data, t, at + i *
+// step, v[i]) for i < n, with the dtype switch outside the loop (a narrow
+// backend's rows: the same values, element for element).
+template <CacheDtype T>
+KVSIM_HD constexpr void load_floats_as(const void* data, int64_t at, int64_t step, int32_t n, float* v) {
+  for (int32_t i = 0; i < n; ++i) v[i] = load_float(data, T, at + i * step);
+}
+KVSIM_HD constexpr void load_floats(const void* data, CacheDtype t, int64_t at, int64_t step, int32_t n, float* v) {
+  switch (t) {
+    case CacheDtype::fp32: return load_floats_as<CacheDtype::fp32>(data, at, step, n, v);
+    case CacheDtype::fp16: return load_floats_as<CacheDtype::fp16>(data, at, step, n, v);
+    case CacheDtype::bf16: return load_floats_as<CacheDtype::bf16>(data, at, step, n, v);
+    default: for (int32_t i = 0; i < n; ++i) v[i] = 0.0f;  // not a float input type (load_float's 0)
+  }
+}
+template <CacheDtype T>
+KVSIM_HD constexpr void store_floats_as(void* data, int64_t at, int64_t step, int32_t n, const float* v) {
+  for (int32_t i = 0; i < n; ++i) store_float(data, T, at + i * step, v[i]);
+}
+KVSIM_HD constexpr void store_floats(void* data, CacheDtype t, int64_t at, int64_t step, int32_t n, const float* v) {
+  switch (t) {
+    case CacheDtype::fp32: return store_floats_as<CacheDtype::fp32>(data, at, step, n, v);
+    case CacheDtype::fp16: return store_floats_as<CacheDtype::fp16>(data, at, step, n, v);
+    case CacheDtype::bf16: return store_floats_as<CacheDtype::bf16>(data, at, step, n, v);
+    default: break;
+  }
+}
+
 KVSIM_HD constexpr bool is_float_input(CacheDtype t) {
   return t == CacheDtype::fp32 || t == CacheDtype::fp16 || t == CacheDtype::bf16;
 }

@@ -372,20 +372,97 @@ KVSIM_HD inline void qkv_preprocess_head(const KvPools& pools, const QkvPreproce
     qkv_preprocess_dims<kChunk>(pools, a, b, t, row, fused_head, d0, a.head_dim - d0 < kChunk ? a.head_dim - d0 : kChunk);
 }
 
+// qkv_preprocess_head for a backend that runs whole heads (the CPU): the same
+// values and bytes, with the head's inputs and bias loaded once as rows (the
+// RoPE partner read from that row), the dtype switches outside the loops and
+// one element_offset per cache row the pool holds as one run.
+template <CacheDtype T>
+KVSIM_HD inline void qkv_store_cache_run(uint8_t* pool, int64_t e0, int32_t n, const float* x, float encode_scale) {
+  for (int32_t d = 0; d < n; ++d) {
+    if constexpr (T == CacheDtype::fp8_e4m3)
+      store_byte(pool, e0 + d, codec::f32_to_e4m3(x[d] * encode_scale, codec::Saturation::finite));
+    else if constexpr (T == CacheDtype::fp8_e5m2)
+      store_byte(pool, e0 + d, codec::f32_to_e5m2(x[d] * encode_scale, codec::Saturation::finite));
+    else if constexpr (T == CacheDtype::int8)
+      store_byte(pool, e0 + d, static_cast<uint8_t>(codec::f32_to_int8(x[d] * encode_scale)));
+    else
+      store_float(pool, T, e0 + d, x[d]);
+  }
+}
+
+KVSIM_HD inline void qkv_preprocess_head_row(const KvPools& pools, const QkvPreprocessArgs& a, int32_t b, int32_t t,
+                                             int64_t row, int32_t fused_head) {
+  const int64_t cache_len = a.cache_lens[b];
+  const int64_t position = cache_len - a.seq_lens[b] + t;
+  const bool is_q = fused_head < a.num_q_heads;
+  const bool is_v = fused_head >= a.num_q_heads + a.kv_heads;
+  if (!is_q && !qkv_token_reaches_cache(a.window, cache_len, position)) return;
+  const int32_t D = a.head_dim;
+  const int64_t col0 = static_cast<int64_t>(fused_head) * D;
+  float in[kQkvMaxHeadDim], x[kQkvMaxHeadDim];
+  load_floats(a.qkv.data, a.qkv.dtype, a.qkv.offset(row, col0), a.qkv.stride[1], D, in);  // qkv_input
+  if (!a.bias.empty()) {
+    load_floats(a.bias.data, a.bias.dtype, a.bias.offset(col0), a.bias.stride[0], D, x);
+    for (int32_t d = 0; d < D; ++d) in[d] = in[d] + x[d];
+  }
+  for (int32_t d = 0; d < D; ++d) x[d] = in[d];
+  const int64_t rotary_position = position + (a.position_offsets ? a.position_offsets[b] : 0);
+  if (a.rope_style != RopeStyle::none && !is_v) {  // qkv_head_dims' rotation, dim0 = 0
+    const float* cos_sin_row = a.cos_sin + rotary_position * a.cos_sin_row_stride;
+    const int32_t half = a.rotary_dim / 2;
+    const bool gptj = a.rope_style == RopeStyle::gptj;
+    const int32_t rotated = a.rotary_dim < D ? (a.rotary_dim > 0 ? a.rotary_dim : 0) : D;
+    for (int32_t e = 0; e < rotated; ++e) {
+      const int32_t other = gptj ? (e ^ 1) : (e < half ? e + half : e - half);
+      const bool first = gptj ? (e % 2 == 0) : e < half;
+      const int32_t i = gptj ? e / 2 : (first ? e : e - half);
+      const float c = cos_sin_row[i], sn = cos_sin_row[half + i];
+      const float own_c = in[e] * c, partner_s = in[other] * sn;
+      x[e] = first ? own_c - partner_s : own_c + partner_s;
+    }
+  }
+  if (is_q) return store_floats(a.q_out.data, a.q_out.dtype, a.q_out.offset(row, fused_head, 0), a.q_out.stride[2], D, x);
+  const int32_t kv = is_v ? 1 : 0;
+  const int32_t head = fused_head - a.num_q_heads - kv * a.kv_heads;
+  const int64_t slot = a.window.cache_token(position);
+  const int64_t block = a.table.block_at(b, a.page.div(slot)).block();
+  const int32_t entry = a.page.mod(slot);
+  const float scale = is_v ? a.v_encode_scale : a.k_encode_scale;
+  const PoolStrides& s = pools.strides[static_cast<int>(PoolKind::primary)];
+  if (dims_contiguous(s.inner[kv], 0, D)) {
+    uint8_t* pool = pools.bytes(PoolKind::primary);
+    const int64_t e0 = element_offset(s, block, a.layer, kv, head, entry, 0);
+    switch (pools.geometry.dtype) {
+      case CacheDtype::fp32: return qkv_store_cache_run<CacheDtype::fp32>(pool, e0, D, x, scale);
+      case CacheDtype::fp16: return qkv_store_cache_run<CacheDtype::fp16>(pool, e0, D, x, scale);
+      case CacheDtype::bf16: return qkv_store_cache_run<CacheDtype::bf16>(pool, e0, D, x, scale);
+      case CacheDtype::fp8_e4m3: return qkv_store_cache_run<CacheDtype::fp8_e4m3>(pool, e0, D, x, scale);
+      case CacheDtype::fp8_e5m2: return qkv_store_cache_run<CacheDtype::fp8_e5m2>(pool, e0, D, x, scale);
+      case CacheDtype::int8: return qkv_store_cache_run<CacheDtype::int8>(pool, e0, D, x, scale);
+      default: break;  // nvfp4: scale blocks
+    }
+  }
+  qkv_store_cache_dims<kQkvMaxHeadDim>(pools, a.layer, block, entry, kv, head, 0, D, x, scale,
+                                       is_v ? a.v_global_scale : a.k_global_scale);
+}
+
 // The work item of a narrow backend: token t of sequence b (fused qkv row
 // `row`) and kv head `kv_head` -- the whole heads of the kv head's query
 // group, its K and V heads, and, for the chunk's last token in a context
-// step, its zeroed V tail. The CPU backend takes kChunk = 64 (loops of 64
-// dims rather than 512 with most iterations idle); the default is one chunk
-// per head.
+// step, its zeroed V tail. The default is one chunk per head; kChunk = 0 runs
+// whole heads as rows (qkv_preprocess_head_row), what the CPU backend takes.
 template <int kChunk = kQkvMaxHeadDim>
 KVSIM_HD inline void qkv_preprocess_token_head(const KvPools& pools, const QkvPreprocessArgs& a, int32_t b, int32_t t,
                                                int64_t row, int32_t kv_head) {
   static_assert(kChunk % codec::kNvfp4BlockElems == 0, "chunks hold whole nvfp4 scale blocks");
+  auto head = [&](int32_t fused_head) {
+    if constexpr (kChunk == 0) qkv_preprocess_head_row(pools, a, b, t, row, fused_head);
+    else qkv_preprocess_head<kChunk>(pools, a, b, t, row, fused_head);
+  };
   const int32_t group = a.num_q_heads / a.kv_heads;
-  for (int32_t q = kv_head * group; q < (kv_head + 1) * group; ++q) qkv_preprocess_head<kChunk>(pools, a, b, t, row, q);
-  qkv_preprocess_head<kChunk>(pools, a, b, t, row, a.num_q_heads + kv_head);
-  qkv_preprocess_head<kChunk>(pools, a, b, t, row, a.num_q_heads + a.kv_heads + kv_head);
+  for (int32_t q = kv_head * group; q < (kv_head + 1) * group; ++q) head(q);
+  head(a.num_q_heads + kv_head);
+  head(a.num_q_heads + a.kv_heads + kv_head);
   if (t == a.seq_lens[b] - 1) qkv_zero_v_tail_head(pools, a, b, kv_head);
 }
 
