@@ -1301,6 +1301,12 @@ TEST_CASE("indexer_k_scatter rejects invalid inputs before any byte moves") {
     slot_fp8[1] = 8;
     rejected(ErrorCode::bad_argument, "written twice");
     rejected(ErrorCode::bad_argument, "(tokens 0 and 1)");  // names both writers
+    rejected(ErrorCode::bad_argument, "at offset 8 ");      // the first byte written twice
+  }
+  SUBCASE("overlapping runs across a bitmap word and a d3 row name the first shared byte") {
+    slot_fp8[0] = 70;  // bytes 70..85
+    slot_fp8[1] = 60;  // bytes 60..75: two 64-bit words of the bitmap; 70 is inside the second
+    rejected(ErrorCode::bad_argument, "at offset 70 is written twice (tokens 0 and 1)");
   }
   SUBCASE("a token's scale overlaps another's data") {
     slot_scale[1] = 12;

@@ -534,21 +534,32 @@ inline IndexerKScatterArgs make_indexer_k_scatter_args(const IndexerKScatterOp& 
   return a;
 }
 
+// The cache offsets of flat indices flat .. flat + n - 1 as runs: flat indices
+// in one d3 row differ only in i3, so their offsets are indexer_flat_to_offset
+// of the row's first one plus k * stride[3] -- one decomposition (three
+// divisions) per d3 row the bytes touch, not per byte. visit_run(j, first,
+// count, step) gets flat indices flat + j .. + count - 1 at first, first +
+// step, ..., in order, until it returns false (then false).
+template <class VisitRun>
+KVSIM_HD inline bool indexer_for_each_run(const TensorView& cache, int64_t flat, int64_t n, VisitRun&& visit_run) {
+  for (int64_t j = 0; j < n;) {
+    const int64_t left_in_row = cache.shape[3] - (flat + j) % cache.shape[3];
+    const int64_t run = n - j < left_in_row ? n - j : left_in_row;
+    if (!visit_run(j, indexer_flat_to_offset(cache, flat + j), run, cache.stride[3])) return false;
+    j += run;
+  }
+  return true;
+}
+
 // Bytes [0, n) of row t of src to flat indices [flat, flat + n) of the cache.
-// Flat indices in one d3 row differ only in i3, so their offsets are
-// indexer_flat_to_offset of the row's first one plus k * stride[3]: one
-// decomposition (three divisions) per d3 row the bytes touch, not per byte.
 KVSIM_HD inline void indexer_scatter_bytes(const TensorView& cache, int64_t flat, const TensorView& src, int64_t t,
                                            int64_t n) {
   uint8_t* out = static_cast<uint8_t*>(cache.data);
   const uint8_t* in = static_cast<const uint8_t*>(src.data);
-  for (int64_t j = 0; j < n;) {
-    const int64_t left_in_row = cache.shape[3] - (flat + j) % cache.shape[3];
-    const int64_t run = n - j < left_in_row ? n - j : left_in_row;
-    const int64_t first = indexer_flat_to_offset(cache, flat + j);
-    for (int64_t k = 0; k < run; ++k) out[first + k * cache.stride[3]] = in[src.offset(t, j + k)];
-    j += run;
-  }
+  indexer_for_each_run(cache, flat, n, [&](int64_t j, int64_t first, int64_t count, int64_t step) {
+    for (int64_t k = 0; k < count; ++k) out[first + k * step] = in[src.offset(t, j + k)];
+    return true;
+  });
 }
 
 // Work item: token t's data bytes and scale bytes; skipped if either slot < 0.

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <algorithm>
+#include <bit>
 #include <cstdio>
 #include <limits>
 #include <span>
@@ -290,32 +291,56 @@ inline void validate_indexer_k_scatter(const IndexerKScatterOp& op) {
   }
   // One writer per byte: a bitmap over the cache's memory span marks every
   // byte a token will write (linear in the bytes written; a sort of all
-  // offsets cost ~10x more). On a collision, find the earlier writer.
+  // offsets cost ~10x more), a run of unit stride a word's bits at a time.
+  // On a collision, find the earlier writer.
   std::vector<uint64_t> seen(static_cast<size_t>((span + 63) / 64), 0);
-  auto for_each_byte = [&](int64_t t, auto&& visit) {
+  // visit_run(first, count, step) for the token's data and scale runs.
+  auto for_each_run = [&](int64_t t, auto&& visit_run) {
     const int64_t data_base = op.slot_mapping_fp8[t], scale_base = op.slot_mapping_scale[t];
     if (data_base < 0 || scale_base < 0) return true;
-    for (int64_t j = 0; j < D; ++j)
-      if (!visit(indexer_flat_to_offset(c, data_base + j))) return false;
-    for (int64_t j = 0; j < kIndexerScaleBytes; ++j)
-      if (!visit(indexer_flat_to_offset(c, scale_base + j))) return false;
-    return true;
+    auto run_only = [&](int64_t, int64_t first, int64_t count, int64_t step) { return visit_run(first, count, step); };
+    return indexer_for_each_run(c, data_base, D, run_only) &&
+           indexer_for_each_run(c, scale_base, kIndexerScaleBytes, run_only);
   };
-  for (int64_t t = 0; t < T; ++t) {
-    int64_t clash = -1;
-    for_each_byte(t, [&](int64_t off) {
+  // Marks the run's bytes; false (clash = a byte already marked) on a collision.
+  int64_t clash = -1;
+  auto mark = [&](int64_t first, int64_t count, int64_t step) {
+    if (step == 1) {
+      for (int64_t off = first; off < first + count;) {
+        const int64_t bit = off & 63, bits = std::min<int64_t>(64 - bit, first + count - off);
+        const uint64_t mask = (bits == 64 ? ~0ull : ((1ull << bits) - 1)) << bit;
+        uint64_t& word = seen[static_cast<size_t>(off >> 6)];
+        if (word & mask) {
+          clash = (off & ~int64_t{63}) + std::countr_zero(word & mask);
+          return false;
+        }
+        word |= mask;
+        off += bits;
+      }
+      return true;
+    }
+    for (int64_t k = 0; k < count; ++k) {
+      const int64_t off = first + k * step;
       const uint64_t bit = 1ull << (off & 63);
-      if (seen[static_cast<size_t>(off >> 6)] & bit) {
+      uint64_t& word = seen[static_cast<size_t>(off >> 6)];
+      if (word & bit) {
         clash = off;
         return false;
       }
-      seen[static_cast<size_t>(off >> 6)] |= bit;
-      return true;
-    });
-    if (clash < 0) continue;
+      word |= bit;
+    }
+    return true;
+  };
+  for (int64_t t = 0; t < T; ++t) {
+    if (for_each_run(t, mark)) continue;
     int64_t first = t;  // the token itself, if it writes one byte twice
+    auto avoids_clash = [&](int64_t run_first, int64_t count, int64_t step) {
+      for (int64_t k = 0; k < count; ++k)
+        if (run_first + k * step == clash) return false;
+      return true;
+    };
     for (int64_t u = 0; u < t && first == t; ++u)
-      if (!for_each_byte(u, [&](int64_t off) { return off != clash; })) first = u;
+      if (!for_each_run(u, avoids_clash)) first = u;
     fail(ErrorCode::bad_argument, "cache byte at offset " + std::to_string(clash) + " is written twice (tokens " +
                                       std::to_string(first) + " and " + std::to_string(t) +
                                       "): rule: every written byte has one writer");
