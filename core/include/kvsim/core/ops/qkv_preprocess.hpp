@@ -373,8 +373,8 @@ KVSIM_HD inline void qkv_preprocess_head(const KvPools& pools, const QkvPreproce
 }
 
 // qkv_preprocess_head for a backend that runs whole heads (the CPU): the same
-// values and bytes, with the head's inputs and bias loaded once as rows (the
-// RoPE partner read from that row), the dtype switches outside the loops and
+// values and bytes, with the head's inputs and bias loaded once as rows,
+// rotated by rope_rotate in place, the dtype switches outside the loops and
 // one element_offset per cache row the pool holds as one run.
 template <CacheDtype T>
 KVSIM_HD inline void qkv_store_cache_run(uint8_t* pool, int64_t e0, int32_t n, const float* x, float encode_scale) {
@@ -399,28 +399,17 @@ KVSIM_HD inline void qkv_preprocess_head_row(const KvPools& pools, const QkvPrep
   if (!is_q && !qkv_token_reaches_cache(a.window, cache_len, position)) return;
   const int32_t D = a.head_dim;
   const int64_t col0 = static_cast<int64_t>(fused_head) * D;
-  float in[kQkvMaxHeadDim], x[kQkvMaxHeadDim];
+  float in[kQkvMaxHeadDim], bias[kQkvMaxHeadDim];
   load_floats(a.qkv.data, a.qkv.dtype, a.qkv.offset(row, col0), a.qkv.stride[1], D, in);  // qkv_input
   if (!a.bias.empty()) {
-    load_floats(a.bias.data, a.bias.dtype, a.bias.offset(col0), a.bias.stride[0], D, x);
-    for (int32_t d = 0; d < D; ++d) in[d] = in[d] + x[d];
+    load_floats(a.bias.data, a.bias.dtype, a.bias.offset(col0), a.bias.stride[0], D, bias);
+    for (int32_t d = 0; d < D; ++d) in[d] = in[d] + bias[d];
   }
-  for (int32_t d = 0; d < D; ++d) x[d] = in[d];
   const int64_t rotary_position = position + (a.position_offsets ? a.position_offsets[b] : 0);
-  if (a.rope_style != RopeStyle::none && !is_v) {  // qkv_head_dims' rotation, dim0 = 0
-    const float* cos_sin_row = a.cos_sin + rotary_position * a.cos_sin_row_stride;
-    const int32_t half = a.rotary_dim / 2;
-    const bool gptj = a.rope_style == RopeStyle::gptj;
-    const int32_t rotated = a.rotary_dim < D ? (a.rotary_dim > 0 ? a.rotary_dim : 0) : D;
-    for (int32_t e = 0; e < rotated; ++e) {
-      const int32_t other = gptj ? (e ^ 1) : (e < half ? e + half : e - half);
-      const bool first = gptj ? (e % 2 == 0) : e < half;
-      const int32_t i = gptj ? e / 2 : (first ? e : e - half);
-      const float c = cos_sin_row[i], sn = cos_sin_row[half + i];
-      const float own_c = in[e] * c, partner_s = in[other] * sn;
-      x[e] = first ? own_c - partner_s : own_c + partner_s;
-    }
-  }
+  // V is never rotated; Q and K by core's rope_rotate itself (validated: 2 <= rotary_dim <= D, even).
+  if (a.rope_style != RopeStyle::none && !is_v)
+    rope_rotate(in, a.cos_sin + rotary_position * a.cos_sin_row_stride, a.rotary_dim, a.rope_style);
+  const float* x = in;
   if (is_q) return store_floats(a.q_out.data, a.q_out.dtype, a.q_out.offset(row, fused_head, 0), a.q_out.stride[2], D, x);
   const int32_t kv = is_v ? 1 : 0;
   const int32_t head = fused_head - a.num_q_heads - kv * a.kv_heads;
