@@ -32,6 +32,22 @@ KVSIM_HD constexpr int32_t row_chunks(int32_t head_dim, CacheDtype pool_dtype) {
   return (head_dim + c - 1) / c;
 }
 
+// f.template operator()<T>() with the pool dtype t as a compile-time T for
+// every dtype whose elements are whole bytes (a row loop without a dtype
+// switch per element); false, calling nothing, for nvfp4.
+template <class F>
+KVSIM_HD inline bool with_byte_element_dtype(CacheDtype t, F&& f) {
+  switch (t) {
+    case CacheDtype::fp32: f.template operator()<CacheDtype::fp32>(); return true;
+    case CacheDtype::fp16: f.template operator()<CacheDtype::fp16>(); return true;
+    case CacheDtype::bf16: f.template operator()<CacheDtype::bf16>(); return true;
+    case CacheDtype::fp8_e4m3: f.template operator()<CacheDtype::fp8_e4m3>(); return true;
+    case CacheDtype::fp8_e5m2: f.template operator()<CacheDtype::fp8_e5m2>(); return true;
+    case CacheDtype::int8: f.template operator()<CacheDtype::int8>(); return true;
+    default: return false;
+  }
+}
+
 // The most 16-byte words copy_words16 holds at once (a wide backend's copy
 // item moves up to this many chunks of a row).
 inline constexpr int kCopyWords = 4;

@@ -421,15 +421,10 @@ KVSIM_HD inline void qkv_preprocess_head_row(const KvPools& pools, const QkvPrep
   if (dims_contiguous(s.inner[kv], 0, D)) {
     uint8_t* pool = pools.bytes(PoolKind::primary);
     const int64_t e0 = element_offset(s, block, a.layer, kv, head, entry, 0);
-    switch (pools.geometry.dtype) {
-      case CacheDtype::fp32: return qkv_store_cache_run<CacheDtype::fp32>(pool, e0, D, x, scale);
-      case CacheDtype::fp16: return qkv_store_cache_run<CacheDtype::fp16>(pool, e0, D, x, scale);
-      case CacheDtype::bf16: return qkv_store_cache_run<CacheDtype::bf16>(pool, e0, D, x, scale);
-      case CacheDtype::fp8_e4m3: return qkv_store_cache_run<CacheDtype::fp8_e4m3>(pool, e0, D, x, scale);
-      case CacheDtype::fp8_e5m2: return qkv_store_cache_run<CacheDtype::fp8_e5m2>(pool, e0, D, x, scale);
-      case CacheDtype::int8: return qkv_store_cache_run<CacheDtype::int8>(pool, e0, D, x, scale);
-      default: break;  // nvfp4: scale blocks
-    }
+    if (with_byte_element_dtype(pools.geometry.dtype,
+                                [&]<CacheDtype T>() { qkv_store_cache_run<T>(pool, e0, D, x, scale); }))
+      return;
+    // nvfp4: scale blocks
   }
   qkv_store_cache_dims<kQkvMaxHeadDim>(pools, a.layer, block, entry, kv, head, 0, D, x, scale,
                                        is_v ? a.v_global_scale : a.k_global_scale);

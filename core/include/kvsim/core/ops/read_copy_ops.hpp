@@ -204,15 +204,8 @@ KVSIM_HD inline void gather_paged_row(const GatherPagedArgs& a, int64_t t, int32
       for (int32_t i = 0; i < D; ++i) o[i * step] = code_values[codes[i]];
       return;
     }
-    switch (dtype) {
-      case CacheDtype::fp32: return gather_run<CacheDtype::fp32>(a, e0, D, o, step);
-      case CacheDtype::fp16: return gather_run<CacheDtype::fp16>(a, e0, D, o, step);
-      case CacheDtype::bf16: return gather_run<CacheDtype::bf16>(a, e0, D, o, step);
-      case CacheDtype::fp8_e4m3: return gather_run<CacheDtype::fp8_e4m3>(a, e0, D, o, step);
-      case CacheDtype::fp8_e5m2: return gather_run<CacheDtype::fp8_e5m2>(a, e0, D, o, step);
-      case CacheDtype::int8: return gather_run<CacheDtype::int8>(a, e0, D, o, step);
-      default: break;  // nvfp4: per-element scales
-    }
+    if (with_byte_element_dtype(dtype, [&]<CacheDtype T>() { gather_run<T>(a, e0, D, o, step); })) return;
+    // nvfp4: per-element scales
   }
   gather_paged_dims(a, t, h, 0, D);
 }
