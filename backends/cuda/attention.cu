@@ -349,8 +349,8 @@ void launch_plan(const AttentionPlan& plan, cudaStream_t stream) {
   if (plan.rows == 0 || plan.parts == 0) return;
   const RowTables rt{plan.row_seq, plan.row_position, plan.row_part_base, plan.part_row};
   bool done = false;
-  if (plan.args.order == AttentionOrder::mma) {  // the mma order has one kernel, whatever path was asked
-    launch_mma_partitions(plan, stream);
+  if (plan.args.order == AttentionOrder::mma) {  // the ring kernel where it applies, unless the general one is asked
+    if (plan.path == AttentionPath::general || !launch_mma_ring(plan, stream)) launch_mma_partitions(plan, stream);
     done = true;
   }
   if (!done && plan.path == AttentionPath::bulk) done = launch_bulk_wide(plan, stream) || launch_bulk_byte(plan, stream);

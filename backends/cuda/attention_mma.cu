@@ -16,8 +16,10 @@
 //    are the same), accumulators from +0, groups in key order.
 // Writes m_p, l_p and acc_p where the general kernel does; the merge kernel
 // (attention.cu) is the same for both orders. K and V codes are read one
-// element at a time through element_offset (any layout): correctness first.
-// Prefill takes attention_prefill_mma.cu's tiled kernel wherever it applies.
+// element at a time through element_offset (any layout): correctness first,
+// and the fallback of every shape the fast kernels leave: decode (and plan-
+// driven prefill) takes attention_mma_ring.cu's ring kernel, prefill
+// attention_prefill_mma.cu's tiled kernel, wherever they apply.
 #include "backends/cuda/attention_plan.cuh"
 #include "backends/cuda/attention_warp.cuh"
 #include "backends/cuda/cuda_check.hpp"

@@ -23,9 +23,12 @@ namespace kvsim::cuda {
 // bulk: the staged path's shapes (rows up to 1024 bytes), one warp per
 // (query row, KV head, partition), K/V tiles brought by cp.async.bulk into a
 // per-warp ring (attention_bulk.cuh); fewest instructions per key.
-// mma: the mma order's kernel (attention_mma.cu), the only path of an op in
-// that order (args.order == mma); any dtype the order is offered for, any
-// layout, head dim and group.
+// mma: the mma order's paths (args.order == mma): the ring kernel
+// (attention_mma_ring.cu: bf16/fp16 caches with contiguous 16-byte aligned
+// rows, D 64/128/256, group 1..8, pools up to 64 GiB) where it applies, else
+// the general mma kernel (attention_mma.cu: any dtype the order is offered
+// for, any layout, head dim and group); a plan in the mma order whose path is
+// set to general takes the general mma kernel (tests, benchmarks).
 enum class AttentionPath { general, staged, bulk, mma };
 
 // Resources of the bulk kernel a plan launches (benchmark report).
@@ -98,9 +101,14 @@ bool launch_staged_byte(const AttentionPlan& plan, cudaStream_t stream);
 // kernel's resources (nothing is launched).
 bool launch_bulk_wide(const AttentionPlan& plan, cudaStream_t stream, KernelInfo* info = nullptr);
 bool launch_bulk_byte(const AttentionPlan& plan, cudaStream_t stream, KernelInfo* info = nullptr);
-// The mma order's partition kernel (attention_mma.cu): m_p, l_p, acc_p of
-// every (row, partition, query head) into the plan's scratch.
+// The mma order's partition kernels: m_p, l_p, acc_p of every (row,
+// partition, query head) into the plan's scratch. The general one
+// (attention_mma.cu) takes every plan; the ring kernel (attention_mma_ring.cu)
+// returns false where it does not apply; with `info` it only reports its
+// resources.
 void launch_mma_partitions(const AttentionPlan& plan, cudaStream_t stream);
+bool mma_ring_applies(const AttentionPlan& plan);
+bool launch_mma_ring(const AttentionPlan& plan, cudaStream_t stream, KernelInfo* info = nullptr);
 // Sets the plan's arithmetic order (mma: the mma path).
 inline void set_order(AttentionPlan& plan, AttentionOrder order) {
   plan.args.order = order;

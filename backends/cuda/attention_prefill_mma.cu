@@ -106,7 +106,6 @@ __device__ __forceinline__ void pv_group(mma::Operand f, float p0, float p1, flo
                                          int32_t lo_end, int64_t end_a, int64_t end_b, int t4,
                                          float (&acc)[kDimTiles][4]) {
   mma_order::SplitProbability sp[4];
-#pragma unroll
   const float p[4] = {p0, p1, p2, p3};
 #pragma unroll
   for (int i = 0; i < 4; ++i) sp[i] = mma_order::split_probability(f, p[i]);

@@ -10,6 +10,7 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -73,7 +74,7 @@ int check_against_oracle(Backend& cpu, const AttentionCase& c) {
   INFO("first difference: " << first_difference(p, want, got));
   CHECK(want == got);
   const cuda::AttentionPath chosen = cuda::choose_path(dev.placed.pools, q_view(p, dev.placed.q));
-  if (chosen == cuda::AttentionPath::general || c.order == AttentionOrder::mma) return 1;  // mma: one kernel
+  if (chosen == cuda::AttentionPath::general && c.order == AttentionOrder::fp32) return 1;
 
   // The same op forced through the other kernels.
   std::vector<int32_t> seq, position;
@@ -89,6 +90,7 @@ int check_against_oracle(Backend& cpu, const AttentionCase& c) {
     cuda::AttentionPlan plan =
         cuda::make_plan("test", dev.placed.pools, 1, q_view(p, dev.placed.q), out_view(p, dev.placed.out), p.table,
                         p.max_blocks, p.attention_scales, p.window, seq, position, nullptr);
+    cuda::set_order(plan, c.order);
     plan.path = path;
     plan.staged_tile_keys = tile_keys;
     plan.bulk_tile_keys = tile_keys;
@@ -98,6 +100,24 @@ int check_against_oracle(Backend& cpu, const AttentionCase& c) {
     return dev.download_out(p);
   };
   int runs = 1;
+  if (c.order == AttentionOrder::mma) {
+    // The public entry took the ring kernel where it applies (a tiled
+    // prefill kernel aside): the general mma kernel must give the same bytes.
+    cuda::AttentionPlan probe =
+        cuda::make_plan("test", dev.placed.pools, 1, q_view(p, dev.placed.q), out_view(p, dev.placed.out), p.table,
+                        p.max_blocks, p.attention_scales, p.window, seq, position, nullptr);
+    cuda::set_order(probe, AttentionOrder::mma);
+    const bool ring = cuda::mma_ring_applies(probe);
+    cuda::release_plan(probe, nullptr);
+    if (!ring) return runs;
+    const std::vector<uint8_t> general = run_plan(cuda::AttentionPath::general, 32);
+    INFO("general mma kernel, first difference: " << first_difference(p, want, general));
+    CHECK(want == general);
+    const std::vector<uint8_t> ringed = run_plan(cuda::AttentionPath::mma, 32);
+    INFO("mma ring kernel, first difference: " << first_difference(p, want, ringed));
+    CHECK(want == ringed);
+    return runs + 2;
+  }
   const std::vector<uint8_t> general = run_plan(cuda::AttentionPath::general, 32);
   INFO("general path, first difference: " << first_difference(p, want, general));
   CHECK(want == general);
@@ -136,6 +156,19 @@ constexpr WindowChoice kWindows[] = {{0, 0, false}, {200, 4, false}, {300, 0, tr
 template <class T, size_t N>
 const T& pick(const T (&axis)[N], int i, int stride, int offset) {
   return axis[(static_cast<size_t>(i) * stride + offset) % N];
+}
+
+// Case i of a path sweep: every 5th a window of 300 with 3 sinks, else every
+// 7th (from 3) one of 517 with 16 sinks and one more block than needed.
+void set_sweep_window(AttentionCase& c, int i) {
+  if (i % 5 == 4) {
+    c.window = 300;
+    c.sinks = 3;
+  } else if (i % 7 == 3) {
+    c.window = 517;
+    c.sinks = 16;
+    c.one_more_block = true;
+  }
 }
 
 // Case i of the sampled product. Lengths are ragged, odd batch sizes mostly,
@@ -213,14 +246,7 @@ TEST_CASE("DecodeAttentionStagedPathIsEquivalentToRef") {
         c.q_dtype = i % 2 ? CacheDtype::bf16 : CacheDtype::fp32;
         c.out_dtype = i % 3 ? CacheDtype::bf16 : CacheDtype::fp32;
         c.seq_lens = {1, 1900 + i, 257, 33 + i, 512};
-        if (i % 5 == 4) {
-          c.window = 300;
-          c.sinks = 3;
-        } else if (i % 7 == 3) {
-          c.window = 517;
-          c.sinks = 16;
-          c.one_more_block = true;
-        }
+        set_sweep_window(c, i);
         c.seed = 77 + i;
         check_against_oracle(*cpu, c);
         ++i;
@@ -525,6 +551,45 @@ TEST_CASE("MmaOrderDecodeAttentionIsEquivalentToRef over a sampled product of ev
   SKIP_WITHOUT_GPU();
   auto cpu = make_backend("cpu");
   for (int i = 0; i < 32; ++i) check_against_oracle(*cpu, mma_case(i, false));
+}
+
+// attention_mma_ring.cu's every instantiation (bf16/fp16, D 64/128/256) and
+// group size 1..8 (odd ones included: absent heads are zero columns), NHD and
+// HND, odd and large pages, lengths around the 16-key tiles and 256-key
+// partitions, windows with sinks, NaN tails and Inf/NaN codes, decode and
+// prefill: the public entry, the general mma kernel and the ring kernel each
+// give the oracle's bytes.
+TEST_CASE("MmaOrderRingKernelIsEquivalentToRef") {
+  SKIP_WITHOUT_GPU();
+  auto cpu = make_backend("cpu");
+  int i = 0, runs = 0;
+  for (CacheDtype dtype : {CacheDtype::bf16, CacheDtype::fp16})
+    for (int32_t D : {64, 128, 256})
+      for (int32_t G : {1, 2, 3, 4, 5, 8}) {
+        AttentionCase c;
+        c.order = AttentionOrder::mma;
+        c.dtype = dtype;
+        c.head_dim = D;
+        c.group = G;
+        c.layout = i % 2 ? BlockLayout::hnd : BlockLayout::nhd;
+        c.placement = i % 3 ? LayerPlacement::in_block : LayerPlacement::per_layer;
+        constexpr int32_t kRingPages[] = {16, 7, 1, 64, 3, 17, 1024};
+        c.page = kRingPages[i % 7];
+        c.kv_heads = 1 + i % 3;
+        c.q_dtype = i % 2 ? CacheDtype::bf16 : CacheDtype::fp32;
+        c.out_dtype = i % 3 ? CacheDtype::bf16 : CacheDtype::fp32;
+        c.seq_lens = {1, 16, 17, 256, 257, 1900 + i, 33 + i};
+        set_sweep_window(c, i);
+        c.nan_tail = i % 4 == 1 && c.out_dtype != CacheDtype::fp32;
+        c.special_every = i % 6 == 5 ? 997 : 0;
+        if (i % 3 == 2)
+          for (int32_t len : c.seq_lens) c.chunk.push_back(std::min<int32_t>(len, 1 + (len * 7 + i) % 40));
+        c.seed = 3131 + i;
+        runs += check_against_oracle(*cpu, c);
+        ++i;
+      }
+  MESSAGE("mma ring: " << i << " cases, " << runs << " kernel runs compared");
+  CHECK(runs == 3 * i);  // every case took the ring kernel and the general one
 }
 
 TEST_CASE("MmaOrderPrefillAttentionIsEquivalentToRef over a sampled product of every axis") {

@@ -17,9 +17,14 @@
 #if defined(__CUDACC__)
 #define KVSIM_HD __host__ __device__
 #define KVSIM_FORCEINLINE __forceinline__
+// Before a host/device template that host code instantiates with a host-only
+// callable (a lambda): nvcc then checks the execution space per instantiation
+// instead of warning about the host one.
+#define KVSIM_HD_TEMPLATE _Pragma("nv_exec_check_disable")
 #else
 #define KVSIM_HD
 #define KVSIM_FORCEINLINE inline
+#define KVSIM_HD_TEMPLATE
 #endif
 
 // Exactness guard (contract §1): fast-math would let the compiler reassociate and

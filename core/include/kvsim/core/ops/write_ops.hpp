@@ -540,6 +540,7 @@ inline IndexerKScatterArgs make_indexer_k_scatter_args(const IndexerKScatterOp& 
 // divisions) per d3 row the bytes touch, not per byte. visit_run(j, first,
 // count, step) gets flat indices flat + j .. + count - 1 at first, first +
 // step, ..., in order, until it returns false (then false).
+KVSIM_HD_TEMPLATE
 template <class VisitRun>
 KVSIM_HD inline bool indexer_for_each_run(const TensorView& cache, int64_t flat, int64_t n, VisitRun&& visit_run) {
   for (int64_t j = 0; j < n;) {
