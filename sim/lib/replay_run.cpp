@@ -156,6 +156,12 @@ void put_value(std::vector<uint8_t>& buf, CacheDtype t, int64_t i, float x, floa
   }
 }
 
+// put_value for n consecutive elements from i0 (the dtype chosen once per row).
+void put_row(std::vector<uint8_t>& buf, CacheDtype t, int64_t i0, const float* x, int32_t n, float scale) {
+  if (is_float_input(t)) return store_floats(buf.data(), t, i0, 1, n, x);
+  for (int32_t i = 0; i < n; ++i) put_value(buf, t, i0 + i, x[i], scale);
+}
+
 // Runs body(i) for i in [0, n) on oneTBB's threads. Each i writes only its
 // own elements, so the result is the same bytes in any order.
 // Every row here is heavy (a token's inputs, an output row's digest, a dense
@@ -367,7 +373,8 @@ class Runner final : public BlockMover {
   };
   void write_layer(int32_t layer, const std::vector<Entry>& es, int64_t nnz, BackendBuffer& q_buf, CacheDtype& q_dtype);
   LayerWrite plan_layer_write(int32_t layer, const std::vector<Entry>& es, int64_t nnz) const;
-  float token_value(const LayerWrite& w, ModelTensor t, int32_t head, int32_t dim, const StepToken& k) const;
+  // The synthetic model's values of token k for dims 0 .. n - 1 of one head of t, into out.
+  void token_row(const LayerWrite& w, ModelTensor t, int32_t head, int32_t n, const StepToken& k, float* out) const;
   void cache_slot(const LayerWrite& w, const StepToken& k, int64_t& block, int32_t& entry) const;
   void upload_model_q(const LayerWrite& w, BackendBuffer& q_buf, CacheDtype& q_dtype);
   void write_qkv_preprocess(const LayerWrite& w, const std::vector<Entry>& es, BackendBuffer& q_buf, CacheDtype& q_dtype);
@@ -920,8 +927,11 @@ Runner::LayerWrite Runner::plan_layer_write(int32_t layer, const std::vector<Ent
   return w;
 }
 
-float Runner::token_value(const LayerWrite& w, ModelTensor t, int32_t head, int32_t dim, const StepToken& k) const {
-  return model_.value_from_seed(t, w.seeds->of(t, head, dim), k.position, k.request->hashes[k.position]);
+void Runner::token_row(const LayerWrite& w, ModelTensor t, int32_t head, int32_t n, const StepToken& k,
+                       float* out) const {
+  const auto ti = static_cast<size_t>(t);
+  model_.row_from_seeds(t, w.seeds->seed[ti].data() + static_cast<size_t>(head) * w.seeds->dims[ti], n, k.position,
+                        k.request->hashes[k.position], out);
 }
 
 void Runner::cache_slot(const LayerWrite& w, const StepToken& k, int64_t& block, int32_t& entry) const {
@@ -983,9 +993,11 @@ void Runner::upload_model_q(const LayerWrite& w, BackendBuffer& q_buf, CacheDtyp
   {
     Phase inputs(clock_, &rec_.timings.inputs);
     parallel_rows(static_cast<int64_t>(w.toks.size()), [&](int64_t t) {
-      for (int32_t h = 0; h < Hq; ++h)
-        for (int32_t d = 0; d < D; ++d)
-          put_value(q, q_dtype, (t * Hq + h) * D + d, token_value(w, ModelTensor::q, h, d, w.toks[t]), 1.0f);
+      std::vector<float> row(static_cast<size_t>(D));
+      for (int32_t h = 0; h < Hq; ++h) {
+        token_row(w, ModelTensor::q, h, D, w.toks[t], row.data());
+        put_row(q, q_dtype, (t * Hq + h) * D, row.data(), D, 1.0f);
+      }
     });
   }
   q_buf = BackendBuffer(be_, q.size());
@@ -1002,13 +1014,16 @@ void Runner::write_qkv_preprocess(const LayerWrite& w, const std::vector<Entry>&
   std::optional<Phase> inputs(std::in_place, clock_, &rec_.timings.inputs);
   parallel_rows(static_cast<int64_t>(w.toks.size()), [&](int64_t t) {
     const int64_t row = t * width;
-    for (int32_t h = 0; h < Hq; ++h)
-      for (int32_t d = 0; d < D; ++d) put_value(qkv, in_t, row + h * D + d, token_value(w, ModelTensor::q, h, d, w.toks[t]), 1);
-    for (int32_t h = 0; h < H; ++h)
-      for (int32_t d = 0; d < D; ++d) {
-        put_value(qkv, in_t, row + (Hq + h) * D + d, token_value(w, ModelTensor::k, h, d, w.toks[t]), 1);
-        put_value(qkv, in_t, row + (Hq + H + h) * D + d, token_value(w, ModelTensor::v, h, d, w.toks[t]), 1);
-      }
+    std::vector<float> values(static_cast<size_t>(D));
+    auto put = [&](ModelTensor which, int32_t h, int64_t at) {
+      token_row(w, which, h, D, w.toks[t], values.data());
+      put_row(qkv, in_t, at, values.data(), D, 1);
+    };
+    for (int32_t h = 0; h < Hq; ++h) put(ModelTensor::q, h, row + h * D);
+    for (int32_t h = 0; h < H; ++h) {
+      put(ModelTensor::k, h, row + (Hq + h) * D);
+      put(ModelTensor::v, h, row + (Hq + H + h) * D);
+    }
   });
   inputs.reset();
   if (dump_) {
@@ -1073,14 +1088,12 @@ Runner::AppendInputs Runner::append_inputs(const LayerWrite& w, bool mla) {
       b(static_cast<size_t>(in.n * heads * in.b_dim * in_b));
   std::optional<Phase> inputs(std::in_place, clock_, &rec_.timings.inputs);
   parallel_rows(in.n, [&](int64_t i) {
+    std::vector<float> values(static_cast<size_t>(std::max(in.a_dim, in.b_dim)));
     for (int32_t h = 0; h < heads; ++h) {
-      for (int32_t d = 0; d < in.a_dim; ++d)
-        put_value(a, in_t, (i * heads + h) * in.a_dim + d,
-                  token_value(w, mla ? ModelTensor::ckv : ModelTensor::k, h, d, *written[i]), k_code_scale);
-      for (int32_t d = 0; d < in.b_dim; ++d)
-        put_value(b, in_t, (i * heads + h) * in.b_dim + d,
-                  token_value(w, mla ? ModelTensor::kpe : ModelTensor::v, h, d, *written[i]),
-                  mla ? k_code_scale : v_code_scale);
+      token_row(w, mla ? ModelTensor::ckv : ModelTensor::k, h, in.a_dim, *written[i], values.data());
+      put_row(a, in_t, (i * heads + h) * in.a_dim, values.data(), in.a_dim, k_code_scale);
+      token_row(w, mla ? ModelTensor::kpe : ModelTensor::v, h, in.b_dim, *written[i], values.data());
+      put_row(b, in_t, (i * heads + h) * in.b_dim, values.data(), in.b_dim, mla ? k_code_scale : v_code_scale);
     }
   });
   inputs.reset();
@@ -1146,12 +1159,14 @@ void Runner::write_reshape_and_cache(const LayerWrite& w, const std::vector<Entr
   std::vector<uint8_t> k(static_cast<size_t>(w.nnz * H * D * element_bytes(in_t))), v(k.size());
   std::optional<Phase> inputs(std::in_place, clock_, &rec_.timings.inputs);
   parallel_rows(static_cast<int64_t>(w.toks.size()), [&](int64_t t) {
-    for (int32_t h = 0; h < H; ++h)
-      for (int32_t d = 0; d < D; ++d) {
-        const int64_t i = (t * H + h) * D + d;
-        put_value(k, in_t, i, token_value(w, ModelTensor::k, h, d, w.toks[t]), k_code_scale);
-        put_value(v, in_t, i, token_value(w, ModelTensor::v, h, d, w.toks[t]), v_code_scale);
-      }
+    std::vector<float> values(static_cast<size_t>(D));
+    for (int32_t h = 0; h < H; ++h) {
+      const int64_t i = (t * H + h) * D;
+      token_row(w, ModelTensor::k, h, D, w.toks[t], values.data());
+      put_row(k, in_t, i, values.data(), D, k_code_scale);
+      token_row(w, ModelTensor::v, h, D, w.toks[t], values.data());
+      put_row(v, in_t, i, values.data(), D, v_code_scale);
+    }
   });
   inputs.reset();
   if (dump_) {
@@ -1388,15 +1403,16 @@ void Runner::attend_mla(int32_t layer, const std::vector<Entry>& es) {
   std::vector<uint8_t> q(static_cast<size_t>(rows * Hq * dq * element_bytes(q_dtype)));
   int64_t r = 0;
   const LayerSeeds& seeds = layer_seeds(layer);
+  std::vector<float> values(static_cast<size_t>(dq));
   std::optional<Phase> inputs(std::in_place, clock_, &rec_.timings.inputs);
   for (const Entry& e : es)
     for (int32_t i = 0; i < e.e->n; ++i, ++r) {
       const int64_t position = e.e->start + i;
-      for (int32_t h = 0; h < Hq; ++h)
-        for (int32_t d = 0; d < dq; ++d)
-          put_value(q, q_dtype, (r * Hq + h) * dq + d,
-                    model_.value_from_seed(ModelTensor::q, seeds.of(ModelTensor::q, h, d), position, e.r->hashes[position]),
-                    1.0f);
+      for (int32_t h = 0; h < Hq; ++h) {
+        model_.row_from_seeds(ModelTensor::q, &seeds.seed[static_cast<size_t>(ModelTensor::q)][static_cast<size_t>(h) * dq],
+                              dq, position, e.r->hashes[position], values.data());
+        put_row(q, q_dtype, (r * Hq + h) * dq, values.data(), dq, 1.0f);
+      }
     }
   inputs.reset();
   BackendBuffer q_b(be_, q.size()), out_b(be_, static_cast<size_t>(rows * Hq * d_ckv * 4));

@@ -31,24 +31,39 @@ float SyntheticModel::value(ModelTensor t, int32_t layer, int32_t head, int32_t 
   return value_from_seed(t, dim_seed(t, layer, head, dim), position, prefix_hash);
 }
 
-float SyntheticModel::value_from_seed(ModelTensor t, uint64_t dim_seed, int64_t position, uint64_t prefix_hash) const {
+namespace {
+// The value at a position from its dim seed: the one definition behind
+// value_from_seed and row_from_seeds.
+inline float seeded_value(const ModelSpec& spec, ModelTensor t, uint64_t dim_seed, int64_t position,
+                          uint64_t prefix_hash) {
   uint64_t h = hash_mix(dim_seed, static_cast<uint64_t>(position));
   h = hash_mix(h, prefix_hash);
   // Sum of four uniforms: bell-shaped, sigma 1.1547; scaled to sigma = value_scale.
   const uint64_t a = hash_mix(h, 1), b = hash_mix(h, 2);
   const float s = unit(a) + unit(a << 24) + unit(b) + unit(b << 24);
-  float x = s * (spec_.value_scale / 1.1547005f);
-  if (spec_.outlier_rate > 0.0f) {
+  float x = s * (spec.value_scale / 1.1547005f);
+  if (spec.outlier_rate > 0.0f) {
     const float u = (unit(hash_mix(h, 3)) + 1.0f) * 0.5f;
-    if (u < spec_.outlier_rate) x *= spec_.outlier_scale;
+    if (u < spec.outlier_rate) x *= spec.outlier_scale;
   }
-  if ((spec_.nan_rate > 0.0f || spec_.inf_rate > 0.0f) && t != ModelTensor::q && t != ModelTensor::indexer_k) {
+  if ((spec.nan_rate > 0.0f || spec.inf_rate > 0.0f) && t != ModelTensor::q && t != ModelTensor::indexer_k) {
     const float u = (unit(hash_mix(h, 4)) + 1.0f) * 0.5f;
-    if (u < spec_.nan_rate) return std::numeric_limits<float>::quiet_NaN();
-    if (u < spec_.nan_rate + spec_.inf_rate)
+    if (u < spec.nan_rate) return std::numeric_limits<float>::quiet_NaN();
+    if (u < spec.nan_rate + spec.inf_rate)
       return (a & 1) ? std::numeric_limits<float>::infinity() : -std::numeric_limits<float>::infinity();
   }
   return x;
+}
+}  // namespace
+
+float SyntheticModel::value_from_seed(ModelTensor t, uint64_t dim_seed, int64_t position, uint64_t prefix_hash) const {
+  return seeded_value(spec_, t, dim_seed, position, prefix_hash);
+}
+
+void SyntheticModel::row_from_seeds(ModelTensor t, const uint64_t* dim_seeds, int32_t n, int64_t position,
+                                    uint64_t prefix_hash, float* out) const {
+  const ModelSpec spec = spec_;  // a local copy: the loop's conditions are invariant
+  for (int32_t i = 0; i < n; ++i) out[i] = seeded_value(spec, t, dim_seeds[i], position, prefix_hash);
 }
 
 std::vector<uint64_t> SyntheticModel::prefix_hashes(std::span<const int32_t> tokens) {

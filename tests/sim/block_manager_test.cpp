@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <map>
 #include <numeric>
 #include <set>
@@ -363,6 +364,38 @@ TEST_CASE("synthetic model: equal prefixes give equal inputs; a different earlie
   for (int i = 0; i < n; ++i) outliers += std::abs(mo.value(ModelTensor::v, 0, 0, i % 64, i, ha[3])) > 4.0f;
   CHECK(outliers > n / 200);
   CHECK(outliers < n / 50);
+}
+
+TEST_CASE("synthetic model: row_from_seeds is value() element by element, bit for bit, with outliers, NaN and Inf") {
+  ModelSpec spec;
+  spec.seed = 11;
+  spec.value_scale = 0.75f;
+  for (const float rate : {0.0f, 0.05f}) {
+    spec.outlier_rate = rate;
+    spec.nan_rate = rate;
+    spec.inf_rate = rate;
+    SyntheticModel m(spec);
+    int specials = 0;
+    for (const ModelTensor t : {ModelTensor::q, ModelTensor::k, ModelTensor::v, ModelTensor::ckv, ModelTensor::kpe,
+                                ModelTensor::indexer_k})
+      for (const int32_t n : {1, 7, 128, 576}) {
+        const int32_t layer = n % 5, head = n % 3;
+        const int64_t position = 1000 + n;
+        const uint64_t prefix_hash = SyntheticModel::extend_hash(SyntheticModel::kEmptyHash, n);
+        std::vector<uint64_t> seeds(static_cast<size_t>(n));
+        for (int32_t d = 0; d < n; ++d) seeds[static_cast<size_t>(d)] = m.dim_seed(t, layer, head, d);
+        std::vector<float> row(static_cast<size_t>(n));
+        m.row_from_seeds(t, seeds.data(), n, position, prefix_hash, row.data());
+        for (int32_t d = 0; d < n; ++d) {
+          const float want = m.value(t, layer, head, d, position, prefix_hash);
+          const float got = row[static_cast<size_t>(d)];
+          INFO("tensor " << static_cast<int>(t) << " n " << n << " dim " << d);
+          CHECK(std::memcmp(&want, &got, sizeof want) == 0);
+          specials += !std::isfinite(want);
+        }
+      }
+    CHECK((rate > 0.0f) == (specials > 0));  // the special branches are taken where asked for
+  }
 }
 
 // ---------------------------------------------------------------- scheduler (sim/include/kvsim/sim/scheduler.hpp)

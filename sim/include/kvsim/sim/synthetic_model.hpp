@@ -33,6 +33,11 @@ class SyntheticModel {
   // == value(t, l, h, d, p, ph), bit for bit.
   uint64_t dim_seed(ModelTensor t, int32_t layer, int32_t head, int32_t dim) const;
   float value_from_seed(ModelTensor t, uint64_t dim_seed, int64_t position, uint64_t prefix_hash) const;
+  // value_from_seed for n consecutive dim seeds at one position: out[i] =
+  // value_from_seed(t, dim_seeds[i], position, prefix_hash), the same
+  // function in a loop the compiler sees whole (a replay's inputs are rows).
+  void row_from_seeds(ModelTensor t, const uint64_t* dim_seeds, int32_t n, int64_t position, uint64_t prefix_hash,
+                      float* out) const;
 
   // h[p] = hash of tokens[0..p] (a chained hash: equal prefixes, equal hashes).
   static std::vector<uint64_t> prefix_hashes(std::span<const int32_t> tokens);
