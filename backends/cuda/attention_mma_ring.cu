@@ -52,42 +52,82 @@ constexpr int kMaxSlots = 6;
 
 constexpr int kWarpsPerCta = 4;
 
-// One instantiation: head dim and score rows (4 for G <= 4: half the
-// buffer, B's columns 4..7 zeros in registers; else 8).
-template <int kD, int kRowsS>
+// One instantiation: head dim, score rows (4 for G <= 4: half the buffer,
+// B's columns 4..7 zeros in registers; else 8) and bytes per cache code (2:
+// bf16/fp16, 1: fp8, turned into bf16 codes in registers).
+template <int kD, int kRowsS, int kCodeBytes>
 struct Cfg {
-  static constexpr int kElem = 2;  // build_table's row offsets: 16-bit codes
+  static constexpr int kElem = kCodeBytes;  // build_table's row offsets
   static constexpr int kRowBytes = kD * kElem;
   static constexpr int kStride = kRowBytes + 16;  // padded ring row
   static constexpr int kPieces = kRowBytes / 16;  // 16-byte pieces per row
   static constexpr int kTileBytes = kTile * kStride;
   static constexpr int kScoreBytes = kRowsS * kScoreStride * 4;
   static constexpr int kTableBytes = 2 * kPartitionSize * 4;
-  // Slots: as many as fit (up to kMaxSlots) with two CTAs per SM (D 64,
-  // 128; one for D 256). Measured on the H200 (bf16, 64 x 8K, GQA 32:8):
-  // 5 slots and 4 score rows ran as fast as 4 slots and 8 rows (0.691 vs
-  // 0.693 ms), 9 one-warp CTAs of 4 slots slower (0.713 ms).
-  static constexpr int kCtaBudget = (kD == 256 ? 227 : 113) * 1024 - 1024;
+  // CTAs per SM: three for fp8 rows up to D 128 (their half-size tiles
+  // still leave 5 slots a warp: 12 warps per SM to hide the latency that
+  // bounds the kernel, ncu: 2 warps per scheduler, 4.1 cycles between a
+  // warp's instructions), else two (one for D 256 at 16 bits). Slots: as
+  // many as fit, up to kMaxSlots. Measured on the H200 (bf16, 64 x 8K, GQA
+  // 32:8): 5 slots and 4 score rows ran as fast as 4 slots and 8 rows (0.691
+  // vs 0.693 ms), 9 one-warp CTAs of 4 slots slower (0.713 ms).
+  static constexpr int kCtasPerSm = kCodeBytes == 1 ? (kD <= 128 ? 3 : 2) : (kD == 256 ? 1 : 2);
+  static constexpr int kCtaBudget = 227 * 1024 / kCtasPerSm - 1024;
   static constexpr int kFit = (kCtaBudget / kWarpsPerCta - kScoreBytes - kTableBytes) / kTileBytes;
   static constexpr int kSlots = kFit < kMaxSlots ? kFit : kMaxSlots;
   static constexpr int kWarpBytes = kSlots * kTileBytes + kScoreBytes + kTableBytes;
   static constexpr int kChunks = kD / 16;  // score chain length
   static_assert(kSlots >= 3 && kTile * kPieces % kWarp == 0 && kWarpBytes % 16 == 0);
+  static_assert(kCtasPerSm * kWarpsPerCta * kWarpBytes <= 227 * 1024);
 };
 
+KVSIM_HD constexpr bool is_fp8(CacheDtype t) { return t == CacheDtype::fp8_e4m3 || t == CacheDtype::fp8_e5m2; }
+
+// The operand codes of a cache's codes, two at a time (the first in the low
+// half): bf16/fp16 as stored, fp8 through fp8x2_to_bf16x2 (the low 16 bits).
+template <CacheDtype kCache>
+__device__ __forceinline__ uint32_t operand_pair(uint32_t codes) {
+  if constexpr (kCache == CacheDtype::fp8_e4m3) return fp8x2_to_bf16x2<false>(codes);
+  else if constexpr (kCache == CacheDtype::fp8_e5m2) return fp8x2_to_bf16x2<true>(codes);
+  else return codes;
+}
+
+// The k permutation of an fp8 chunk. ldmatrix over fp8 bytes gives a lane 4
+// consecutive dims of a row, 4 t4 .. 4 t4 + 3, which the instruction takes
+// as its k 2 t4, 2 t4 + 1 (a0/a1, b0) and 2 t4 + 8, 2 t4 + 9 (a2/a3, b1). The
+// model's inner product is one fused addition of exact products, free of
+// order within an instruction, so the same permutation of q and k changes no
+// bit. bf16/fp16: the identity (dims 2 t4, + 1 and + 8, + 9).
+template <CacheDtype kCache>
+__device__ __forceinline__ int chunk_dim(int t4, int half) {
+  return is_fp8(kCache) ? 4 * t4 + 2 * half : 2 * t4 + 8 * half;
+}
+
+// The head dim of P.V's output row r (0..15) of M tile m: bf16/fp16 tiles are
+// 16 consecutive dims; an fp8 lane's 32-bit loads give 4 consecutive dims
+// 32 (m / 2) + 4 g + 0..3, rows g and g + 8 of tiles m = 2 q and 2 q + 1.
+template <CacheDtype kCache>
+__device__ __forceinline__ int pv_dim(int m, int g, int upper) {
+  return is_fp8(kCache) ? 32 * (m / 2) + 4 * g + 2 * (m % 2) + upper : 16 * m + g + 8 * upper;
+}
+
 // Where a lane's pieces of a tile go: lane l moves 16-byte column l % kPieces
-// of rows l / kPieces, + kRowsPerPass, ... (measured on the H200: computing
-// each piece's place from scratch was 50 of 57 warp instructions per key).
+// of kPerLane consecutive rows from (l / kPieces) * kPerLane, so that its
+// row offsets are one vector load from the table (measured on the H200:
+// computing each piece's place from scratch was 50 of 57 warp instructions
+// per key; then one scalar table load per piece, waited on by its address,
+// was the kernel's most-sampled stall).
 template <class K>
 struct LanePieces {
-  static constexpr int kRowsPerPass = kWarp / K::kPieces;
+  static constexpr int kPerLane = kTile * K::kPieces / kWarp;
+  static_assert(kPerLane == 2 || kPerLane % 4 == 0);
   const uint8_t* src;  // pool + the lane's column
   uint32_t dst;        // shared offset of the lane's first piece within a slot
   int32_t row;         // the lane's first row
   __device__ LanePieces(const uint8_t* pool, int lane)
       : src(pool + (lane % K::kPieces) * 16),
-        dst(static_cast<uint32_t>((lane / K::kPieces) * K::kStride + (lane % K::kPieces) * 16)),
-        row(lane / K::kPieces) {}
+        dst(static_cast<uint32_t>((lane / K::kPieces) * kPerLane * K::kStride + (lane % K::kPieces) * 16)),
+        row((lane / K::kPieces) * kPerLane) {}
 };
 
 // Tile `t` of item `it` (K tiles 0..tiles-1, then V tiles) into the ring
@@ -100,21 +140,26 @@ __device__ __forceinline__ void issue_tile(const LanePieces<K>& lp, const Item& 
   const int32_t kv = t < it.tiles ? 0 : 1;
   const int32_t t0 = (kv == 0 ? t : t - it.tiles) * kTile;
   const int32_t n = it.count - t0;
-  const uint32_t* rows = table + kv * kPartitionSize + t0 + lp.row;  // t0 + row < kPartitionSize: in the table
+  constexpr int kPerLane = LanePieces<K>::kPerLane;
+  // t0 + row < kPartitionSize: in the table; a multiple of kPerLane words: aligned.
+  const uint32_t* rows = table + kv * kPartitionSize + t0 + lp.row;
+  uint32_t off[kPerLane];
+  load_run<uint32_t, kPerLane>(rows, off);
 #pragma unroll
-  for (int i = 0; i < kTile / LanePieces<K>::kRowsPerPass; ++i) {
-    const bool copy = lp.row + i * LanePieces<K>::kRowsPerPass < n;
-    const uint8_t* src = copy ? lp.src + static_cast<uint64_t>(rows[i * LanePieces<K>::kRowsPerPass]) * 16 : lp.src;
-    cp_async16_zfill(slot + lp.dst + i * LanePieces<K>::kRowsPerPass * K::kStride, src, copy);
+  for (int i = 0; i < kPerLane; ++i) {
+    const bool copy = lp.row + i < n;
+    const uint8_t* src = copy ? lp.src + static_cast<uint64_t>(off[i]) * 16 : lp.src;
+    cp_async16_zfill(slot + lp.dst + i * K::kStride, src, copy);
   }
 }
 
-template <int kD, bool kF16, int kRowsS>
-__global__ void __launch_bounds__(kWarpsPerCta * kWarp, 2)
+template <int kD, CacheDtype kCache, int kRowsS>
+__global__ void __launch_bounds__(kWarpsPerCta * kWarp, (Cfg<kD, kRowsS, is_fp8(kCache) ? 1 : 2>::kCtasPerSm))
     attention_mma_ring_kernel(AttentionArgs a, const PartInfo* parts, int32_t items, float* part_stats,
                               float* part_acc) {
-  using K = Cfg<kD, kRowsS>;
-  constexpr mma::Operand f = kF16 ? mma::Operand::fp16 : mma::Operand::bf16;
+  constexpr bool kFp8 = is_fp8(kCache);
+  using K = Cfg<kD, kRowsS, kFp8 ? 1 : 2>;
+  constexpr mma::Operand f = mma_order::operand_for(kCache);
   constexpr int kSlots = K::kSlots;
   extern __shared__ __align__(128) uint8_t smem[];
   const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
@@ -166,7 +211,7 @@ __global__ void __launch_bounds__(kWarpsPerCta * kWarp, 2)
   PartInfo following = bulk::fetch_part(parts, items, H, first_index + stride);
   for (Item it = bulk::build_item<kTile>(a, page, items, first_index, bulk::fetch_part(parts, items, H, first_index));
        it.valid;) {
-    // B of the scores: q^T, column g = head g, k = dims 2 t4, + 1 (b0) and + 8, + 9 (b1) of each chunk.
+    // B of the scores: q^T, column g = head g, k 2 t4, + 1 (b0) and + 8, + 9 (b1) of each chunk (chunk_dim).
     uint32_t qb[K::kChunks][2];
     {
       auto code = [&](int32_t d) {
@@ -176,9 +221,9 @@ __global__ void __launch_bounds__(kWarpsPerCta * kWarp, 2)
       };
 #pragma unroll
       for (int c = 0; c < K::kChunks; ++c) {
-        const int32_t d = 16 * c + 2 * t4;
-        qb[c][0] = pack_codes(code(d), code(d + 1));
-        qb[c][1] = pack_codes(code(d + 8), code(d + 9));
+        const int32_t d0 = 16 * c + chunk_dim<kCache>(t4, 0), d1 = 16 * c + chunk_dim<kCache>(t4, 1);
+        qb[c][0] = pack_codes(code(d0), code(d0 + 1));
+        qb[c][1] = pack_codes(code(d1), code(d1 + 1));
       }
     }
     // acc[m]: C of the P.V instruction for dims 16m .. 16m + 15 (rows) x heads (columns).
@@ -197,11 +242,27 @@ __global__ void __launch_bounds__(kWarpsPerCta * kWarp, 2)
       if (t < it.tiles) {
         // Scores of the tile's 16 keys: C = (key g, + 8) x (head 2 t4, + 1).
         float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        if constexpr (kFp8) {
+          // One ldmatrix covers two chunks: matrices 0, 1 = keys 0..7, 8..15 of
+          // chunk 2 cp, matrices 2, 3 those of chunk 2 cp + 1.
 #pragma unroll
-        for (int ch = 0; ch < K::kChunks; ++ch) {
-          uint32_t ka[4];
-          ldmatrix_x4(ka, tile + score_row + 32 * ch);
-          mma_16816(f, c, ka, qb[ch][0], qb[ch][1]);
+          for (int cp = 0; cp < K::kChunks / 2; ++cp) {
+            uint32_t r[4];
+            ldmatrix_x4(r, tile + score_row + 32 * cp);
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+              const uint32_t ka[4] = {operand_pair<kCache>(r[2 * h]), operand_pair<kCache>(r[2 * h + 1]),
+                                      operand_pair<kCache>(r[2 * h] >> 16), operand_pair<kCache>(r[2 * h + 1] >> 16)};
+              mma_16816(f, c, ka, qb[2 * cp + h][0], qb[2 * cp + h][1]);
+            }
+          }
+        } else {
+#pragma unroll
+          for (int ch = 0; ch < K::kChunks; ++ch) {
+            uint32_t ka[4];
+            ldmatrix_x4(ka, tile + score_row + 32 * ch);
+            mma_16816(f, c, ka, qb[ch][0], qb[ch][1]);
+          }
         }
         const int32_t j0 = t * kTile + g, j1 = j0 + 8;
         const int h0 = 2 * t4, h1 = h0 + 1;
@@ -261,30 +322,48 @@ __global__ void __launch_bounds__(kWarpsPerCta * kWarp, 2)
           if (j < it.count) {  // uniform
             const uint2 w = g < kRowsS ? *reinterpret_cast<const uint2*>(s + g * kScoreStride + j + 2 * t4) : make_uint2(0u, 0u);
             const uint32_t b0 = __byte_perm(w.x, w.y, 0x5410), b1 = __byte_perm(w.x, w.y, 0x7632);  // hi, lo
-            const uint8_t* vrow = tile + 8 * q8 * K::kStride + pv_row;
+            if constexpr (kFp8) {
+              // Keys 2 t4 and 2 t4 + 1 (k 2 t4, + 1 and, for the lo codes, + 8,
+              // + 9), dims 32 q4 + 4 g .. + 3 (pv_dim): two 32-bit loads, the
+              // bytes paired per dim.
+              const uint8_t* vrow = tile + (8 * q8 + 2 * t4) * K::kStride + 4 * g;
 #pragma unroll
-            for (int q4 = 0; q4 < kD / 32; ++q4) {
-              uint32_t r[4];
-              ldmatrix_x4_trans(r, vrow + 64 * q4);
-              const uint32_t lo_dims[4] = {r[0], r[1], r[0], r[1]}, hi_dims[4] = {r[2], r[3], r[2], r[3]};
-              mma_16816(f, acc[2 * q4], lo_dims, b0, b1);
-              mma_16816(f, acc[2 * q4 + 1], hi_dims, b0, b1);
+              for (int q4 = 0; q4 < kD / 32; ++q4) {
+                const uint32_t x = *reinterpret_cast<const uint32_t*>(vrow + 32 * q4);
+                const uint32_t y = *reinterpret_cast<const uint32_t*>(vrow + K::kStride + 32 * q4);
+                const uint32_t d01 = __byte_perm(x, y, 0x5140), d23 = __byte_perm(x, y, 0x7362);
+                const uint32_t v0 = operand_pair<kCache>(d01), v1 = operand_pair<kCache>(d01 >> 16);
+                const uint32_t v2 = operand_pair<kCache>(d23), v3 = operand_pair<kCache>(d23 >> 16);
+                const uint32_t lo_dims[4] = {v0, v1, v0, v1}, hi_dims[4] = {v2, v3, v2, v3};
+                mma_16816(f, acc[2 * q4], lo_dims, b0, b1);
+                mma_16816(f, acc[2 * q4 + 1], hi_dims, b0, b1);
+              }
+            } else {
+              const uint8_t* vrow = tile + 8 * q8 * K::kStride + pv_row;
+#pragma unroll
+              for (int q4 = 0; q4 < kD / 32; ++q4) {
+                uint32_t r[4];
+                ldmatrix_x4_trans(r, vrow + 64 * q4);
+                const uint32_t lo_dims[4] = {r[0], r[1], r[0], r[1]}, hi_dims[4] = {r[2], r[3], r[2], r[3]};
+                mma_16816(f, acc[2 * q4], lo_dims, b0, b1);
+                mma_16816(f, acc[2 * q4 + 1], hi_dims, b0, b1);
+              }
             }
           }
         }
       }
       __syncwarp();  // the slot and the score buffer are reused
     }
-    // acc[m] = (dim 16m + g, + 8) x (head 2 t4, + 1).
+    // acc[m] = (dims pv_dim(m, g, 0), pv_dim(m, g, 1)) x (head 2 t4, + 1).
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
       const int h = 2 * t4 + i;
       if (h < G) {
-        float* out = part_acc + (static_cast<int64_t>(it.rp) * hq + it.kv_head * G + h) * kD + g;
+        float* out = part_acc + (static_cast<int64_t>(it.rp) * hq + it.kv_head * G + h) * kD;
 #pragma unroll
         for (int m = 0; m < kD / 16; ++m) {
-          out[16 * m] = acc[m][i];
-          out[16 * m + 8] = acc[m][2 + i];
+          out[pv_dim<kCache>(m, g, 0)] = acc[m][i];
+          out[pv_dim<kCache>(m, g, 1)] = acc[m][2 + i];
         }
       }
     }
@@ -295,10 +374,10 @@ __global__ void __launch_bounds__(kWarpsPerCta * kWarp, 2)
   cp_async_wait<0>();  // no copy outlives the kernel's shared memory
 }
 
-template <int kD, bool kF16, int kRowsS>
+template <int kD, CacheDtype kCache, int kRowsS>
 bool launch(const AttentionPlan& plan, cudaStream_t stream, KernelInfo* info) {
-  using K = Cfg<kD, kRowsS>;
-  const auto kernel = attention_mma_ring_kernel<kD, kF16, kRowsS>;
+  using K = Cfg<kD, kRowsS, is_fp8(kCache) ? 1 : 2>;
+  const auto kernel = attention_mma_ring_kernel<kD, kCache, kRowsS>;
   const int smem = kWarpsPerCta * K::kWarpBytes;
   KVSIM_CUDA_CHECK(plan.op, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   int per_sm = 0;
@@ -319,17 +398,17 @@ bool launch(const AttentionPlan& plan, cudaStream_t stream, KernelInfo* info) {
   return true;
 }
 
-template <int kD, bool kF16>
+template <int kD, CacheDtype kCache>
 bool launch_rows(const AttentionPlan& plan, cudaStream_t stream, KernelInfo* info) {
-  return plan.args.group > 4 ? launch<kD, kF16, 8>(plan, stream, info) : launch<kD, kF16, 4>(plan, stream, info);
+  return plan.args.group > 4 ? launch<kD, kCache, 8>(plan, stream, info) : launch<kD, kCache, 4>(plan, stream, info);
 }
 
-template <bool kF16>
+template <CacheDtype kCache>
 bool launch_dims(const AttentionPlan& plan, cudaStream_t stream, KernelInfo* info) {
   switch (plan.args.pools.geometry.head_dim) {
-    case 64: return launch_rows<64, kF16>(plan, stream, info);
-    case 128: return launch_rows<128, kF16>(plan, stream, info);
-    case 256: return launch_rows<256, kF16>(plan, stream, info);
+    case 64: return launch_rows<64, kCache>(plan, stream, info);
+    case 128: return launch_rows<128, kCache>(plan, stream, info);
+    case 256: return launch_rows<256, kCache>(plan, stream, info);
     default: return false;
   }
 }
@@ -340,20 +419,24 @@ bool mma_ring_applies(const AttentionPlan& plan) {
   const KvPools& pools = plan.args.pools;
   const PoolGeometry& g = pools.geometry;
   if (plan.args.order != AttentionOrder::mma) return false;
-  if (g.dtype != CacheDtype::bf16 && g.dtype != CacheDtype::fp16) return false;
+  if (g.dtype != CacheDtype::bf16 && g.dtype != CacheDtype::fp16 && !mma_ring::is_fp8(g.dtype)) return false;
   if (g.head_dim != 64 && g.head_dim != 128 && g.head_dim != 256) return false;
   if (plan.args.group < 1 || plan.args.group > mma_ring::kHeads) return false;
   if (static_cast<int64_t>(plan.parts) * g.kv_heads >= INT32_MAX) return false;  // 32-bit item indices
   // Row offsets in 16-byte units in 32 bits (build_table): pools up to 64 GiB.
-  const int64_t bytes = pools.data_allocation(PoolKind::primary) * 2;
+  const int64_t bytes = pools.data_allocation(PoolKind::primary) * (bits_per_element(g.dtype) / 8);
   if (bytes / 16 > static_cast<int64_t>(UINT32_MAX)) return false;
   return prefill_rows_contiguous(pools);
 }
 
 bool launch_mma_ring(const AttentionPlan& plan, cudaStream_t stream, KernelInfo* info) {
   if (!mma_ring_applies(plan)) return false;
-  return plan.args.pools.geometry.dtype == CacheDtype::fp16 ? mma_ring::launch_dims<true>(plan, stream, info)
-                                                            : mma_ring::launch_dims<false>(plan, stream, info);
+  switch (plan.args.pools.geometry.dtype) {
+    case CacheDtype::fp16: return mma_ring::launch_dims<CacheDtype::fp16>(plan, stream, info);
+    case CacheDtype::fp8_e4m3: return mma_ring::launch_dims<CacheDtype::fp8_e4m3>(plan, stream, info);
+    case CacheDtype::fp8_e5m2: return mma_ring::launch_dims<CacheDtype::fp8_e5m2>(plan, stream, info);
+    default: return mma_ring::launch_dims<CacheDtype::bf16>(plan, stream, info);
+  }
 }
 
 }  // namespace kvsim::cuda

@@ -72,28 +72,6 @@ struct Smem {
 
 KVSIM_HD constexpr int trailing_ones(int t) { return (t & 1) ? 1 + trailing_ones(t >> 1) : 0; }
 
-// C consecutive floats of shared memory (16-byte loads where C allows).
-template <int C>
-__device__ __forceinline__ void load_run(const float* src, float (&out)[C]) {
-  if constexpr (C % 4 == 0) {
-#pragma unroll
-    for (int c = 0; c < C; c += 4) {
-      const float4 x = *reinterpret_cast<const float4*>(src + c);
-      out[c] = x.x;
-      out[c + 1] = x.y;
-      out[c + 2] = x.z;
-      out[c + 3] = x.w;
-    }
-  } else {
-#pragma unroll
-    for (int c = 0; c < C; c += 2) {
-      const float2 x = *reinterpret_cast<const float2*>(src + c);
-      out[c] = x.x;
-      out[c + 1] = x.y;
-    }
-  }
-}
-
 KVSIM_HD constexpr int brev5(int t) { return ((t & 1) << 4) | ((t & 2) << 2) | (t & 4) | ((t & 8) >> 2) | ((t & 16) >> 4); }
 
 // ---------------------------------------------------------------- the canonical fp32 order
@@ -111,9 +89,9 @@ struct CanonicalFp32Order {
     constexpr int lane = brev5(T);
     float qv[4][C], kv[4][C];
 #pragma unroll
-    for (int i = 0; i < 4; ++i) load_run<C>(q + i * S + lane * C, qv[i]);
+    for (int i = 0; i < 4; ++i) load_run<float, C>(q + i * S + lane * C, qv[i]);
 #pragma unroll
-    for (int j = 0; j < 4; ++j) load_run<C>(k + j * 16 * S + lane * C, kv[j]);
+    for (int j = 0; j < 4; ++j) load_run<float, C>(k + j * 16 * S + lane * C, kv[j]);
     constexpr int level = trailing_ones(T);  // subtrees this leaf completes
 #pragma unroll
     for (int i = 0; i < 4; ++i)
@@ -233,7 +211,7 @@ __device__ __forceinline__ void pv_tile(const SmemT& sm, int ch, int pu0, int la
     const float4 pb = *reinterpret_cast<const float4*>(&sm.s[ch * kChunk + jj][pu0 + 4]);
     const float p[8] = {pa.x, pa.y, pa.z, pa.w, pb.x, pb.y, pb.z, pb.w};
     float v[C];
-    load_run<C>(&sm.tile[jj][lane * C], v);
+    load_run<float, C>(&sm.tile[jj][lane * C], v);
     bool take[8];
 #pragma unroll
     for (int i = 0; i < 8; ++i) take[i] = !kGuarded || first_key + jj < end[i];

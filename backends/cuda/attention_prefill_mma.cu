@@ -254,12 +254,13 @@ __global__ void __launch_bounds__(kThreads, 2)
       if (warp_active) {
         float S[kKeyTiles][4];
         tile_scores(f, sm, buf, warp, lane, S);
+        const bool unmasked = first_key + kTileKeys <= lo_att;  // inside every list's attended keys
 #pragma unroll
         for (int n = 0; n < kKeyTiles; ++n)
 #pragma unroll
           for (int i = 0; i < 4; ++i) {
             const int64_t key = first_key + 8 * n + 2 * t4 + (i & 1);
-            const float sc = key < (i < 2 ? att_a : att_b) ? S[n][i] * score_scale : canon::neg_inf();
+            const float sc = unmasked || key < (i < 2 ? att_a : att_b) ? S[n][i] * score_scale : canon::neg_inf();
             if (i < 2) m_a = sc > m_a ? sc : m_a;
             else m_b = sc > m_b ? sc : m_b;
           }

@@ -9,6 +9,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include <kvsim/core/attention_math.hpp>
 #include <kvsim/core/codecs.hpp>
@@ -185,6 +186,32 @@ __device__ __forceinline__ void load_words(const uint8_t* src, uint32_t* words) 
     reinterpret_cast<uint2*>(words)[0] = *reinterpret_cast<const uint2*>(src);
   } else {
     words[0] = *reinterpret_cast<const uint32_t*>(src);
+  }
+}
+
+// C consecutive 4-byte values (floats or words) of shared memory into
+// registers: 16-byte loads where C allows, else 8-byte ones (C even).
+template <class T, int C>
+__device__ __forceinline__ void load_run(const T* src, T (&out)[C]) {
+  static_assert(sizeof(T) == 4 && C % 2 == 0);
+  using V4 = std::conditional_t<std::is_same_v<T, float>, float4, uint4>;
+  using V2 = std::conditional_t<std::is_same_v<T, float>, float2, uint2>;
+  if constexpr (C % 4 == 0) {
+#pragma unroll
+    for (int c = 0; c < C; c += 4) {
+      const V4 x = *reinterpret_cast<const V4*>(src + c);
+      out[c] = x.x;
+      out[c + 1] = x.y;
+      out[c + 2] = x.z;
+      out[c + 3] = x.w;
+    }
+  } else {
+#pragma unroll
+    for (int c = 0; c < C; c += 2) {
+      const V2 x = *reinterpret_cast<const V2*>(src + c);
+      out[c] = x.x;
+      out[c + 1] = x.y;
+    }
   }
 }
 

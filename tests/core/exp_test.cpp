@@ -55,6 +55,47 @@ TEST_CASE("exp_f32 stays within 1.01 ulp of double exp over [-104, 89] (every 8t
   CHECK(worst.err <= 1.01);  // measured: 1.008 ulp at x = -59.919
 }
 
+// exp_f32's one-multiply path for |x| <= 87 against the two-step scaling it
+// replaces (written out here as the definition), for every float it takes.
+namespace {
+float exp_two_step(float x) {
+  const float t = x * 1.44269504088896341f;
+  const float kf = (t + 12582912.0f) - 12582912.0f;
+  float r = canon::fma_f32(-kf, 0.693359375f, x);
+  r = canon::fma_f32(-kf, -2.12194440e-4f, r);
+  float p = 1.9875691500e-4f;
+  p = canon::fma_f32(p, r, 1.3981999507e-3f);
+  p = canon::fma_f32(p, r, 8.3334519073e-3f);
+  p = canon::fma_f32(p, r, 4.1665795894e-2f);
+  p = canon::fma_f32(p, r, 1.6666665459e-1f);
+  p = canon::fma_f32(p, r, 5.0000001201e-1f);
+  float y = canon::fma_f32(p, r * r, r) + 1.0f;
+  const int k = static_cast<int>(kf), k1 = k / 2;
+  return (y * canon::pow2i(k1)) * canon::pow2i(k - k1);
+}
+}  // namespace
+
+TEST_CASE("exp_f32's one-multiply path equals the two-step scaling for every float of [-103.97, 88.72]") {
+  // Every float of the two-step form's domain: both sides of the |x| <= 87 cut.
+  const uint64_t pos_last = float_bits(88.72283935546875f);
+  const uint64_t neg_last = float_bits(103.97208404541015625f);
+  const uint64_t wrong = tbb::parallel_reduce(
+      tbb::blocked_range<uint64_t>(0, pos_last + 1 + neg_last + 1, 1 << 16), uint64_t{0},
+      [&](const tbb::blocked_range<uint64_t>& r, uint64_t n) {
+        for (uint64_t i = r.begin(); i < r.end(); ++i) {
+          const float x = bits_float(static_cast<uint32_t>(i <= pos_last ? i : 0x80000000u + (i - pos_last - 1)));
+          n += float_bits(canon::exp_f32(x)) != float_bits(exp_two_step(x));
+        }
+        return n;
+      },
+      [](uint64_t a, uint64_t b) { return a + b; });
+  CHECK(wrong == 0);
+  CHECK(float_bits(canon::exp_f32(-87.0f)) == float_bits(exp_two_step(-87.0f)));
+  CHECK(canon::exp_f32(-87.5f) > 0.0f);  // past the fast path: the two steps
+  CHECK(canon::exp_f32(-103.0f) > 0.0f);  // a subnormal result
+  CHECK(float_bits(canon::exp_f32(-103.0f)) == float_bits(exp_two_step(-103.0f)));
+}
+
 TEST_CASE("log_f32 stays within 1 ulp of double log over every 16th positive finite fp32 input") {
   const Worst worst = tbb::parallel_reduce(
       tbb::blocked_range<uint64_t>(1, 0x7F800000ull, 1 << 16), Worst{},

@@ -20,6 +20,7 @@
 #include "kvsim/validation.hpp"
 #include "backends/cuda/attention_kernels.hpp"
 #include "backends/cuda/attention_plan.cuh"
+#include "backends/cuda/mma_fragments.cuh"
 #include "tests/cuda/attention_fixture.hpp"
 #include "tests/cuda/gpu_skip.hpp"
 
@@ -553,8 +554,45 @@ TEST_CASE("MmaOrderDecodeAttentionIsEquivalentToRef over a sampled product of ev
   for (int i = 0; i < 32; ++i) check_against_oracle(*cpu, mma_case(i, false));
 }
 
-// attention_mma_ring.cu's every instantiation (bf16/fp16, D 64/128/256) and
-// group size 1..8 (odd ones included: absent heads are zero columns), NHD and
+namespace {
+template <bool kE5m2>
+__global__ void fp8_pairs_to_bf16(uint32_t* out) {
+  const uint32_t pair = blockIdx.x * blockDim.x + threadIdx.x;
+  if (pair < 65536u) out[pair] = cuda::fp8x2_to_bf16x2<kE5m2>(pair);
+}
+bool bf16_is_nan(uint32_t code) { return (code & 0x7F80u) == 0x7F80u && (code & 0x7Fu) != 0u; }
+}  // namespace
+
+// The ring kernel's fp8 -> bf16 pair conversion (pinned cvt instructions)
+// against core's cache_operand_code, every one of the 65,536 pairs of each
+// format: the same code, or NaN for NaN (the instruction ignores payloads).
+TEST_CASE("Fp8PairsBecomeTheOraclesBf16Codes for every pair of codes") {
+  SKIP_WITHOUT_GPU();
+  for (CacheDtype t : {CacheDtype::fp8_e4m3, CacheDtype::fp8_e5m2}) {
+    uint32_t* dev = nullptr;
+    REQUIRE(cudaMalloc(&dev, 65536 * sizeof(uint32_t)) == cudaSuccess);
+    if (t == CacheDtype::fp8_e5m2) fp8_pairs_to_bf16<true><<<256, 256>>>(dev);
+    else fp8_pairs_to_bf16<false><<<256, 256>>>(dev);
+    std::vector<uint32_t> got(65536);
+    REQUIRE(cudaMemcpy(got.data(), dev, got.size() * sizeof(uint32_t), cudaMemcpyDeviceToHost) == cudaSuccess);
+    cudaFree(dev);
+    int wrong = 0, nans = 0;
+    for (uint32_t pair = 0; pair < 65536u; ++pair)
+      for (int half = 0; half < 2; ++half) {
+        const uint32_t want = mma_order::cache_operand_code(t, (pair >> (8 * half)) & 0xFFu);
+        const uint32_t code = (got[pair] >> (16 * half)) & 0xFFFFu;
+        const bool same = bf16_is_nan(want) ? bf16_is_nan(code) : code == want;
+        nans += bf16_is_nan(want);
+        if (!same && wrong++ < 4)
+          MESSAGE(std::string(dtype_name(t)) << " pair " << pair << " half " << half << ": want " << want << ", got " << code);
+      }
+    CHECK(wrong == 0);
+    CHECK(nans > 0);
+  }
+}
+
+// attention_mma_ring.cu's every instantiation (bf16/fp16/fp8 e4m3/e5m2, D
+// 64/128/256) and group size 1..8 (odd ones included: absent heads are zero columns), NHD and
 // HND, odd and large pages, lengths around the 16-key tiles and 256-key
 // partitions, windows with sinks, NaN tails and Inf/NaN codes, decode and
 // prefill: the public entry, the general mma kernel and the ring kernel each
@@ -563,9 +601,11 @@ TEST_CASE("MmaOrderRingKernelIsEquivalentToRef") {
   SKIP_WITHOUT_GPU();
   auto cpu = make_backend("cpu");
   int i = 0, runs = 0;
-  for (CacheDtype dtype : {CacheDtype::bf16, CacheDtype::fp16})
+  for (CacheDtype dtype : {CacheDtype::bf16, CacheDtype::fp16, CacheDtype::fp8_e4m3, CacheDtype::fp8_e5m2})
     for (int32_t D : {64, 128, 256})
       for (int32_t G : {1, 2, 3, 4, 5, 8}) {
+        // fp8: the groups of each score-row instantiation, fewer of them (the oracle's model is slow).
+        if ((dtype == CacheDtype::fp8_e4m3 || dtype == CacheDtype::fp8_e5m2) && G != 1 && G != 3 && G != 8) continue;
         AttentionCase c;
         c.order = AttentionOrder::mma;
         c.dtype = dtype;

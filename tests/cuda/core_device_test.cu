@@ -33,7 +33,7 @@ struct Codes {
   uint16_t bf16, f16;
 };
 
-KVSIM_HD inline Codes encode_all(uint32_t bits) {
+KVSIM_HD Codes encode_all(uint32_t bits) {
   const float f = bits_float(bits);
   Codes c{};
   c.e4m3_sat = codec::f32_to_e4m3(f, codec::Saturation::finite);
@@ -47,15 +47,17 @@ KVSIM_HD inline Codes encode_all(uint32_t bits) {
   return c;
 }
 
-__global__ void encode_kernel(uint64_t begin, uint32_t count, Codes* out) {
+// f(bits) for every one of the 2^32 fp32 bit patterns, on the device by
+// `Kernel` and on the host by f itself, chunk by chunk: the count of inputs
+// whose results differ in any byte (the first named).
+template <class Codes, Codes (*f)(uint32_t)>
+__global__ void every_input_kernel(uint64_t begin, uint32_t count, Codes* out) {
   for (uint32_t i = blockIdx.x * blockDim.x + threadIdx.x; i < count; i += gridDim.x * blockDim.x)
-    out[i] = encode_all(static_cast<uint32_t>(begin + i));
+    out[i] = f(static_cast<uint32_t>(begin + i));
 }
 
-}  // namespace
-
-TEST_CASE("every fp32 input encodes to the same bytes on device and host (all codecs)") {
-  SKIP_WITHOUT_GPU();
+template <class Codes, Codes (*f)(uint32_t)>
+void check_every_fp32_input_on_device_and_host() {
   constexpr uint32_t kChunk = 1u << 26;
   Codes* d_out = nullptr;
   CUDA_OK(cudaMalloc(&d_out, sizeof(Codes) * kChunk));
@@ -63,12 +65,12 @@ TEST_CASE("every fp32 input encodes to the same bytes on device and host (all co
   std::atomic<uint64_t> mismatches{0};
   std::atomic<uint64_t> first_bad{~0ull};
   for (uint64_t begin = 0; begin < (1ull << 32); begin += kChunk) {
-    encode_kernel<<<1024, 256>>>(begin, kChunk, d_out);
+    every_input_kernel<Codes, f><<<1024, 256>>>(begin, kChunk, d_out);
     CUDA_OK(cudaGetLastError());
     CUDA_OK(cudaMemcpy(h_out.data(), d_out, sizeof(Codes) * kChunk, cudaMemcpyDeviceToHost));
     tbb::parallel_for(tbb::blocked_range<uint32_t>(0, kChunk, 1u << 16), [&](const tbb::blocked_range<uint32_t>& r) {
       for (uint32_t i = r.begin(); i < r.end(); ++i) {
-        const Codes host = encode_all(static_cast<uint32_t>(begin + i));
+        const Codes host = f(static_cast<uint32_t>(begin + i));
         if (std::memcmp(&host, &h_out[i], sizeof(Codes)) != 0) {
           mismatches.fetch_add(1);
           uint64_t expected = ~0ull;
@@ -80,6 +82,34 @@ TEST_CASE("every fp32 input encodes to the same bytes on device and host (all co
   cudaFree(d_out);
   INFO("first mismatching fp32 input: 0x" << std::hex << first_bad.load());
   CHECK(mismatches.load() == 0);
+}
+
+// The attention kernels' per-score arithmetic: exp_f32 (its one-multiply
+// path and the two steps) and the mma order's hi/lo split, whose device form
+// is the conversion instructions and whose host form is the formula.
+struct ScoreCodes {
+  uint32_t exp;
+  uint16_t bf16_hi, bf16_lo, f16_hi, f16_lo;
+};
+
+KVSIM_HD ScoreCodes score_codes(uint32_t bits) {
+  const float f = bits_float(bits);
+  const mma_order::SplitProbability b = mma_order::split_probability(mma::Operand::bf16, f);
+  const mma_order::SplitProbability h = mma_order::split_probability(mma::Operand::fp16, f);
+  return {float_bits(canon::exp_f32(f)), static_cast<uint16_t>(b.hi), static_cast<uint16_t>(b.lo),
+          static_cast<uint16_t>(h.hi), static_cast<uint16_t>(h.lo)};
+}
+
+}  // namespace
+
+TEST_CASE("every fp32 input encodes to the same bytes on device and host (all codecs)") {
+  SKIP_WITHOUT_GPU();
+  check_every_fp32_input_on_device_and_host<Codes, encode_all>();
+}
+
+TEST_CASE("SplitProbabilityInstructionsAreTheFormula: exp_f32 and the hi/lo split of every fp32 input on device and host") {
+  SKIP_WITHOUT_GPU();
+  check_every_fp32_input_on_device_and_host<ScoreCodes, score_codes>();
 }
 
 namespace {

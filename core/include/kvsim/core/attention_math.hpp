@@ -55,12 +55,18 @@ KVSIM_HD constexpr float pow2i(int n) { return bits_float(static_cast<uint32_t>(
 // 2^k so subnormal results and k = 128 round once. Maximum error against
 // double exp: measured in tests/core/exp_test.cpp and quoted in
 // docs/canonical-arithmetic.md. exp(-inf) = 0, exp(NaN) = NaN.
+//
+// The common case first, the same bits by fewer steps (attention's kernels
+// run this once per score): for |x| <= 87, k = round(x log2 e) lies in
+// [-126, 126], so 2^k is a normal float whose bits come straight from the
+// rounding's magic sum (its low bits hold k), and one multiply y * 2^k
+// rounds the exact y 2^k once, exactly as the two steps do (their first is
+// exact: y 2^k1 is normal). No NaN passes the test. tests/core/exp_test.cpp
+// checks both paths against each other for every float.
 KVSIM_HD inline float exp_f32(float x) {
-  if (is_nan(x)) return x;
-  if (x > 88.72283935546875f) return pos_inf();
-  if (x < -103.97208404541015625f) return 0.0f;
   const float t = x * 1.44269504088896341f;
-  const float kf = (t + 12582912.0f) - 12582912.0f;  // round to nearest even, |t| < 2^22
+  const float magic = t + 12582912.0f;  // |t| < 2^22 on the paths that use it
+  const float kf = magic - 12582912.0f;  // round to nearest even
   float r = fma_f32(-kf, 0.693359375f, x);
   r = fma_f32(-kf, -2.12194440e-4f, r);
   float p = 1.9875691500e-4f;
@@ -72,6 +78,10 @@ KVSIM_HD inline float exp_f32(float x) {
   const float r2 = r * r;
   float y = fma_f32(p, r2, r);
   y = y + 1.0f;
+  if (bits_float(float_bits(x) & 0x7FFFFFFFu) <= 87.0f) return y * bits_float((float_bits(magic) + 127u) << 23);
+  if (is_nan(x)) return x;
+  if (x > 88.72283935546875f) return pos_inf();
+  if (x < -103.97208404541015625f) return 0.0f;
   const int k = static_cast<int>(kf);
   const int k1 = k / 2;
   const int k2 = k - k1;

@@ -100,10 +100,35 @@ KVSIM_HD constexpr float operand_value(mma::Operand f, uint32_t code) {
   return f == mma::Operand::fp16 ? codec::f16_to_f32(static_cast<uint16_t>(code))
                                  : codec::bf16_to_f32(static_cast<uint16_t>(code));
 }
-KVSIM_HD inline SplitProbability split_probability(mma::Operand f, float p) {
+KVSIM_HD constexpr SplitProbability split_probability_formula(mma::Operand f, float p) {
   const uint32_t hi = operand_code(f, p);
   const float rest = p - operand_value(f, hi);  // exact (Sterbenz); NaN stays NaN
   return {hi, operand_code(f, rest)};
+}
+// The same split; on the device by its conversion instructions (RNE, a NaN
+// to the canonical 0x7FFF, subnormals kept: the codes of the formula above
+// for every float, checked for all 2^32 of them by
+// SplitProbabilityInstructionsAreTheFormula in tests/cuda/mma_check_test.cu),
+// 4 instructions instead of ~20 for each probability of the P.V kernels.
+KVSIM_HD inline SplitProbability split_probability(mma::Operand f, float p) {
+#if defined(__CUDA_ARCH__)
+  unsigned short hi, lo;
+  float value;
+  if (f == mma::Operand::fp16) {
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(hi) : "f"(p));
+    asm("cvt.f32.f16 %0, %1;" : "=f"(value) : "h"(hi));
+    const float rest = p - value;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(lo) : "f"(rest));
+  } else {
+    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(hi) : "f"(p));
+    value = bits_float(static_cast<uint32_t>(hi) << 16);
+    const float rest = p - value;
+    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(lo) : "f"(rest));
+  }
+  return {hi, lo};
+#else
+  return split_probability_formula(f, p);
+#endif
 }
 
 // One P.V instruction for one (head, dim): 8 keys' hi and lo parts against
