@@ -148,8 +148,46 @@ __device__ __forceinline__ void issue_tile(const LanePieces<K>& lp, const Item& 
 #pragma unroll
   for (int i = 0; i < kPerLane; ++i) {
     const bool copy = lp.row + i < n;
-    const uint8_t* src = copy ? lp.src + static_cast<uint64_t>(off[i]) * 16 : lp.src;
-    cp_async16_zfill(slot + lp.dst + i * K::kStride, src, copy);
+    cp_async16_zfill(slot + lp.dst + i * K::kStride, lp.src + static_cast<uint64_t>(copy ? off[i] : 0u) * 16, copy);
+  }
+}
+
+// A warp's items: a contiguous run of j, where item j is partition j % P of
+// KV head j / P (P = the plan's partitions, one row's after another), so that
+// consecutive items of a warp mostly share the query row and head and the q
+// codes are loaded once for all of them. index(j): bulk's item index, past
+// the run `items` (no item).
+struct ItemRun {
+  int32_t end, parts, heads, items;
+  __device__ int32_t index(int32_t j) const { return j < end ? (j % parts) * heads + j / parts : items; }
+};
+
+// B of the scores for one item: q^T, column g = head g of the group, k 2 t4,
+// + 1 (b0) and + 8, + 9 (b1) of each chunk (chunk_dim), as operand codes
+// (RNE from the exact value); zeros for columns past G. The dtype switch is
+// taken once, not per element.
+template <CacheDtype kCache, int kChunks>
+__device__ __forceinline__ void load_q_codes(const AttentionArgs& a, int64_t row, int32_t head0, int g, int t4,
+                                             uint32_t (&qb)[kChunks][2]) {
+  constexpr mma::Operand f = mma_order::operand_for(kCache);
+  const bool present = g < a.group;
+  const int64_t base = present ? a.q.offset(row, head0 + g, 0) : 0, step = a.q.stride[2];
+  auto fill = [&](auto dtype) {
+    constexpr CacheDtype T = decltype(dtype)::value;
+    auto code = [&](int32_t d) {
+      return present ? mma_order::round_to_operand(f, load_float(a.q.data, T, base + d * step)) : 0u;
+    };
+#pragma unroll
+    for (int c = 0; c < kChunks; ++c) {
+      const int32_t d0 = 16 * c + chunk_dim<kCache>(t4, 0), d1 = 16 * c + chunk_dim<kCache>(t4, 1);
+      qb[c][0] = pack_codes(code(d0), code(d0 + 1));
+      qb[c][1] = pack_codes(code(d1), code(d1 + 1));
+    }
+  };
+  switch (a.q.dtype) {
+    case CacheDtype::fp32: fill(std::integral_constant<CacheDtype, CacheDtype::fp32>{}); break;
+    case CacheDtype::fp16: fill(std::integral_constant<CacheDtype, CacheDtype::fp16>{}); break;
+    default: fill(std::integral_constant<CacheDtype, CacheDtype::bf16>{}); break;  // the only other q dtype validation lets through
   }
 }
 
@@ -174,15 +212,18 @@ __global__ void __launch_bounds__(kWarpsPerCta * kWarp, (Cfg<kD, kRowsS, is_fp8(
   const PageDivider page = a.pools.geometry.page_divider();
   const int32_t H = a.pools.geometry.kv_heads;
   const uint8_t* pool = a.pools.bytes(PoolKind::primary);
-  const int32_t stride = static_cast<int32_t>(gridDim.x) * kWarpsPerCta;
   const int32_t hq = H * G;
   const float score_scale = a.scales.sm_scale * a.scales.k_scale;
 
   // Copy cursor: one cp.async group per call (empty past the last item), so
   // that the group of the tile consumed is always the kSlots-th newest.
-  const int32_t first_index = static_cast<int32_t>(blockIdx.x) * kWarpsPerCta + warp;
-  Item nx = bulk::build_item<kTile>(a, page, items, first_index, bulk::fetch_part(parts, items, H, first_index));
-  PartInfo nx_following = bulk::fetch_part(parts, items, H, first_index + stride);
+  const int32_t warps = static_cast<int32_t>(gridDim.x) * kWarpsPerCta;
+  const int32_t per_warp = (items + warps - 1) / warps;
+  const int32_t j0 = (static_cast<int32_t>(blockIdx.x) * kWarpsPerCta + warp) * per_warp;  // < items + per_warp
+  const ItemRun run{j0 + per_warp < items ? j0 + per_warp : items, items / H, H, items};
+  int32_t nj = j0;  // the copy cursor's item
+  Item nx = bulk::build_item<kTile>(a, page, items, run.index(nj), bulk::fetch_part(parts, items, H, run.index(nj)));
+  PartInfo nx_following = bulk::fetch_part(parts, items, H, run.index(nj + 1));
   int32_t nt = 0;
   int issue_slot = 0, consume_slot = 0;
   const uint32_t ring_s = static_cast<uint32_t>(__cvta_generic_to_shared(ring));
@@ -192,8 +233,9 @@ __global__ void __launch_bounds__(kWarpsPerCta * kWarp, (Cfg<kD, kRowsS, is_fp8(
       if (nt == 0) bulk::build_table<K>(a, page, nx, table, lane);
       issue_tile<K>(pieces, nx, nt, table, ring_s + issue_slot * K::kTileBytes);
       if (++nt == 2 * nx.tiles) {
-        nx = bulk::build_item<kTile>(a, page, items, nx.index + stride, nx_following);
-        nx_following = bulk::fetch_part(parts, items, H, nx.index + stride);
+        ++nj;
+        nx = bulk::build_item<kTile>(a, page, items, run.index(nj), nx_following);
+        nx_following = bulk::fetch_part(parts, items, H, run.index(nj + 1));
         nt = 0;
         __syncwarp();  // every lane has read the table before the next item's is built
       }
@@ -208,23 +250,16 @@ __global__ void __launch_bounds__(kWarpsPerCta * kWarp, (Cfg<kD, kRowsS, is_fp8(
   const int score_row = ((lane & 7) + 8 * ((lane >> 3) & 1)) * K::kStride + 16 * (lane >> 4);
   const int pv_row = (lane & 7) * K::kStride + 16 * (lane >> 3);
 
-  PartInfo following = bulk::fetch_part(parts, items, H, first_index + stride);
-  for (Item it = bulk::build_item<kTile>(a, page, items, first_index, bulk::fetch_part(parts, items, H, first_index));
+  int32_t cj = j0;  // the consumer's item
+  PartInfo following = bulk::fetch_part(parts, items, H, run.index(cj + 1));
+  uint32_t qb[K::kChunks][2];
+  int32_t q_row = -1, q_head = -1;  // whose codes qb holds
+  for (Item it = bulk::build_item<kTile>(a, page, items, run.index(cj), bulk::fetch_part(parts, items, H, run.index(cj)));
        it.valid;) {
-    // B of the scores: q^T, column g = head g, k 2 t4, + 1 (b0) and + 8, + 9 (b1) of each chunk (chunk_dim).
-    uint32_t qb[K::kChunks][2];
-    {
-      auto code = [&](int32_t d) {
-        return g < G ? mma_order::operand_code(
-                           f, load_float(a.q.data, a.q.dtype, a.q.offset(it.row, it.kv_head * G + g, d)))
-                     : 0u;
-      };
-#pragma unroll
-      for (int c = 0; c < K::kChunks; ++c) {
-        const int32_t d0 = 16 * c + chunk_dim<kCache>(t4, 0), d1 = 16 * c + chunk_dim<kCache>(t4, 1);
-        qb[c][0] = pack_codes(code(d0), code(d0 + 1));
-        qb[c][1] = pack_codes(code(d1), code(d1 + 1));
-      }
+    if (it.row != q_row || it.kv_head != q_head) {  // warp-uniform
+      load_q_codes<kCache>(a, it.row, it.kv_head * G, g, t4, qb);
+      q_row = it.row;
+      q_head = it.kv_head;
     }
     // acc[m]: C of the P.V instruction for dims 16m .. 16m + 15 (rows) x heads (columns).
     float acc[kD / 16][4];
@@ -367,9 +402,9 @@ __global__ void __launch_bounds__(kWarpsPerCta * kWarp, (Cfg<kD, kRowsS, is_fp8(
         }
       }
     }
-    const int32_t next_index = it.index + stride;
-    it = bulk::build_item<kTile>(a, page, items, next_index, following);
-    following = bulk::fetch_part(parts, items, H, next_index + stride);
+    ++cj;
+    it = bulk::build_item<kTile>(a, page, items, run.index(cj), following);
+    following = bulk::fetch_part(parts, items, H, run.index(cj + 1));
   }
   cp_async_wait<0>();  // no copy outlives the kernel's shared memory
 }

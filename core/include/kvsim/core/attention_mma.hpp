@@ -105,27 +105,32 @@ KVSIM_HD constexpr SplitProbability split_probability_formula(mma::Operand f, fl
   const float rest = p - operand_value(f, hi);  // exact (Sterbenz); NaN stays NaN
   return {hi, operand_code(f, rest)};
 }
-// The same split; on the device by its conversion instructions (RNE, a NaN
-// to the canonical 0x7FFF, subnormals kept: the codes of the formula above
-// for every float, checked for all 2^32 of them by
-// SplitProbabilityInstructionsAreTheFormula in tests/cuda/mma_check_test.cu),
-// 4 instructions instead of ~20 for each probability of the P.V kernels.
+// operand_code on the device by its conversion instruction (RNE, a NaN to
+// the canonical 0x7FFF, subnormals kept: operand_code's bits for every
+// float, checked for all 2^32 of them through split_probability by
+// SplitProbabilityInstructionsAreTheFormula in tests/cuda/core_device_test.cu),
+// one instruction instead of ~8; on the host operand_code itself.
+KVSIM_HD inline uint32_t round_to_operand(mma::Operand f, float x) {
+#if defined(__CUDA_ARCH__)
+  unsigned short code;
+  if (f == mma::Operand::fp16) asm("cvt.rn.f16.f32 %0, %1;" : "=h"(code) : "f"(x));
+  else asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(code) : "f"(x));
+  return code;
+#else
+  return operand_code(f, x);
+#endif
+}
+
+// The same split by round_to_operand (and on the device the operand's value
+// by its instruction too): 4 instructions instead of ~20 for each
+// probability of the P.V kernels.
 KVSIM_HD inline SplitProbability split_probability(mma::Operand f, float p) {
 #if defined(__CUDA_ARCH__)
-  unsigned short hi, lo;
+  const uint32_t hi = round_to_operand(f, p);
   float value;
-  if (f == mma::Operand::fp16) {
-    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(hi) : "f"(p));
-    asm("cvt.f32.f16 %0, %1;" : "=f"(value) : "h"(hi));
-    const float rest = p - value;
-    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(lo) : "f"(rest));
-  } else {
-    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(hi) : "f"(p));
-    value = bits_float(static_cast<uint32_t>(hi) << 16);
-    const float rest = p - value;
-    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(lo) : "f"(rest));
-  }
-  return {hi, lo};
+  if (f == mma::Operand::fp16) asm("cvt.f32.f16 %0, %1;" : "=f"(value) : "h"(static_cast<unsigned short>(hi)));
+  else value = bits_float(hi << 16);
+  return {hi, round_to_operand(f, p - value)};
 #else
   return split_probability_formula(f, p);
 #endif
