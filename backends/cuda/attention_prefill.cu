@@ -133,34 +133,38 @@ struct CanonicalFp32Order {
 };
 
 // ---------------------------------------------------------------- K/V tiles
-// A tile is kChunk rows of D codes; thread t moves 16-byte pieces
-// t, t + kThreads, ... (row = piece / pieces_per_row). Codes become their exact
-// fp32 values in shared memory (the decoders core's load_head_row matches).
+// A tile is kChunk rows of D codes; thread t moves the kPieces consecutive
+// 16-byte pieces from piece (t % kThreadsPerRow) * kPieces of row
+// t / kThreadsPerRow: one page lookup and one element_offset per row and
+// thread. Codes become their exact fp32 values in shared memory (the
+// decoders core's load_head_row matches).
 template <class Elem, int C>
 struct TileLoader {
   static constexpr int kRowBytes = Shape<C>::D * static_cast<int>(sizeof(Elem));
   static constexpr int kPiecesPerRow = kRowBytes / 16;
-  static constexpr int kPieces = kChunk * kPiecesPerRow / kThreads;
-  static_assert(kPieces * kThreads == kChunk * kPiecesPerRow);
+  static constexpr int kThreadsPerRow = kThreads / kChunk;
+  static constexpr int kPieces = kPiecesPerRow / kThreadsPerRow;
+  static_assert(kThreadsPerRow * kChunk == kThreads && kPieces * kThreadsPerRow == kPiecesPerRow);
   uint4 regs[kPieces];
+
+  static __device__ __forceinline__ int row() { return static_cast<int>(threadIdx.x) / kThreadsPerRow; }
+  static __device__ __forceinline__ int first_piece() { return (static_cast<int>(threadIdx.x) % kThreadsPerRow) * kPieces; }
 
   __device__ __forceinline__ void load(const AttentionArgs& a, const int32_t* table, int32_t kv_head, int32_t kv,
                                        int64_t first_slot, int64_t slot_end) {
     const PoolGeometry& g = a.pools.geometry;
     const PageDivider page = g.page_divider();
     const uint8_t* pool = a.pools.bytes(PoolKind::primary);
+    const int64_t slot = first_slot + row();
 #pragma unroll
-    for (int i = 0; i < kPieces; ++i) {
-      const int piece = static_cast<int>(threadIdx.x) + i * kThreads;
-      const int row = piece / kPiecesPerRow;
-      const int64_t slot = first_slot + row;
-      regs[i] = make_uint4(0, 0, 0, 0);
-      if (slot < slot_end) {
-        const int64_t block = BlockRef{table[page.div(slot)]}.block();
-        const int64_t off = element_offset(a.pools.strides[0], block, a.layer, kv, kv_head, page.mod(slot), 0);
-        regs[i] = __ldg(reinterpret_cast<const uint4*>(pool + off * static_cast<int64_t>(sizeof(Elem))) +
-                        piece % kPiecesPerRow);
-      }
+    for (int i = 0; i < kPieces; ++i) regs[i] = make_uint4(0, 0, 0, 0);
+    if (slot < slot_end) {
+      const int64_t block = BlockRef{table[page.div(slot)]}.block();
+      const int64_t off = element_offset(a.pools.strides[0], block, a.layer, kv, kv_head, page.mod(slot), 0);
+      // Contiguous rows (prefill_rows_contiguous): the row's pieces follow each other.
+      const uint4* src = reinterpret_cast<const uint4*>(pool + off * static_cast<int64_t>(sizeof(Elem))) + first_piece();
+#pragma unroll
+      for (int i = 0; i < kPieces; ++i) regs[i] = __ldg(src + i);
     }
   }
 
@@ -168,8 +172,7 @@ struct TileLoader {
     constexpr int kPer = 16 / static_cast<int>(sizeof(Elem));  // codes per piece
 #pragma unroll
     for (int i = 0; i < kPieces; ++i) {
-      const int piece = static_cast<int>(threadIdx.x) + i * kThreads;
-      float* dst = &tile[piece / kPiecesPerRow][(piece % kPiecesPerRow) * kPer];
+      float* dst = &tile[row()][(first_piece() + i) * kPer];
       const uint32_t w[4] = {regs[i].x, regs[i].y, regs[i].z, regs[i].w};
       float f[kPer];
 #pragma unroll
