@@ -5,6 +5,7 @@
 
 #include <span>
 #include <string>
+#include <algorithm>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -112,13 +113,53 @@ inline void validate_slot_mapping(std::span<const int64_t> slots, const PoolGeom
 // (sequence, block) for every write the op will perform.
 inline void validate_exclusive_writers(std::span<const std::pair<int32_t, int64_t>> writes) {
   std::unordered_map<int64_t, int32_t> owner;
-  for (const auto& [seq, block] : writes) {
+  const std::pair<int32_t, int64_t>* previous = nullptr;
+  for (const auto& w : writes) {
+    // A write equal to the one before it (the tokens of one page, in turn)
+    // cannot fail where that one passed: one lookup per run, not per token.
+    if (previous && *previous == w) continue;
+    previous = &w;
+    const auto& [seq, block] = w;
     auto [it, inserted] = owner.emplace(block, seq);
     if (!inserted && it->second != seq)
       fail(ErrorCode::shared_block_write, "block " + std::to_string(block) + " is written by sequence " +
                                               std::to_string(it->second) + " and sequence " + std::to_string(seq) +
                                               ": rule: two live sequences never write one block");
   }
+}
+
+// Intervals [first, end) that may share no value, gathered so that the
+// lists engines build stay short: an interval that starts where the one
+// before it ended joins it (a page's tokens in turn are one run). disjoint()
+// sorts the runs and checks neighbours: true proves that no value lies in two
+// intervals; false means "not proven", and the caller's exact check (which
+// names the first value written twice and its two writers) decides. A sort
+// of the runs, not a hash or a bitmap per written element.
+class RunSet {
+ public:
+  void add(int64_t first, int64_t count) {
+    if (!runs_.empty() && runs_.back().second == first) runs_.back().second += count;
+    else runs_.emplace_back(first, first + count);
+  }
+  size_t size() const { return runs_.size(); }
+  bool disjoint() {
+    std::sort(runs_.begin(), runs_.end());
+    for (size_t i = 1; i < runs_.size(); ++i)
+      if (runs_[i].first < runs_[i - 1].second) return false;
+    return true;
+  }
+
+ private:
+  std::vector<std::pair<int64_t, int64_t>> runs_;
+};
+
+// True when no value of `keys` repeats (negative values ignored), proven by
+// RunSet from its runs of consecutive values.
+inline bool distinct_by_runs(std::span<const int64_t> keys) {
+  RunSet runs;
+  for (const int64_t k : keys)
+    if (k >= 0) runs.add(k, 1);
+  return runs.disjoint();
 }
 
 // ---------------------------------------------------------------- append coordinates

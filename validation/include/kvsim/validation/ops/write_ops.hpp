@@ -85,6 +85,8 @@ inline void validate_append_targets(const PoolGeometry& g, std::span<const int32
   const CsrPageTable table = make_csr_view(indptr, indices, last_page_len, g);
   std::vector<std::pair<int32_t, int64_t>> writes;
   writes.reserve(static_cast<size_t>(nnz));
+  std::vector<int64_t> slots;  // block * tokens_per_block + entry of each token
+  slots.reserve(static_cast<size_t>(nnz));
   for (int64_t i = 0; i < nnz; ++i) {
     const int32_t b = batch_indices[i];
     auto token = [&] { return "token " + std::to_string(i); };
@@ -109,8 +111,10 @@ inline void validate_append_targets(const PoolGeometry& g, std::span<const int32
         },
         /*is_write=*/true);
     writes.emplace_back(b, ref.block());
+    slots.push_back(ref.block() * g.tokens_per_block + entry);
   }
   validate_exclusive_writers(writes);
+  if (distinct_by_runs(slots)) return;
   std::unordered_map<int64_t, int64_t> slot_owner;
   slot_owner.reserve(static_cast<size_t>(nnz));
   for (int64_t i = 0; i < nnz; ++i) {
@@ -178,6 +182,7 @@ inline void validate_reshape_and_cache(const KvPools& pools, const ReshapeAndCac
     if (quantize) d::check_fp8_scale(scales[kv], scale_names[kv]);
   }
   validate_slot_mapping(op.slot_mapping, g);
+  if (distinct_by_runs(op.slot_mapping)) return;
   std::unordered_map<int64_t, int64_t> owner;
   owner.reserve(op.slot_mapping.size());
   for (int64_t t = 0; t < T; ++t) {
@@ -288,6 +293,33 @@ inline void validate_indexer_k_scatter(const IndexerKScatterOp& op) {
                                             "] = " + std::to_string(scale_base) + " + 4 exceeds the cache's " +
                                             std::to_string(numel) +
                                             " elements: rule: every written byte lies inside the cache");
+  }
+  // One writer per byte, proven from runs where the cache is one row-major
+  // block of memory (flat element indices are then byte offsets): each
+  // token's data and scale bytes are intervals, gathered token by token
+  // (data, then scale: vLLM's [data | scale] per token joins into one run) or
+  // stream by stream (all data, then all scales: DeepSeek's [data of the
+  // page | scales of the page]). A proof worth less than the bitmap (more
+  // than T / 8 runs to sort) is not tried; otherwise, or where the runs
+  // overlap, the bitmap below decides and names the byte.
+  if (c.stride[3] == 1 && c.stride[2] == c.shape[3] && c.stride[1] == c.shape[2] * c.stride[2] &&
+      c.stride[0] == c.shape[1] * c.stride[1]) {
+    const size_t worth = static_cast<size_t>(T / 8 + 16);
+    auto writes = [&](int64_t t) { return op.slot_mapping_fp8[t] >= 0 && op.slot_mapping_scale[t] >= 0; };
+    for (const bool by_token : {true, false}) {
+      RunSet runs;
+      for (int64_t t = 0; t < T && runs.size() <= worth; ++t)
+        if (writes(t)) {
+          runs.add(op.slot_mapping_fp8[t], D);
+          if (by_token) runs.add(op.slot_mapping_scale[t], kIndexerScaleBytes);
+        }
+      for (int64_t t = 0; !by_token && t < T && runs.size() <= worth; ++t)
+        if (writes(t)) runs.add(op.slot_mapping_scale[t], kIndexerScaleBytes);
+      if (runs.size() <= worth) {
+        if (runs.disjoint()) return;
+        break;  // an overlap: the bitmap names it
+      }
+    }
   }
   // One writer per byte: a bitmap over the cache's memory span marks every
   // byte a token will write (linear in the bytes written; a sort of all
