@@ -7,6 +7,7 @@
 #include <kvsim/core/splitmix64.hpp>
 
 #include "kvsim/sim/scenario_file.hpp"
+#include "backends/cpu/cpu_target.hpp"
 
 namespace kvsim::sim {
 
@@ -60,9 +61,72 @@ float SyntheticModel::value_from_seed(ModelTensor t, uint64_t dim_seed, int64_t 
   return seeded_value(spec_, t, dim_seed, position, prefix_hash);
 }
 
+namespace {
+// seeded_value where no outlier, NaN or Inf is drawn, without its branches:
+// the same integer mixing (exact) and the same float operations in the same
+// order (the draws are 24-bit integers, exact as int32 and as float), so the
+// same bits in every lane of a vector. Compiled once per ISA below.
+[[gnu::always_inline]] inline void plain_row(float scale, const uint64_t* dim_seeds, int32_t n, int64_t position,
+                                             uint64_t prefix_hash, float* out) {
+  const uint64_t p = static_cast<uint64_t>(position) * kSplitmix64Gamma, q = prefix_hash * kSplitmix64Gamma;
+  auto unit24 = [](uint64_t bits) {  // unit(): the top 24 bits to [-1, 1)
+    return static_cast<float>(static_cast<int32_t>(bits >> 40)) * (2.0f / 16777216.0f) - 1.0f;
+  };
+  for (int32_t i = 0; i < n; ++i) {
+    const uint64_t h1 = splitmix64_mix((dim_seeds[i] ^ p) + kSplitmix64Gamma);
+    const uint64_t h = splitmix64_mix((h1 ^ q) + kSplitmix64Gamma);
+    const uint64_t a = splitmix64_mix((h ^ kSplitmix64Gamma) + kSplitmix64Gamma);
+    const uint64_t b = splitmix64_mix((h ^ (2 * kSplitmix64Gamma)) + kSplitmix64Gamma);
+    const float s = unit24(a) + unit24(a << 24) + unit24(b) + unit24(b << 24);
+    out[i] = s * scale;
+  }
+}
+using PlainRowFn = void (*)(float, const uint64_t*, int32_t, int64_t, uint64_t, float*);
+void plain_row_portable(float scale, const uint64_t* d, int32_t n, int64_t pos, uint64_t ph, float* out) {
+  plain_row(scale, d, n, pos, ph, out);
+}
+}  // namespace
+#if KVSIM_CPU_X86
+KVSIM_CPU_TARGET_BEGIN(KVSIM_CPU_TARGET_AVX2)
+namespace {
+void plain_row_avx2(float scale, const uint64_t* d, int32_t n, int64_t pos, uint64_t ph, float* out) {
+  plain_row(scale, d, n, pos, ph, out);
+}
+}  // namespace
+KVSIM_CPU_TARGET_END
+KVSIM_CPU_TARGET_BEGIN(KVSIM_CPU_TARGET_AVX512)
+namespace {
+void plain_row_avx512(float scale, const uint64_t* d, int32_t n, int64_t pos, uint64_t ph, float* out) {
+  plain_row(scale, d, n, pos, ph, out);
+}
+}  // namespace
+KVSIM_CPU_TARGET_END
+#endif
+
+namespace {
+PlainRowFn plain_row_for(CpuIsa isa) {
+#if KVSIM_CPU_X86
+  if (isa == CpuIsa::avx512) return plain_row_avx512;
+  if (isa == CpuIsa::avx2) return plain_row_avx2;
+#endif
+  (void)isa;
+  return plain_row_portable;
+}
+}  // namespace
+
 void SyntheticModel::row_from_seeds(ModelTensor t, const uint64_t* dim_seeds, int32_t n, int64_t position,
                                     uint64_t prefix_hash, float* out) const {
+  static const CpuIsa isa = selected_cpu_isa();
+  row_from_seeds(t, dim_seeds, n, position, prefix_hash, out, isa);
+}
+
+void SyntheticModel::row_from_seeds(ModelTensor t, const uint64_t* dim_seeds, int32_t n, int64_t position,
+                                    uint64_t prefix_hash, float* out, CpuIsa isa) const {
   const ModelSpec spec = spec_;  // a local copy: the loop's conditions are invariant
+  // seeded_value's two draws that can change a value, as it tests them.
+  const bool outliers = spec.outlier_rate > 0.0f;
+  const bool specials = (spec.nan_rate > 0.0f || spec.inf_rate > 0.0f) && t != ModelTensor::q && t != ModelTensor::indexer_k;
+  if (!outliers && !specials) return plain_row_for(isa)(spec.value_scale / 1.1547005f, dim_seeds, n, position, prefix_hash, out);
   for (int32_t i = 0; i < n; ++i) out[i] = seeded_value(spec, t, dim_seeds[i], position, prefix_hash);
 }
 

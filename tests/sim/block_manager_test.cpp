@@ -366,7 +366,7 @@ TEST_CASE("synthetic model: equal prefixes give equal inputs; a different earlie
   CHECK(outliers < n / 50);
 }
 
-TEST_CASE("synthetic model: row_from_seeds is value() element by element, bit for bit, with outliers, NaN and Inf") {
+TEST_CASE("synthetic model: row_from_seeds is value() element by element, bit for bit, at every CPU ISA, with outliers, NaN and Inf") {
   ModelSpec spec;
   spec.seed = 11;
   spec.value_scale = 0.75f;
@@ -385,13 +385,19 @@ TEST_CASE("synthetic model: row_from_seeds is value() element by element, bit fo
         std::vector<uint64_t> seeds(static_cast<size_t>(n));
         for (int32_t d = 0; d < n; ++d) seeds[static_cast<size_t>(d)] = m.dim_seed(t, layer, head, d);
         std::vector<float> row(static_cast<size_t>(n));
-        m.row_from_seeds(t, seeds.data(), n, position, prefix_hash, row.data());
-        for (int32_t d = 0; d < n; ++d) {
-          const float want = m.value(t, layer, head, d, position, prefix_hash);
-          const float got = row[static_cast<size_t>(d)];
-          INFO("tensor " << static_cast<int>(t) << " n " << n << " dim " << d);
-          CHECK(std::memcmp(&want, &got, sizeof want) == 0);
-          specials += !std::isfinite(want);
+        // The default dispatch, then every ISA this CPU runs.
+        for (int which = -1; which < 3; ++which) {
+          const CpuIsa isa = static_cast<CpuIsa>(which < 0 ? 0 : which);
+          if (which >= 0 && !cpu_isa_supported(isa)) continue;
+          if (which < 0) m.row_from_seeds(t, seeds.data(), n, position, prefix_hash, row.data());
+          else m.row_from_seeds(t, seeds.data(), n, position, prefix_hash, row.data(), isa);
+          for (int32_t d = 0; d < n; ++d) {
+            const float want = m.value(t, layer, head, d, position, prefix_hash);
+            const float got = row[static_cast<size_t>(d)];
+            INFO("tensor " << static_cast<int>(t) << " n " << n << " dim " << d << " isa " << which);
+            CHECK(std::memcmp(&want, &got, sizeof want) == 0);
+            specials += which < 0 && !std::isfinite(want);
+          }
         }
       }
     CHECK((rate > 0.0f) == (specials > 0));  // the special branches are taken where asked for

@@ -14,6 +14,7 @@
 #include <string_view>
 #include <vector>
 
+#include "backends/cpu/cpu_isa.hpp"
 #include "scenario.hpp"
 
 namespace kvsim::sim {
@@ -36,8 +37,15 @@ class SyntheticModel {
   // value_from_seed for n consecutive dim seeds at one position: out[i] =
   // value_from_seed(t, dim_seeds[i], position, prefix_hash), the same
   // function in a loop the compiler sees whole (a replay's inputs are rows).
+  // Rows without outlier, NaN or Inf draws take a branch-free loop built for
+  // each CPU ISA and chosen at run time like the CPU backend's kernels
+  // (backends/cpu/cpu_isa.hpp: KVSIM_CPU_ISA forces one); `isa` runs a
+  // given one (the CPU must run it), for the tests that hold every ISA to
+  // the same bits.
   void row_from_seeds(ModelTensor t, const uint64_t* dim_seeds, int32_t n, int64_t position, uint64_t prefix_hash,
                       float* out) const;
+  void row_from_seeds(ModelTensor t, const uint64_t* dim_seeds, int32_t n, int64_t position, uint64_t prefix_hash,
+                      float* out, CpuIsa isa) const;
 
   // h[p] = hash of tokens[0..p] (a chained hash: equal prefixes, equal hashes).
   static std::vector<uint64_t> prefix_hashes(std::span<const int32_t> tokens);
