@@ -82,26 +82,24 @@ namespace {
   }
 }
 using PlainRowFn = void (*)(float, const uint64_t*, int32_t, int64_t, uint64_t, float*);
-void plain_row_portable(float scale, const uint64_t* d, int32_t n, int64_t pos, uint64_t ph, float* out) {
-  plain_row(scale, d, n, pos, ph, out);
-}
 }  // namespace
+// plain_row compiled for the ISA of the target region it stands in.
+#define KVSIM_PLAIN_ROW_AT(NAME)                                                                       \
+  namespace {                                                                                          \
+  void NAME(float scale, const uint64_t* d, int32_t n, int64_t pos, uint64_t ph, float* out) {         \
+    plain_row(scale, d, n, pos, ph, out);                                                              \
+  }                                                                                                    \
+  }
+KVSIM_PLAIN_ROW_AT(plain_row_portable)
 #if KVSIM_CPU_X86
 KVSIM_CPU_TARGET_BEGIN(KVSIM_CPU_TARGET_AVX2)
-namespace {
-void plain_row_avx2(float scale, const uint64_t* d, int32_t n, int64_t pos, uint64_t ph, float* out) {
-  plain_row(scale, d, n, pos, ph, out);
-}
-}  // namespace
+KVSIM_PLAIN_ROW_AT(plain_row_avx2)
 KVSIM_CPU_TARGET_END
 KVSIM_CPU_TARGET_BEGIN(KVSIM_CPU_TARGET_AVX512)
-namespace {
-void plain_row_avx512(float scale, const uint64_t* d, int32_t n, int64_t pos, uint64_t ph, float* out) {
-  plain_row(scale, d, n, pos, ph, out);
-}
-}  // namespace
+KVSIM_PLAIN_ROW_AT(plain_row_avx512)
 KVSIM_CPU_TARGET_END
 #endif
+#undef KVSIM_PLAIN_ROW_AT
 
 namespace {
 PlainRowFn plain_row_for(CpuIsa isa) {
