@@ -11,13 +11,40 @@
 
 namespace kvsim::sim {
 
+namespace {
+// hash_mix with v * gamma already made (a row's position and prefix hash are
+// multiplied once, not per element).
+[[gnu::always_inline]] inline uint64_t mix_premultiplied(uint64_t h, uint64_t v_gamma) {
+  return splitmix64_mix((h ^ v_gamma) + kSplitmix64Gamma);
+}
+}  // namespace
+
 uint64_t hash_mix(uint64_t h, uint64_t v) {  // splitmix64 finaliser over (h, v)
-  return splitmix64_mix((h ^ (v * kSplitmix64Gamma)) + kSplitmix64Gamma);
+  return mix_premultiplied(h, v * kSplitmix64Gamma);
 }
 
 namespace {
-// Uniform in [-1, 1) from the top 24 bits: exact in fp32.
-float unit(uint64_t bits) { return static_cast<float>(bits >> 40) * (2.0f / 16777216.0f) - 1.0f; }
+// Uniform in [-1, 1) from the top 24 bits: exact in fp32 (and as int32,
+// which vectorizes where a 64-bit conversion would not).
+[[gnu::always_inline]] inline float unit(uint64_t bits) {
+  return static_cast<float>(static_cast<int32_t>(bits >> 40)) * (2.0f / 16777216.0f) - 1.0f;
+}
+
+// The draws of one element: h from (dim seed, position, prefix hash), then a
+// and b, whose four 24-bit uniforms sum to the bell-shaped value (sigma
+// 1.1547, scaled to sigma = value_scale by `scale`).
+struct Draws {
+  uint64_t h, a, b;
+};
+[[gnu::always_inline]] inline Draws draws(uint64_t dim_seed, uint64_t position_gamma, uint64_t prefix_gamma) {
+  const uint64_t h = mix_premultiplied(mix_premultiplied(dim_seed, position_gamma), prefix_gamma);
+  return {h, mix_premultiplied(h, kSplitmix64Gamma), mix_premultiplied(h, 2 * kSplitmix64Gamma)};
+}
+inline float bell_scale(const ModelSpec& spec) { return spec.value_scale / 1.1547005f; }
+[[gnu::always_inline]] inline float bell(const Draws& d, float scale) {
+  const float s = unit(d.a) + unit(d.a << 24) + unit(d.b) + unit(d.b << 24);
+  return s * scale;
+}
 }  // namespace
 
 uint64_t SyntheticModel::dim_seed(ModelTensor t, int32_t layer, int32_t head, int32_t dim) const {
@@ -37,12 +64,9 @@ namespace {
 // value_from_seed and row_from_seeds.
 inline float seeded_value(const ModelSpec& spec, ModelTensor t, uint64_t dim_seed, int64_t position,
                           uint64_t prefix_hash) {
-  uint64_t h = hash_mix(dim_seed, static_cast<uint64_t>(position));
-  h = hash_mix(h, prefix_hash);
-  // Sum of four uniforms: bell-shaped, sigma 1.1547; scaled to sigma = value_scale.
-  const uint64_t a = hash_mix(h, 1), b = hash_mix(h, 2);
-  const float s = unit(a) + unit(a << 24) + unit(b) + unit(b << 24);
-  float x = s * (spec.value_scale / 1.1547005f);
+  const Draws d = draws(dim_seed, static_cast<uint64_t>(position) * kSplitmix64Gamma, prefix_hash * kSplitmix64Gamma);
+  const uint64_t h = d.h, a = d.a;
+  float x = bell(d, bell_scale(spec));
   if (spec.outlier_rate > 0.0f) {
     const float u = (unit(hash_mix(h, 3)) + 1.0f) * 0.5f;
     if (u < spec.outlier_rate) x *= spec.outlier_scale;
@@ -62,24 +86,14 @@ float SyntheticModel::value_from_seed(ModelTensor t, uint64_t dim_seed, int64_t 
 }
 
 namespace {
-// seeded_value where no outlier, NaN or Inf is drawn, without its branches:
-// the same integer mixing (exact) and the same float operations in the same
-// order (the draws are 24-bit integers, exact as int32 and as float), so the
-// same bits in every lane of a vector. Compiled once per ISA below.
+// seeded_value where no outlier, NaN or Inf is drawn: its draws and bell
+// without the branches, so the loop vectorizes (the integer mixing is exact
+// and the float steps are the same operations in the same order in every
+// lane: the same bits). Compiled once per ISA below.
 [[gnu::always_inline]] inline void plain_row(float scale, const uint64_t* dim_seeds, int32_t n, int64_t position,
                                              uint64_t prefix_hash, float* out) {
   const uint64_t p = static_cast<uint64_t>(position) * kSplitmix64Gamma, q = prefix_hash * kSplitmix64Gamma;
-  auto unit24 = [](uint64_t bits) {  // unit(): the top 24 bits to [-1, 1)
-    return static_cast<float>(static_cast<int32_t>(bits >> 40)) * (2.0f / 16777216.0f) - 1.0f;
-  };
-  for (int32_t i = 0; i < n; ++i) {
-    const uint64_t h1 = splitmix64_mix((dim_seeds[i] ^ p) + kSplitmix64Gamma);
-    const uint64_t h = splitmix64_mix((h1 ^ q) + kSplitmix64Gamma);
-    const uint64_t a = splitmix64_mix((h ^ kSplitmix64Gamma) + kSplitmix64Gamma);
-    const uint64_t b = splitmix64_mix((h ^ (2 * kSplitmix64Gamma)) + kSplitmix64Gamma);
-    const float s = unit24(a) + unit24(a << 24) + unit24(b) + unit24(b << 24);
-    out[i] = s * scale;
-  }
+  for (int32_t i = 0; i < n; ++i) out[i] = bell(draws(dim_seeds[i], p, q), scale);
 }
 using PlainRowFn = void (*)(float, const uint64_t*, int32_t, int64_t, uint64_t, float*);
 }  // namespace
@@ -124,7 +138,7 @@ void SyntheticModel::row_from_seeds(ModelTensor t, const uint64_t* dim_seeds, in
   // seeded_value's two draws that can change a value, as it tests them.
   const bool outliers = spec.outlier_rate > 0.0f;
   const bool specials = (spec.nan_rate > 0.0f || spec.inf_rate > 0.0f) && t != ModelTensor::q && t != ModelTensor::indexer_k;
-  if (!outliers && !specials) return plain_row_for(isa)(spec.value_scale / 1.1547005f, dim_seeds, n, position, prefix_hash, out);
+  if (!outliers && !specials) return plain_row_for(isa)(bell_scale(spec), dim_seeds, n, position, prefix_hash, out);
   for (int32_t i = 0; i < n; ++i) out[i] = seeded_value(spec, t, dim_seeds[i], position, prefix_hash);
 }
 
