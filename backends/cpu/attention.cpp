@@ -33,9 +33,21 @@ using canon::kWarp;
 struct Plan {
   const Kernels* kernels = nullptr;
   RowFormat format = RowFormat::f32;
-  bool direct = false;  // rows read in place (else staged through load_head_row as fp32)
+  // Where the kernel's K/V rows come from: the pool in place (contiguous
+  // rows), the row's element codes gathered into a contiguous staging row of
+  // the cache's own format (split-x and other strided rows: the same codes,
+  // so the same bytes out, without a per-element decode), or load_head_row's
+  // full fp32 decode (nvfp4, whose values need the block scales).
+  enum class RowSource : uint8_t { in_place, gathered, decoded };
+  RowSource source = RowSource::decoded;
+  bool direct = false;  // source == in_place
   int32_t D = 0, c = 0, G = 0, pairs = 0;
-  int bytes = 0;  // bytes per element (direct rows)
+  int bytes = 0;  // bytes per element (in place and gathered rows)
+  // Gathered rows: byte offset of dim d from the row's dim 0 (element_offset's
+  // dim part, which no other coordinate changes), per kv; and whether each
+  // row is runs of x consecutive elements (split-x K) copied run by run.
+  std::vector<int64_t> dim_byte[2];
+  int32_t run_elements[2] = {1, 1};
   std::vector<int32_t> perm;
   std::vector<uint16_t> perm_mask;
   int32_t lane_of_position[kWarp] = {};
@@ -60,8 +72,10 @@ Plan make_plan(const AttentionArgs& a, CpuIsa isa) {
   if (!p.kernels->supports_head_dim(p.D)) p.kernels = &fallback_kernels(isa);
   const PoolStrides& st = a.pools.strides[0];
   p.direct = g.dtype != CacheDtype::nvfp4 && row_is_contiguous(st, 0, p.D) && row_is_contiguous(st, 1, p.D);
+  p.source = p.direct ? Plan::RowSource::in_place
+                      : (g.dtype == CacheDtype::nvfp4 ? Plan::RowSource::decoded : Plan::RowSource::gathered);
   p.format = RowFormat::f32;
-  if (p.direct) {
+  if (p.source != Plan::RowSource::decoded) {
     switch (g.dtype) {
       case CacheDtype::fp32: p.format = RowFormat::f32; break;
       case CacheDtype::fp16: p.format = RowFormat::f16; break;
@@ -73,6 +87,23 @@ Plan make_plan(const AttentionArgs& a, CpuIsa isa) {
     }
     p.bytes = bits_per_element(g.dtype) / 8;
   }
+  if (p.source == Plan::RowSource::gathered)
+    for (int32_t kv = 0; kv < 2; ++kv) {
+      const int64_t base = element_offset(st, 0, 0, kv, 0, 0, 0);
+      p.dim_byte[kv].resize(static_cast<size_t>(p.D));
+      for (int32_t d = 0; d < p.D; ++d) p.dim_byte[kv][d] = (element_offset(st, 0, 0, kv, 0, 0, d) - base) * p.bytes;
+      // The longest run length r dividing D with every run of r dims consecutive bytes.
+      for (int32_t r = p.D; r > 1; --r) {
+        if (p.D % r != 0) continue;
+        bool runs = true;
+        for (int32_t d = 0; d < p.D && runs; ++d)
+          runs = d % r == 0 || p.dim_byte[kv][d] == p.dim_byte[kv][d - 1] + p.bytes;
+        if (runs) {
+          p.run_elements[kv] = r;
+          break;
+        }
+      }
+    }
   p.kernels->lane_order(p.format, p.D, p.lane_of_position);
   p.kt_source.resize(static_cast<size_t>(p.c) * kWarp);
   for (int32_t j = 0; j < p.c; ++j)
@@ -118,7 +149,7 @@ struct Workspace {
         G * parts * D,                             // part_acc
         D + 1,                                     // merged (prepare_item: a q row and its -0 pad)
         2 * int64_t{kWarp} * pl.c + 64,            // kbuf
-        pl.direct ? 0 : int64_t{kPartitionSize} * D,  // kstage
+        pl.direct ? 0 : int64_t{kPartitionSize} * D,  // kstage (fp32 rows, or gathered codes of <= 4 bytes)
         pl.direct ? 0 : int64_t{kPartitionSize} * D,  // vstage
     };
     int64_t total = 16;
@@ -229,7 +260,7 @@ PartitionTask prepare_item(const AttentionArgs& a, const Plan& pl, RowGroup grp,
           .group = H,
           .quads = (H + kQuad - 1) / kQuad,
           .format = pl.format,
-          .row_bytes = pl.direct ? D * pl.bytes : D * 4,
+          .row_bytes = pl.source == Plan::RowSource::decoded ? D * 4 : D * pl.bytes,
           .k_rows = ws.k_rows.data(),
           .v_rows = ws.v_rows.data(),
           .qt = ws.qt,
@@ -242,8 +273,32 @@ PartitionTask prepare_item(const AttentionArgs& a, const Plan& pl, RowGroup grp,
           .kbuf = ws.kbuf};
 }
 
+// One strided row's element codes into a contiguous row of the same format:
+// runs of `run` elements (split-x K's x-groups) by memcpy, single elements
+// (split-x V's page-strided dims) by a fixed-size load per element.
+template <int kBytes>
+void gather_elements(const uint8_t* src, const int64_t* dim_byte, int32_t D, uint8_t* dst) {
+  for (int32_t d = 0; d < D; ++d) std::memcpy(dst + static_cast<int64_t>(d) * kBytes, src + dim_byte[d], kBytes);
+}
+
+void gather_row_codes(const Plan& pl, int32_t kv, const uint8_t* row0, uint8_t* dst) {
+  const int64_t* dim_byte = pl.dim_byte[kv].data();
+  const int32_t run = pl.run_elements[kv];
+  if (run > 1) {
+    const size_t run_bytes = static_cast<size_t>(run) * pl.bytes;
+    for (int32_t d = 0; d < pl.D; d += run) std::memcpy(dst + static_cast<int64_t>(d) * pl.bytes, row0 + dim_byte[d], run_bytes);
+    return;
+  }
+  switch (pl.bytes) {
+    case 1: gather_elements<1>(row0, dim_byte, pl.D, dst); break;
+    case 2: gather_elements<2>(row0, dim_byte, pl.D, dst); break;
+    default: gather_elements<4>(row0, dim_byte, pl.D, dst); break;
+  }
+}
+
 // Keys [first, first + count) of the resolving list: K rows (nullptr for a
-// masked key) and V rows, in place or staged through load_head_row.
+// masked key) and V rows, in place, gathered as codes, or decoded through
+// load_head_row.
 void resolve_keys(const AttentionArgs& a, const Plan& pl, const KeyList& keys, int32_t seq, int32_t kv_head,
                   int64_t first, int32_t count, Workspace& ws) {
   const PageDivider page = a.pools.geometry.page_divider();
@@ -271,12 +326,23 @@ void resolve_keys(const AttentionArgs& a, const Plan& pl, const KeyList& keys, i
   for (int32_t j = 0; j < count; ++j) {
     bool masked = false;
     const int64_t slot = keys.slot(first + j, a.window, masked);
-    if (pl.direct) {
+    if (pl.source != Plan::RowSource::decoded) {
       const BlockRef ref{table[page.div(slot)]};
       const int64_t block = ref.block();
       const int32_t entry = page.mod(slot);
-      ws.k_rows[j] = masked ? nullptr : pool + element_offset(st, block, a.layer, 0, kv_head, entry, 0) * pl.bytes;
-      ws.v_rows[j] = pool + element_offset(st, block, a.layer, 1, kv_head, entry, 0) * pl.bytes;
+      const uint8_t* k0 = pool + element_offset(st, block, a.layer, 0, kv_head, entry, 0) * pl.bytes;
+      const uint8_t* v0 = pool + element_offset(st, block, a.layer, 1, kv_head, entry, 0) * pl.bytes;
+      if (pl.direct) {
+        ws.k_rows[j] = masked ? nullptr : k0;
+        ws.v_rows[j] = v0;
+      } else {
+        auto* krow = reinterpret_cast<uint8_t*>(ws.kstage + static_cast<int64_t>(j) * D);
+        auto* vrow = reinterpret_cast<uint8_t*>(ws.vstage + static_cast<int64_t>(j) * D);
+        if (!masked) gather_row_codes(pl, 0, k0, krow);
+        gather_row_codes(pl, 1, v0, vrow);
+        ws.k_rows[j] = masked ? nullptr : krow;
+        ws.v_rows[j] = vrow;
+      }
     } else {
       float* krow = ws.kstage + static_cast<int64_t>(j) * D;
       float* vrow = ws.vstage + static_cast<int64_t>(j) * D;

@@ -28,9 +28,9 @@
 // The ISA kernels (avx512, avx2; portable, compiled for baseline x86-64 and
 // again for AVX2 + FMA; cpu_isa.hpp chooses at run time) work on one
 // partition of one (query row, KV head) item; the driver (attention.cpp) resolves key slots to rows
-// with core's element_offset, stages rows it cannot read in place (nvfp4,
-// split-x V and other non-contiguous layouts) through core's load_head_row,
-// and merges partitions exactly as attend_query does. AttentionPath::reference
+// with core's element_offset, gathers the codes of rows it cannot read in
+// place (split-x and other non-contiguous layouts) into contiguous rows of the
+// cache's format, decodes nvfp4 rows through core's load_head_row, and merges partitions exactly as attend_query does. AttentionPath::reference
 // runs attend_query itself. tests/oracle/attention_fast_path_test.cpp holds every
 // path to attend_query byte for byte.
 #pragma once
@@ -55,8 +55,9 @@ enum class AttentionPath : uint8_t { reference, fast };
 // once per process (a benchmarking knob: same-binary before/after timings).
 AttentionPath selected_attention_path();
 
-// How K/V rows are read: in place from the pool in the cache dtype, or as
-// staged fp32 (f32 format) decoded by core's load_head_row.
+// How K/V rows are read: in the cache dtype (in place from the pool, or codes
+// gathered into a contiguous row), or as staged fp32 (f32 format) decoded by
+// core's load_head_row (nvfp4).
 enum class RowFormat : uint8_t { f32, f16, bf16, e4m3, e5m2, i8 };
 
 inline constexpr int kQuad = 4;  // query heads reduced side by side
