@@ -67,7 +67,9 @@ ReplayEstimate estimate_replay(const Scenario& s, const std::optional<std::set<I
     total_tokens += r.final_len;
     longest = std::max(longest, r.final_len);
   }
-  const int64_t nnz = std::min<int64_t>(s.scheduler.token_budget, total_tokens);
+  // The chunking invariant's one-chunk run takes up to one_chunk_budget a step.
+  const bool one_chunk_run = comparisons && s.scheduler.chunk_size > 0 && InvariantSelection(s, invariants).wanted(Invariant::chunking);
+  const int64_t nnz = std::min<int64_t>(one_chunk_run ? one_chunk_budget(s) : s.scheduler.token_budget, total_tokens);
   const int64_t Hq = s.model.q_heads, H = g.kv_heads, D = g.head_dim;
   const int64_t in_b = std::max<int64_t>(1, bits_per_element(s.model.input_dtype) / 8);
   const int64_t write_in = nnz * (Hq + 2 * H) * D * in_b, q = nnz * Hq * D * in_b, out = nnz * Hq * D * 4;

@@ -363,8 +363,11 @@ ScenarioReport replay(const Scenario& s, Backend& backend, const ReplayOptions& 
       if (wanted(Invariant::chunking)) {
         Scenario c = s;
         if (s.scheduler.chunk_size > 0) {
+          // Each prompt in one chunk, in steps no larger than the main run's or
+          // the longest request (bounded memory: not every prompt in one step).
           c.scheduler.chunk_size = 0;
-          c.scheduler.token_budget = 1 << 30;
+          c.scheduler.whole_prompts = true;
+          c.scheduler.token_budget = one_chunk_budget(s);
         } else {
           c.scheduler.chunk_size = 5;  // odd chunks, against the scenario's whole-prompt prefill
         }

@@ -56,6 +56,12 @@ int64_t Scheduler::next_arrival(int64_t step) const {
   return next;
 }
 
+int32_t one_chunk_budget(const Scenario& s) {
+  int64_t budget = s.scheduler.token_budget;
+  for (const RequestState& r : make_requests(s)) budget = std::max(budget, r.final_len);
+  return static_cast<int32_t>(std::min<int64_t>(budget, std::numeric_limits<int32_t>::max()));
+}
+
 int32_t Scheduler::chunk_for(const RequestState& r, int64_t budget) const {
   int64_t n = std::min(r.prefill_target - r.computed, budget);
   if (s_.scheduler.chunk_size > 0) n = std::min<int64_t>(n, s_.scheduler.chunk_size);
@@ -138,6 +144,11 @@ StepPlan Scheduler::schedule(int64_t step) {
                                                         static_cast<size_t>(r.prefill_target)));
     r.computed = m.tokens();
     r.prefill_begin = r.computed;
+    if (s_.scheduler.whole_prompts && r.prefill_target - r.computed > budget) {  // waits for a step it fits
+      bm_.cancel_sequence(r.index, m);
+      r.computed = 0;
+      break;
+    }
     const int32_t n = chunk_for(r, budget);
     if (!bm_.ensure_capacity(r.index, r.computed + n)) {
       bm_.cancel_sequence(r.index, m);

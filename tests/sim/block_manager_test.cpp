@@ -466,6 +466,47 @@ TEST_CASE("scheduler: token budget, chunk size, decode after prefill, odd batch"
   CHECK(sched.preemptions == 0);
 }
 
+TEST_CASE("scheduler: whole_prompts admits a prefill only whole, in steps no larger than one_chunk_budget") {
+  Scenario s;
+  s.cache.page_size = 7;
+  s.scheduler.token_budget = 13;
+  s.scheduler.chunk_size = 5;
+  s.requests = {req("a", 23, 3), req("b", 9, 5), req("c", 17, 1, 2), req("d", 4, 2)};
+  CHECK(one_chunk_budget(s) == 26);  // a: 23 prompt + 3 decode tokens, longer than the budget 13
+  s.scheduler.chunk_size = 0;
+  s.scheduler.whole_prompts = true;
+  s.scheduler.token_budget = one_chunk_budget(s);
+  auto reqs = make_requests(s);
+  BlockManager bm(BlockManagerConfig::from(s), nullptr);
+  Scheduler sched(s, bm, reqs);
+  int64_t max_step = 0;
+  for (int64_t step = 0; !sched.done() && step < 1000; ++step) {
+    const StepPlan plan = sched.schedule(step);
+    int64_t tokens = 0;
+    for (const auto* list : {&plan.prefill, &plan.decode})
+      for (const ScheduledEntry& e : *list) tokens += e.n;
+    for (const ScheduledEntry& e : plan.prefill) {
+      CHECK_FALSE(e.continuation);  // one chunk per prefill
+      CHECK(e.start + e.n == reqs[e.request].prefill_target);
+    }
+    max_step = std::max(max_step, tokens);
+    sched.free_finished(sched.finish_step(plan));
+  }
+  CHECK(sched.done());
+  CHECK(max_step <= 26);
+  CHECK(max_step >= 23);  // a's prompt did run in one step
+  CHECK(sched.prefill_tokens == 23 + 9 + 17 + 4);
+  // Without the rule, the same budget cuts b's prompt to what a leaves of it.
+  s.scheduler.whole_prompts = false;
+  s.scheduler.token_budget = 30;
+  auto reqs2 = make_requests(s);
+  BlockManager bm2(BlockManagerConfig::from(s), nullptr);
+  Scheduler sched2(s, bm2, reqs2);
+  const StepPlan first = sched2.schedule(0);
+  REQUIRE(first.prefill.size() >= 2);
+  CHECK(first.prefill[1].n < reqs2[first.prefill[1].request].prefill_target);
+}
+
 TEST_CASE("scheduler: the most recently admitted request is preempted, then recomputed") {
   Scenario s;
   s.cache.page_size = 4;

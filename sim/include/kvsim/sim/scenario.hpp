@@ -187,6 +187,11 @@ struct SchedulerSpec {
   int32_t chunk_size = 0;       // prefill chunk per request per step; 0 = whole prompt
   int32_t max_batch = 256;      // running requests per step
   int32_t max_steps = 100000;   // a replay that has not finished by then fails (no hang)
+  // A waiting request is admitted only when the step's remaining budget takes
+  // its whole prefill (no cut by the budget; a cyclic ring's cut still
+  // applies). Not a file key: the chunking invariant's one-chunk run, whose
+  // steps then hold at most max(token_budget, longest request) tokens.
+  bool whole_prompts = false;
 };
 
 // A named, shared prompt prefix: explicit tokens, or `length` tokens

@@ -47,6 +47,12 @@ struct RequestState {
 // Builds the request states of a scenario (prompts, seeds, lengths).
 std::vector<RequestState> make_requests(const Scenario& s);
 
+// The token budget of the chunking invariant's one-chunk run (whole_prompts):
+// the scenario's budget, or the longest request (prompt and decode tokens, all
+// of which a recompute after preemption prefills) where that is longer, so
+// that every prefill fits one step.
+int32_t one_chunk_budget(const Scenario& s);
+
 struct ScheduledEntry {
   int32_t request = 0;
   int64_t start = 0;  // position of the first token of the chunk (= tokens in the cache before it)
