@@ -317,7 +317,7 @@ std::string OpGenerator::run(GeneratedOp op, const OpKnobs& knobs) {
       std::vector<int64_t> slots(all.begin(), all.begin() + T);
       for (int64_t& s : slots)
         if (uniform(rng_, 0, 7) == 0) s = -1;  // skipped token
-      const bool fp8 = g.dtype == CacheDtype::fp8_e4m3 || g.dtype == CacheDtype::fp8_e5m2;
+      const bool fp8 = is_fp8(g.dtype);
       ReshapeAndCacheOp o;
       o.layer = layer;
       // One draw per statement: a call's arguments are evaluated in an unspecified order (g++ took

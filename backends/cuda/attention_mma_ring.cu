@@ -81,8 +81,6 @@ struct Cfg {
   static_assert(kCtasPerSm * kWarpsPerCta * kWarpBytes <= 227 * 1024);
 };
 
-KVSIM_HD constexpr bool is_fp8(CacheDtype t) { return t == CacheDtype::fp8_e4m3 || t == CacheDtype::fp8_e5m2; }
-
 // The operand codes of a cache's codes, two at a time (the first in the low
 // half): bf16/fp16 as stored, fp8 through fp8x2_to_bf16x2 (the low 16 bits).
 template <CacheDtype kCache>
@@ -192,11 +190,11 @@ __device__ __forceinline__ void load_q_codes(const AttentionArgs& a, int64_t row
 }
 
 template <int kD, CacheDtype kCache, int kRowsS>
-__global__ void __launch_bounds__(kWarpsPerCta * kWarp, (Cfg<kD, kRowsS, is_fp8(kCache) ? 1 : 2>::kCtasPerSm))
+__global__ void __launch_bounds__(kWarpsPerCta * kWarp, (Cfg<kD, kRowsS, bytes_per_element(kCache)>::kCtasPerSm))
     attention_mma_ring_kernel(AttentionArgs a, const PartInfo* parts, int32_t items, float* part_stats,
                               float* part_acc) {
   constexpr bool kFp8 = is_fp8(kCache);
-  using K = Cfg<kD, kRowsS, kFp8 ? 1 : 2>;
+  using K = Cfg<kD, kRowsS, bytes_per_element(kCache)>;
   constexpr mma::Operand f = mma_order::operand_for(kCache);
   constexpr int kSlots = K::kSlots;
   extern __shared__ __align__(128) uint8_t smem[];
@@ -411,7 +409,7 @@ __global__ void __launch_bounds__(kWarpsPerCta * kWarp, (Cfg<kD, kRowsS, is_fp8(
 
 template <int kD, CacheDtype kCache, int kRowsS>
 bool launch(const AttentionPlan& plan, cudaStream_t stream, KernelInfo* info) {
-  using K = Cfg<kD, kRowsS, is_fp8(kCache) ? 1 : 2>;
+  using K = Cfg<kD, kRowsS, bytes_per_element(kCache)>;
   const auto kernel = attention_mma_ring_kernel<kD, kCache, kRowsS>;
   const int smem = kWarpsPerCta * K::kWarpBytes;
   KVSIM_CUDA_CHECK(plan.op, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
@@ -454,7 +452,7 @@ bool mma_ring_applies(const AttentionPlan& plan) {
   const KvPools& pools = plan.args.pools;
   const PoolGeometry& g = pools.geometry;
   if (plan.args.order != AttentionOrder::mma) return false;
-  if (g.dtype != CacheDtype::bf16 && g.dtype != CacheDtype::fp16 && !mma_ring::is_fp8(g.dtype)) return false;
+  if (g.dtype != CacheDtype::bf16 && g.dtype != CacheDtype::fp16 && !is_fp8(g.dtype)) return false;
   if (g.head_dim != 64 && g.head_dim != 128 && g.head_dim != 256) return false;
   if (plan.args.group < 1 || plan.args.group > mma_ring::kHeads) return false;
   if (static_cast<int64_t>(plan.parts) * g.kv_heads >= INT32_MAX) return false;  // 32-bit item indices

@@ -344,7 +344,7 @@ Case gather_case(CacheDtype cache, int32_t page, int32_t tokens) {
 AttentionScales attention_scales(CacheDtype cache) {
   AttentionScales s;
   s.sm_scale = 0.08838834764831845f;  // 1 / sqrt(128)
-  if (cache == CacheDtype::fp8_e4m3 || cache == CacheDtype::fp8_e5m2) {
+  if (is_fp8(cache)) {
     s.k_scale = 0.125f;
     s.v_scale = 0.125f;
   }

@@ -739,7 +739,7 @@ void concat_and_cache_mla(const EnginePools& p, py::handle kv_c, py::handle k_pe
     rows.push_back(i);
   }
   // The written rows, gathered (a view's rows stay where they are: the row stride is the gather).
-  const bool quantize = (g.dtype == CacheDtype::fp8_e4m3 || g.dtype == CacheDtype::fp8_e5m2) && is_float_input(ckv.dtype);
+  const bool quantize = is_fp8(g.dtype) && is_float_input(ckv.dtype);
   if (quantize && !(scale > 0.0f && scale < canon::pos_inf()))
     fail(ErrorCode::bad_argument, "scale = " + std::to_string(scale) + ": rule: an fp8 per-tensor scale is finite and > 0");
   const auto gathered = [&](const TensorView& in, std::vector<uint8_t>& bytes) {

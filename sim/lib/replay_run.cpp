@@ -137,7 +137,7 @@ CacheDtype kv_input_dtype(const Scenario& s) {
   const CacheDtype cache = s.cache.dtype;
   if (cache == CacheDtype::nvfp4) return s.model.input_dtype;  // the op quantizes
   if (s.cache.write_path == WritePath::qkv_preprocess) return is_float_input(cache) ? cache : s.model.input_dtype;
-  if (s.cache.write_path == WritePath::reshape_and_cache && (cache == CacheDtype::fp8_e4m3 || cache == CacheDtype::fp8_e5m2))
+  if (s.cache.write_path == WritePath::reshape_and_cache && is_fp8(cache))
     return s.model.input_dtype;  // vLLM's reshape_and_cache quantizes fp8 itself
   return cache;  // same dtype as the cache: float values, or codes the engine's quantize kernel made
 }
@@ -1428,7 +1428,7 @@ void Runner::attend_mla(int32_t layer, const std::vector<Entry>& es) {
   op.d_ckv = d_ckv;
   op.d_kpe = d_kpe;
   op.sm_scale = 1.0f / std::sqrt(static_cast<float>(dq));
-  const bool coded = g_.dtype == CacheDtype::fp8_e4m3 || g_.dtype == CacheDtype::fp8_e5m2 || g_.dtype == CacheDtype::int8;
+  const bool coded = has_tensor_scale(g_.dtype);
   op.scale = coded ? s_.cache.k_scale : 1.0f;
   op.ckv_global_scale = s_.cache.k_global_scale;
   op.kpe_scale = s_.cache.k_scale;  // append_mla's kpe_scale

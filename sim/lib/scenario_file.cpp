@@ -623,7 +623,7 @@ void check_model(const Scenario& s, const Checker& c) {
                 std::string(dtype_name(m.input_dtype)));
   c.require(finite_positive(m.q_scale), "model.q_scale", "expected a finite number > 0, got " + str(m.q_scale));
   if (m.query_dtype) {
-    c.require(*m.query_dtype == CacheDtype::fp8_e4m3 || *m.query_dtype == CacheDtype::fp8_e5m2, "model.query_dtype",
+    c.require(is_fp8(*m.query_dtype), "model.query_dtype",
               "expected fp8_e4m3 or fp8_e5m2 (fp8 queries with a per-tensor q_scale; leave the key out for queries "
               "in input_dtype), got " + std::string(dtype_name(*m.query_dtype)));
     c.require(!s.mla.attention, "model.query_dtype",

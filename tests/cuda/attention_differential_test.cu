@@ -605,7 +605,7 @@ TEST_CASE("MmaOrderRingKernelIsEquivalentToRef") {
     for (int32_t D : {64, 128, 256})
       for (int32_t G : {1, 2, 3, 4, 5, 8}) {
         // fp8: the groups of each score-row instantiation, fewer of them (the oracle's model is slow).
-        if ((dtype == CacheDtype::fp8_e4m3 || dtype == CacheDtype::fp8_e5m2) && G != 1 && G != 3 && G != 8) continue;
+        if (is_fp8(dtype) && G != 1 && G != 3 && G != 8) continue;
         AttentionCase c;
         c.order = AttentionOrder::mma;
         c.dtype = dtype;

@@ -209,7 +209,7 @@ inline AttentionProblem make_problem(const AttentionCase& c) {
 
   AttentionScales& s = p.attention_scales;
   s.sm_scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
-  if (c.dtype == CacheDtype::fp8_e4m3 || c.dtype == CacheDtype::fp8_e5m2) {
+  if (is_fp8(c.dtype)) {
     s.k_scale = 0.125f;
     s.v_scale = 0.1f;
   } else if (c.dtype == CacheDtype::int8) {

@@ -283,7 +283,7 @@ void check_case(const Case& c, int threads = 2) {
   a.block_table = p.table.data();
   a.max_blocks_per_seq = p.max_blocks;
   a.scales.sm_scale = c.sm_scale;
-  if (c.dtype == CacheDtype::fp8_e4m3 || c.dtype == CacheDtype::fp8_e5m2) a.scales.k_scale = a.scales.v_scale = 0.125f;
+  if (is_fp8(c.dtype)) a.scales.k_scale = a.scales.v_scale = 0.125f;
   if (c.dtype == CacheDtype::int8) a.scales.k_scale = a.scales.v_scale = 0.01f;
   if (c.dtype == CacheDtype::nvfp4) {
     a.scales.k_global_scale = 0.01f;
@@ -410,7 +410,7 @@ TEST_CASE("fast attention: every dtype and layout, lengths around the 256-key pa
       c.placement = layout == BlockLayout::nhd ? LayerPlacement::per_layer : LayerPlacement::in_block;
       c.lens = {255, 256, 257, 1000, 1};
       c.seed = 100 + static_cast<uint32_t>(dtype) * 3 + static_cast<uint32_t>(layout);
-      if (dtype == CacheDtype::fp8_e4m3 || dtype == CacheDtype::fp8_e5m2) c.amplitude = 8.0f;
+      if (is_fp8(dtype)) c.amplitude = 8.0f;
       if (dtype == CacheDtype::int8) c.amplitude = 100.0f;
       if (dtype == CacheDtype::nvfp4) c.amplitude = 6.0f;
       check_case(c);
@@ -497,7 +497,7 @@ TEST_CASE("fast attention: a sweep of page sizes, head dims, GQA groups, batch s
     if (c.dtype == CacheDtype::nvfp4 && c.D % 16 != 0) c.D = 64;
     if (c.dtype == CacheDtype::nvfp4 && c.layout == BlockLayout::split_x) c.layout = BlockLayout::nhd;
     if (c.layout == BlockLayout::split_x && c.D % (128 / bits_per_element(c.dtype)) != 0) c.layout = BlockLayout::hnd;
-    if (c.dtype == CacheDtype::fp8_e4m3 || c.dtype == CacheDtype::fp8_e5m2) c.amplitude = 8.0f;
+    if (is_fp8(c.dtype)) c.amplitude = 8.0f;
     if (c.dtype == CacheDtype::int8) c.amplitude = 100.0f;
     check_case(c, i % 2 ? 3 : 1);
   }
@@ -541,7 +541,7 @@ TEST_CASE("fast attention: tiled prefill blocks across pages, partitions and GQA
       c.queries = {300, 41, 45, 7};  // one chunk from 0; chunks after a cached prefix
       c.pool_specials = i % 3 == 0 ? 6 : 0;
       c.q_specials = i % 4 == 1;
-      if (c.dtype == CacheDtype::fp8_e4m3 || c.dtype == CacheDtype::fp8_e5m2) c.amplitude = 8.0f;
+      if (is_fp8(c.dtype)) c.amplitude = 8.0f;
       c.seed = 4000 + static_cast<uint32_t>(i);
       check_case(c, i % 2 ? 3 : 1);
       ++i;

@@ -345,7 +345,7 @@ TEST_CASE("decode attention matches Eigen double attention on the gathered K/V (
       const auto img = build_pool_image(f, seed, 0);
       AttentionScales sc;
       sc.sm_scale = 1.0f / std::sqrt(static_cast<float>(D));
-      if (dtype == CacheDtype::fp8_e4m3 || dtype == CacheDtype::fp8_e5m2) sc.k_scale = sc.v_scale = 0.125f;
+      if (is_fp8(dtype)) sc.k_scale = sc.v_scale = 0.125f;
       if (dtype == CacheDtype::int8) sc.k_scale = sc.v_scale = 0.01f;
       if (dtype == CacheDtype::nvfp4) sc.k_global_scale = sc.v_global_scale = kGlobalScale;
       const int layer = 1;
@@ -508,7 +508,7 @@ namespace {
 AttentionScales scales_for(CacheDtype dtype, int D) {
   AttentionScales sc;
   sc.sm_scale = 1.0f / std::sqrt(static_cast<float>(D));
-  if (dtype == CacheDtype::fp8_e4m3 || dtype == CacheDtype::fp8_e5m2) sc.k_scale = sc.v_scale = 0.125f;
+  if (is_fp8(dtype)) sc.k_scale = sc.v_scale = 0.125f;
   if (dtype == CacheDtype::int8) sc.k_scale = sc.v_scale = 0.01f;
   if (dtype == CacheDtype::nvfp4) sc.k_global_scale = sc.v_global_scale = kGlobalScale;
   return sc;

@@ -136,7 +136,7 @@ inline void mla_setup(Backend& be, const MlaCase& c, MlaSetup& s) {
   s.q.upload(q.data(), q.size());
   s.out = BackendBuffer(be, static_cast<size_t>(s.rows * c.heads * c.d_ckv * 4));
   be.fill(s.out.get(), 0, s.out.bytes());
-  const bool coded = c.dtype == CacheDtype::fp8_e4m3 || c.dtype == CacheDtype::fp8_e5m2 || c.dtype == CacheDtype::int8;
+  const bool coded = has_tensor_scale(c.dtype);
   s.op = {.layer = 1, .q = contiguous_view(s.q.get(), c.q_dtype, {s.rows, c.heads, dq}),
           .out = contiguous_view(s.out.get(), CacheDtype::fp32, {s.rows, c.heads, c.d_ckv}),
           .q_indptr = s.q_indptr, .seq_lens = s.seq_lens, .block_table = s.table, .max_blocks_per_seq = s.max_blocks,

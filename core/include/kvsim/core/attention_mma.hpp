@@ -43,7 +43,7 @@ inline constexpr int kKeysPerStep = 8;
 // Cache dtypes the mma order is offered for: their codes are exact values of
 // the instruction's operand type.
 KVSIM_HD constexpr bool offered_for(CacheDtype t) {
-  return t == CacheDtype::bf16 || t == CacheDtype::fp16 || t == CacheDtype::fp8_e4m3 || t == CacheDtype::fp8_e5m2 ||
+  return t == CacheDtype::bf16 || t == CacheDtype::fp16 || is_fp8(t) ||
          t == CacheDtype::int8;
 }
 

@@ -33,8 +33,15 @@ namespace codec {
 inline constexpr int kNvfp4BlockElems = 16;
 }  // namespace codec
 
+// The two 8-bit float formats (contract §2).
+KVSIM_HD constexpr bool is_fp8(CacheDtype t) { return t == CacheDtype::fp8_e4m3 || t == CacheDtype::fp8_e5m2; }
+
+// One-byte codes whose values are code x a per-tensor scale (k_scale /
+// v_scale, scale_orig_quant): fp8 and int8. nvfp4 carries block scales instead.
+KVSIM_HD constexpr bool has_tensor_scale(CacheDtype t) { return is_fp8(t) || t == CacheDtype::int8; }
+
 KVSIM_HD constexpr bool is_quantized(CacheDtype t) {
-  return t == CacheDtype::fp8_e4m3 || t == CacheDtype::fp8_e5m2 || t == CacheDtype::int8 || t == CacheDtype::nvfp4;
+  return has_tensor_scale(t) || t == CacheDtype::nvfp4;
 }
 
 constexpr std::string_view dtype_name(CacheDtype t) {

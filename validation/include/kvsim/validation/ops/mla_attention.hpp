@@ -44,7 +44,7 @@ inline void validate_mla_attention(const KvPools& pools, const MlaAttentionOp& o
                                           std::to_string(width_t) + "] fp32/fp16/bf16");
   }
   if (op.q.shape[1] != op.out.shape[1]) fail(ErrorCode::shape_mismatch, o + "q and out have different head counts");
-  const bool coded = g.dtype == CacheDtype::fp8_e4m3 || g.dtype == CacheDtype::fp8_e5m2 || g.dtype == CacheDtype::int8;
+  const bool coded = has_tensor_scale(g.dtype);
   for (const auto& [v, name] : {std::pair{op.sm_scale, "sm_scale"}, {op.scale, "scale"}, {op.kpe_scale, "kpe_scale"}})
     check_scale(v, ScaleRule::finite, ErrorCode::bad_argument, o + name, "sm_scale, scale and kpe_scale must be finite");
   if (!coded && op.scale != 1.0f)

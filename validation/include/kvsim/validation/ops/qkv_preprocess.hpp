@@ -146,7 +146,7 @@ inline void validate_qkv_preprocess(const KvPools& pools, const QkvPreprocessOp&
   }
 
   // ---- scales
-  if (g.dtype == CacheDtype::fp8_e4m3 || g.dtype == CacheDtype::fp8_e5m2 || g.dtype == CacheDtype::int8)
+  if (has_tensor_scale(g.dtype))
     for (int i = 1; i <= 2; ++i)
       check_scale(op.scale_orig_quant[i], ScaleRule::finite_positive, ErrorCode::bad_argument,
                   std::string("scale_orig_quant[") + std::to_string(i) + (i == 1 ? "] (K)" : "] (V)"), "finite and > 0");

@@ -89,7 +89,7 @@ inline void validate_gather_source(const KvPools& pools, const GatherPagedOp& op
     fail(ErrorCode::bad_argument,
          "gather_paged: num_tokens = " + std::to_string(op.num_tokens) + ": rule: num_tokens >= 0");
   if (g.dtype == CacheDtype::nvfp4) validate_global_scale(op.global_scale, "gather_paged: global_scale");
-  if (g.dtype == CacheDtype::fp8_e4m3 || g.dtype == CacheDtype::fp8_e5m2 || g.dtype == CacheDtype::int8)
+  if (has_tensor_scale(g.dtype))
     check_scale(op.scale, ScaleRule::finite, ErrorCode::bad_argument, "gather_paged: scale",
                 "the dequantization scale is finite");
   const int64_t P = g.tokens_per_block;

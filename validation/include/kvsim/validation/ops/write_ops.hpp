@@ -168,7 +168,7 @@ inline void validate_reshape_and_cache(const KvPools& pools, const ReshapeAndCac
   const int64_t T = static_cast<int64_t>(op.slot_mapping.size());
   d::check_tensor(op.key, "key", {T, g.kv_heads, g.head_dim}, "[num_tokens, kv_heads, head_dim]");
   d::check_tensor(op.value, "value", {T, g.kv_heads, g.head_dim}, "[num_tokens, kv_heads, head_dim]");
-  const bool fp8_cache = g.dtype == CacheDtype::fp8_e4m3 || g.dtype == CacheDtype::fp8_e5m2;
+  const bool fp8_cache = is_fp8(g.dtype);
   const std::string rule = "input dtype equals the cache dtype " + std::string(dtype_name(g.dtype)) +
                            (fp8_cache ? " or is fp32/fp16/bf16 (quantized as x / scale)" : "");
   const TensorView* tensors[] = {&op.key, &op.value};
