@@ -23,27 +23,28 @@ struct GatherItem {
   __device__ void operator()(int64_t t, int32_t i) const { gather_paged_chunk(args, t, i / chunks, i % chunks); }
 };
 
-// Row = pair, i = 16-byte chunk of a block that is one run of bytes.
+// Row = pair, i = an item of up to kCopyWords 16-byte chunks of a block that
+// is one run of bytes: chunks i, i + groups, ... (< chunks), so that each of a
+// warp's accesses is one run and every item's loads are in flight together.
 struct CopyRunItem {
   BlockCopyArgs args;
   const int32_t* src_blocks;
   const int32_t* dst_blocks;
-  __device__ void operator()(int64_t p, int32_t chunk) const {
-    copy_block_run_chunk(args, BlockRef{src_blocks[p]}.block(), BlockRef{dst_blocks[p]}.block(), chunk);
+  int64_t chunks, groups;
+  __device__ void operator()(int64_t p, int32_t i) const {
+    const int32_t n = static_cast<int32_t>((chunks - i + groups - 1) / groups);
+    copy_block_run_chunks(args, BlockRef{src_blocks[p]}.block(), BlockRef{dst_blocks[p]}.block(), i, n, groups);
   }
 };
 
 // Row = (pair, block row), i = 16-byte chunk: a warp moves consecutive bytes;
 // the pairs' block indices are on the device.
-// kNvfp4: the pool's dtype class, a constant so the other path is not compiled in.
-template <bool kNvfp4>
 struct CopyRowsItem {
   BlockCopyArgs args;
   const int32_t* src_blocks;
   const int32_t* dst_blocks;
   int64_t rows;
   __device__ void operator()(int64_t row, int32_t chunk) const {
-    __builtin_assume((args.dtype == CacheDtype::nvfp4) == kNvfp4);
     const int64_t p = row / rows;
     copy_block_row_chunk(args, BlockRef{src_blocks[p]}.block(), BlockRef{dst_blocks[p]}.block(), row - p * rows, chunk);
   }
@@ -58,20 +59,18 @@ void launch_copy_rows(CudaBackend& b, const char* op, const BlockCopyArgs& args,
   const auto* dst_blocks = static_cast<const int32_t*>(d[1]);
   if (args.run_bytes > 0) {
     const int64_t chunks = (args.run_bytes + args.scale_run_bytes + 15) / 16;
-    if (chunks <= INT32_MAX) {
-      cuda::launch_row_items<8>(op, "copy_block_run_chunk", b.stream(), static_cast<int64_t>(src.size()),
-                             static_cast<int32_t>(chunks), CopyRunItem{args, src_blocks, dst_blocks});
+    const int64_t groups = (chunks + kCopyWords - 1) / kCopyWords;
+    if (groups <= INT32_MAX) {
+      // 64 registers, 4 CTAs of 256 per SM: up to 64 KB of loads in flight per SM.
+      cuda::launch_row_items<4>(op, "copy_block_run_chunks", b.stream(), static_cast<int64_t>(src.size()),
+                                static_cast<int32_t>(groups), CopyRunItem{args, src_blocks, dst_blocks, chunks, groups});
       return;
     }
   }
   const int64_t all_rows = static_cast<int64_t>(src.size()) * rows;
   const int32_t chunks = row_chunks(args.head_dim, args.dtype);
-  if (args.dtype == CacheDtype::nvfp4)
-    cuda::launch_row_items(op, "copy_block_row_chunk<nvfp4>", b.stream(), all_rows, chunks,
-                           CopyRowsItem<true>{args, src_blocks, dst_blocks, rows});
-  else
-    cuda::launch_row_items(op, "copy_block_row_chunk", b.stream(), all_rows, chunks,
-                           CopyRowsItem<false>{args, src_blocks, dst_blocks, rows});
+  cuda::launch_row_items(op, "copy_block_row_chunk", b.stream(), all_rows, chunks,
+                         CopyRowsItem{args, src_blocks, dst_blocks, rows});
 }
 
 // Contiguous strides of a (data or scale) pool: every (block, layer) holds

@@ -69,9 +69,9 @@ int32_t copy_chunks_per_item(const KvPools& pools, int32_t chunks) {
 }
 
 // Rows (token, kv) of (head, chunks) items. An op that only moves bytes gets
-// the copy-only instantiation: several chunks per item, each item's loads in
-// flight together (64 registers, 4 CTAs of 256 per SM: 64 KB in flight per
-// SM), or, with one chunk per item, 32 registers and 8 CTAs per SM.
+// the copy-only instantiation: several chunks per item where the row allows,
+// each item's loads in flight together (64 registers, 4 CTAs of 256 per SM:
+// 64 KB in flight per SM).
 template <template <bool> class Item, class Args>
 void launch_kv_chunks(CudaBackend& b, const char* op, const KvPools& pools, const Args& args, int64_t tokens,
                       bool copy, const char* copy_kernel, const char* kernel) {
@@ -79,10 +79,8 @@ void launch_kv_chunks(CudaBackend& b, const char* op, const KvPools& pools, cons
   b.begin_kernels();
   const int32_t n = copy ? copy_chunks_per_item(pools, chunks) : 1;
   const Item<true> copy_item{pools, args, chunks / n, n};
-  if (copy && n > 1)
+  if (copy)  // 64 registers: the one-chunk form spilled ~180 bytes a thread under the 32-register cap of 8 CTAs
     cuda::launch_row_items<4>(op, copy_kernel, b.stream(), tokens * 2, heads * (chunks / n), copy_item);
-  else if (copy)
-    cuda::launch_row_items<8>(op, copy_kernel, b.stream(), tokens * 2, heads * chunks, copy_item);
   else
     cuda::launch_row_items(op, kernel, b.stream(), tokens * 2, heads * chunks, Item<false>{pools, args, chunks, 1});
   b.finish(op);

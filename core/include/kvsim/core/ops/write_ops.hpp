@@ -346,7 +346,9 @@ KVSIM_HD inline void write_pool_row_chunks(const KvPools& pools, const PoolRow& 
     const uint8_t* src[kCopyWords];
     uintptr_t align = 0;
     bool whole = true;
-    for (int32_t k = 0; k < n; ++k) {
+#pragma unroll
+    for (int32_t k = 0; k < kCopyWords; ++k) {  // unrolled: the pointers stay in registers, not on a stack
+      if (k >= n) break;
       const int32_t dim0 = (chunk + k * stride) * c;
       whole = whole && D - dim0 >= c && c * nbytes == 16 && dims_contiguous(s.inner[r.kv], dim0, c);
       dst[k] = pools.bytes(PoolKind::primary) + pool_row_offset(s, r, dim0) * nbytes;
