@@ -3,7 +3,9 @@
 // (core/ops/write_ops.hpp), one thread each, after the op's host index arrays
 // are uploaded and swapped into the *Args struct make_*_args() built.
 // append_paged and reshape_and_cache run the 16-byte chunk items (the CPU
-// oracle runs whole rows through the same write_pool_row).
+// oracle runs whole rows through the same write_pool_row); a quantizing one
+// (nvfp4 append, fp8 reshape) with unit-stride inputs runs the quantized
+// word items.
 #include "backends/cuda/cuda_backend.hpp"
 #include "backends/cuda/launch.cuh"
 
@@ -43,6 +45,55 @@ struct ReshapeAndCacheItem {
     reshape_and_cache_chunks(pools, args, row >> 1, i / groups, static_cast<int32_t>(row & 1), i % groups, n, groups);
   }
 };
+
+// A quantizing write (nvfp4 append, fp8 reshape) of TIn inputs: the input
+// words of n chunks loaded before the item's page or slot lookup
+// (write_quantized_chunks).
+template <CacheDtype TIn>
+struct AppendPagedQuantizedItem {
+  KvPools pools;
+  AppendPagedArgs args;
+  int32_t groups, n;
+  __device__ void operator()(int64_t row, int32_t i) const {
+    append_paged_chunks_quantized<TIn>(pools, args, row >> 1, i / groups, static_cast<int32_t>(row & 1), i % groups,
+                                       n, groups);
+  }
+};
+
+template <CacheDtype TIn>
+struct ReshapeAndCacheQuantizedItem {
+  KvPools pools;
+  ReshapeAndCacheArgs args;
+  int32_t groups, n;
+  __device__ void operator()(int64_t row, int32_t i) const {
+    reshape_and_cache_chunks_quantized<TIn>(pools, args, row >> 1, i / groups, static_cast<int32_t>(row & 1),
+                                            i % groups, n, groups);
+  }
+};
+
+bool is_quantizing(RowEncoding e) { return e == RowEncoding::fp8_divide || e == RowEncoding::nvfp4; }
+
+// The quantized item for K and V inputs of one float dtype with unit dim
+// stride whose rows both quantize; false, launching nothing, otherwise.
+template <template <CacheDtype> class Item, class Args>
+bool launch_quantized_chunks(CudaBackend& b, const char* op, const KvPools& pools, const Args& args, int64_t tokens,
+                             const TensorView& k, const TensorView& v, bool quantizing, const char* kernel) {
+  if (!quantizing || k.dtype != v.dtype || k.stride[k.rank - 1] != 1 || v.stride[v.rank - 1] != 1) return false;
+  const int32_t heads = pools.geometry.kv_heads, chunks = row_chunks(pools.geometry.head_dim, pools.geometry.dtype);
+  const int32_t n = chunks % kQuantizedChunks == 0 ? kQuantizedChunks : 1;
+  auto launch = [&]<CacheDtype T>() {
+    b.begin_kernels();
+    cuda::launch_row_items(op, kernel, b.stream(), tokens * 2, heads * (chunks / n), Item<T>{pools, args, chunks / n, n});
+    b.finish(op);
+    return true;
+  };
+  switch (k.dtype) {
+    case CacheDtype::fp32: return launch.template operator()<CacheDtype::fp32>();
+    case CacheDtype::fp16: return launch.template operator()<CacheDtype::fp16>();
+    case CacheDtype::bf16: return launch.template operator()<CacheDtype::bf16>();
+    default: return false;
+  }
+}
 
 // The CSR table and append coordinates on the device.
 void upload_append_table(CudaBackend& b, const char* op, const AppendCoordinates& at, AppendTargets& dev) {
@@ -93,6 +144,9 @@ void CudaBackend::run_append_paged(const KvPools& pools, const AppendPagedOp& op
   AppendPagedArgs args = make_append_paged_args(pools, op);
   if (args.nnz == 0) return;
   upload_append_table(*this, kOp, op, args);
+  if (launch_quantized_chunks<AppendPagedQuantizedItem>(*this, kOp, pools, args, args.nnz, args.k, args.v,
+                                                        is_quantizing(args.encoding), "append_paged_chunks_quantized"))
+    return;
   launch_kv_chunks<AppendPagedItem>(*this, kOp, pools, args, args.nnz, args.encoding == RowEncoding::copy_bytes,
                                     "append_paged_chunks<copy>", "append_paged_chunks");
 }
@@ -102,6 +156,10 @@ void CudaBackend::run_reshape_and_cache(const KvPools& pools, const ReshapeAndCa
   ReshapeAndCacheArgs args = make_reshape_and_cache_args(pools, op);
   if (args.num_tokens == 0) return;
   args.slot_mapping = static_cast<const int64_t*>(upload(kOp, {op.slot_mapping})[0]);
+  if (launch_quantized_chunks<ReshapeAndCacheQuantizedItem>(
+          *this, kOp, pools, args, args.num_tokens, args.key, args.value,
+          is_quantizing(args.key_encoding) && is_quantizing(args.value_encoding), "reshape_and_cache_chunks_quantized"))
+    return;
   launch_kv_chunks<ReshapeAndCacheItem>(
       *this, kOp, pools, args, args.num_tokens,
       args.key_encoding == RowEncoding::copy_bytes && args.value_encoding == RowEncoding::copy_bytes,

@@ -192,6 +192,14 @@ KVSIM_HD inline float qkv_input(const QkvPreprocessArgs& a, int64_t row, int64_t
   return v;
 }
 
+// One rotated dim from its own value and its pair partner's, rope_rotate's
+// products and add in its operand order: first of the pair a*c - b*s,
+// second b*c + a*s.
+KVSIM_HD inline float qkv_rotate_dim(float own, float partner, float c, float s, bool first) {
+  const float own_c = own * c, partner_s = partner * s;
+  return first ? own_c - partner_s : own_c + partner_s;
+}
+
 // out[0..count) = dims [dim0, dim0 + count) of fused head `fused_head` of row
 // `row` after bias and RoPE (count <= kMax): the values rope_rotate leaves in
 // the head. Each rotated dim comes from its own value and its pair partner's
@@ -224,10 +232,21 @@ KVSIM_HD inline void qkv_head_dims(const QkvPreprocessArgs& a, int64_t row, int3
     const int32_t e = dim0 + d;
     const bool first = gptj ? (e % 2 == 0) : e < half;
     const int32_t i = gptj ? e / 2 : (first ? e : e - half);
-    const float c = cos_sin_row[i], sn = cos_sin_row[half + i];
-    const float own_c = out[d] * c, partner_s = partner[d] * sn;
-    out[d] = first ? own_c - partner_s : own_c + partner_s;
+    out[d] = qkv_rotate_dim(out[d], partner[d], cos_sin_row[i], cos_sin_row[half + i], first);
   }
+}
+
+// The code of x in a one-byte cache dtype T (fp8 e4m3 / e5m2, int8): x times
+// the encode scale, then the codec's rounding (fp8 satfinite).
+template <CacheDtype T>
+KVSIM_HD inline uint8_t qkv_cache_code(float x, float encode_scale) {
+  static_assert(bytes_per_element(T) == 1, "one-byte codes only");
+  if constexpr (T == CacheDtype::fp8_e4m3)
+    return codec::f32_to_e4m3(x * encode_scale, codec::Saturation::finite);
+  else if constexpr (T == CacheDtype::fp8_e5m2)
+    return codec::f32_to_e5m2(x * encode_scale, codec::Saturation::finite);
+  else
+    return static_cast<uint8_t>(codec::f32_to_int8(x * encode_scale));
 }
 
 // Dims [dim0, dim0 + count) of one head's row of this layer's K (kv = 0) or V
@@ -253,17 +272,17 @@ KVSIM_HD inline void qkv_store_cache_dims(const KvPools& pools, int32_t layer, i
     case CacheDtype::fp8_e4m3:
       KVSIM_UNROLL
       for (int32_t d = 0; d < kMax; ++d)
-        if (d < count) store_byte(pool, at(d), codec::f32_to_e4m3(x[d] * encode_scale, codec::Saturation::finite));
+        if (d < count) store_byte(pool, at(d), qkv_cache_code<CacheDtype::fp8_e4m3>(x[d], encode_scale));
       break;
     case CacheDtype::fp8_e5m2:
       KVSIM_UNROLL
       for (int32_t d = 0; d < kMax; ++d)
-        if (d < count) store_byte(pool, at(d), codec::f32_to_e5m2(x[d] * encode_scale, codec::Saturation::finite));
+        if (d < count) store_byte(pool, at(d), qkv_cache_code<CacheDtype::fp8_e5m2>(x[d], encode_scale));
       break;
     case CacheDtype::int8:
       KVSIM_UNROLL
       for (int32_t d = 0; d < kMax; ++d)
-        if (d < count) store_byte(pool, at(d), static_cast<uint8_t>(codec::f32_to_int8(x[d] * encode_scale)));
+        if (d < count) store_byte(pool, at(d), qkv_cache_code<CacheDtype::int8>(x[d], encode_scale));
       break;
     case CacheDtype::nvfp4: {
       uint8_t* scales = pools.scale_bytes(PoolKind::primary);
@@ -351,6 +370,187 @@ KVSIM_HD inline void qkv_preprocess_chunk(const KvPools& pools, const QkvPreproc
   qkv_preprocess_dims<kMax>(pools, a, b, t, row, fused_head, dim0, a.head_dim - dim0 < c ? a.head_dim - dim0 : c);
 }
 
+// ---------------------------------------------------------------- the device's word path
+// A chunk of qkv_word_elements dims moved as 16-byte words: 8 dims for a
+// 2-byte cache (one word of codes), 16 for a one-byte cache (one word) and for
+// nvfp4 (one scale block: 8 bytes of nibbles and its scale byte). The inputs
+// are 2-byte floats, so a chunk's own values, bias and NeoX partner are one or
+// two 16-byte loads each instead of a load and a dtype switch per element.
+KVSIM_HD constexpr int32_t qkv_word_elements(CacheDtype cache) { return bits_per_element(cache) == 16 ? 8 : 16; }
+
+// The chunk size of qkv_preprocess_word for an op (0: it does not apply and
+// every chunk takes qkv_preprocess_chunk): fp16/bf16 input, Q out and bias
+// (the input's dtype, unit dim stride), a cache other than fp32, head_dim a
+// multiple of the chunk, and a rotary_dim for which each chunk is wholly
+// rotated or not and its NeoX partner is one whole chunk. Alignment and the
+// pool's runs are checked per chunk on the device.
+KVSIM_HD constexpr int32_t qkv_word_path(const QkvPreprocessArgs& a, CacheDtype cache) {
+  const CacheDtype in = a.qkv.dtype;
+  if ((in != CacheDtype::fp16 && in != CacheDtype::bf16) || cache == CacheDtype::fp32) return 0;
+  if (a.q_out.dtype != in || (!a.bias.empty() && a.bias.dtype != in)) return 0;
+  if (a.qkv.stride[1] != 1 || a.q_out.stride[2] != 1 || (!a.bias.empty() && a.bias.stride[0] != 1)) return 0;
+  const int32_t n = qkv_word_elements(cache);
+  if (a.head_dim % n != 0) return 0;
+  if (a.rope_style == RopeStyle::neox && (a.rotary_dim / 2) % n != 0) return 0;
+  if (a.rope_style == RopeStyle::gptj && a.rotary_dim % n != 0) return 0;
+  return n;
+}
+
+#if defined(__CUDA_ARCH__)
+// The kN / 8 16-byte words of kN 2-byte floats at p (16-byte aligned).
+template <int kN>
+__device__ inline void qkv_load_words(const uint8_t* p, uint4* w) {
+#pragma unroll
+  for (int k = 0; k < kN / 8; ++k) w[k] = reinterpret_cast<const uint4*>(p)[k];
+}
+
+// Those words' values as fp32 (load_float of TIn per element), plus the
+// bias words' when there is a bias: qkv_input's values.
+template <CacheDtype TIn, int kN>
+__device__ inline void qkv_word_values(const uint4* w, const uint4* bias_w, float* x) {
+  uint16_t h[kN];
+  memcpy(h, w, sizeof(h));
+#pragma unroll
+  for (int d = 0; d < kN; ++d) x[d] = load_float(h, TIn, d);
+  if (bias_w == nullptr) return;
+  memcpy(h, bias_w, sizeof(h));
+#pragma unroll
+  for (int d = 0; d < kN; ++d) x[d] = x[d] + load_float(h, TIn, d);
+}
+
+// kCount consecutive fp32 values from p (16-byte aligned) by float4 loads.
+template <int kCount>
+__device__ inline void qkv_load_floats4(const float* p, float* v) {
+#pragma unroll
+  for (int k = 0; k < kCount; k += 4) {
+    const float4 f = *reinterpret_cast<const float4*>(p + k);
+    v[k] = f.x, v[k + 1] = f.y, v[k + 2] = f.z, v[k + 3] = f.w;
+  }
+}
+
+// qkv_preprocess_dims(dim0, count = kN) for an op qkv_word_path accepted,
+// with the input dtype TIn and the cache dtype TCache fixed (a 2-byte cache
+// is TIn, as validation requires): the same values in the same order
+// (qkv_input, qkv_rotate_dim, store_float / qkv_cache_code /
+// nvfp4_quantize16) and the same bytes, moved by words. A chunk whose
+// addresses are not aligned, or whose pool dims are not one run (split-x V),
+// takes qkv_preprocess_dims itself before anything is stored.
+template <CacheDtype TIn, CacheDtype TCache>
+__device__ inline void qkv_preprocess_word(const KvPools& pools, const QkvPreprocessArgs& a, int32_t b, int32_t t,
+                                           int64_t row, int32_t fused_head, int32_t dim0) {
+  static_assert(bits_per_element(TIn) == 16 && (bits_per_element(TCache) != 16 || TCache == TIn));
+  constexpr int kN = qkv_word_elements(TCache);
+  constexpr bool kNvfp4 = TCache == CacheDtype::nvfp4;
+  const bool is_q = fused_head < a.num_q_heads;
+  const bool is_v = fused_head >= a.num_q_heads + a.kv_heads;
+  const int32_t col0 = fused_head * a.head_dim;
+  const uint8_t* row_in = static_cast<const uint8_t*>(a.qkv.data) + a.qkv.offset(row) * 2;
+  const uint8_t* bias = a.bias.empty() ? nullptr : static_cast<const uint8_t*>(a.bias.data);
+  const bool rotated = a.rope_style != RopeStyle::none && !is_v && dim0 < a.rotary_dim;  // then the whole chunk is
+  const bool neox = a.rope_style == RopeStyle::neox;
+  const int32_t half = a.rotary_dim / 2;
+  const bool neox_first = dim0 < half;
+  const int32_t partner_col = col0 + (neox_first ? dim0 + half : dim0 - half);
+  // The input words first: their addresses need no table, so they are in
+  // flight while the sequence's lengths and block are looked up.
+  uintptr_t align = reinterpret_cast<uintptr_t>(row_in + (col0 + dim0) * 2) |
+                    (bias ? reinterpret_cast<uintptr_t>(bias + (col0 + dim0) * 2) : 0) |
+                    (rotated && neox ? reinterpret_cast<uintptr_t>(row_in + partner_col * 2) |
+                                           (bias ? reinterpret_cast<uintptr_t>(bias + partner_col * 2) : 0)
+                                     : 0);
+  uint4 own[kN / 8], own_bias[kN / 8], partner_in[kN / 8], partner_bias[kN / 8];
+  if ((align & 15) == 0) {
+    qkv_load_words<kN>(row_in + (col0 + dim0) * 2, own);
+    if (bias) qkv_load_words<kN>(bias + (col0 + dim0) * 2, own_bias);
+    if (rotated && neox) {
+      qkv_load_words<kN>(row_in + partner_col * 2, partner_in);
+      if (bias) qkv_load_words<kN>(bias + partner_col * 2, partner_bias);
+    }
+  }
+  const int64_t cache_len = a.cache_lens[b];
+  const int64_t position = cache_len - a.seq_lens[b] + t;
+  if (!is_q && !qkv_token_reaches_cache(a.window, cache_len, position)) return;
+  // The chunk's cos and sin: dims i0 .. of the table row (NeoX), or
+  // dim0 / 2 .. for GPT-J's pairs.
+  const int32_t i0 = !neox ? dim0 / 2 : (neox_first ? dim0 : dim0 - half);
+  const float* cs = nullptr;
+  if (rotated) {
+    cs = a.cos_sin + (position + (a.position_offsets ? a.position_offsets[b] : 0)) * a.cos_sin_row_stride;
+    align |= reinterpret_cast<uintptr_t>(cs + i0) | reinterpret_cast<uintptr_t>(cs + half + i0);
+  }
+  // Where the chunk goes: Q's row of q_out, or the cache row's run of codes.
+  uint8_t* dst = nullptr;
+  uint8_t* scale_dst = nullptr;
+  if (is_q) {
+    dst = static_cast<uint8_t*>(a.q_out.data) + a.q_out.offset(row, fused_head, dim0) * 2;
+    align |= reinterpret_cast<uintptr_t>(dst);
+  } else {
+    const int32_t kv = is_v ? 1 : 0, head = fused_head - a.num_q_heads - kv * a.kv_heads;
+    const PoolStrides& s = pools.strides[static_cast<int>(PoolKind::primary)];
+    const int64_t slot = a.window.cache_token(position);
+    const int64_t block = a.table.block_at(b, a.page.div(slot)).block();
+    const int32_t entry = a.page.mod(slot);
+    const int64_t e0 = element_offset(s, block, a.layer, kv, head, entry, dim0);
+    if (!dims_contiguous(s.inner[kv], dim0, kN) || (kNvfp4 && (e0 & 1) != 0)) align |= 1;
+    dst = pools.bytes(PoolKind::primary) + (kNvfp4 ? e0 >> 1 : e0 * bytes_per_element(TCache));
+    align |= reinterpret_cast<uintptr_t>(dst) & (kNvfp4 ? 7 : 15);  // nvfp4: 8 bytes of nibbles
+    if constexpr (kNvfp4)
+      scale_dst = pools.scale_bytes(PoolKind::primary) +
+                  scale_offset(pools.scale_strides[static_cast<int>(PoolKind::primary)], block, a.layer, kv, head,
+                               entry, dim0);
+  }
+  if ((align & 15) != 0) return qkv_preprocess_dims<kN>(pools, a, b, t, row, fused_head, dim0, kN);
+
+  float x[kN];
+  qkv_word_values<TIn, kN>(own, bias ? own_bias : nullptr, x);
+  if (rotated) {
+    float partner[kN];
+    if (!neox) {  // GPT-J: pairs (2i, 2i + 1) inside the chunk
+      float c[kN / 2], sn[kN / 2];
+      qkv_load_floats4<kN / 2>(cs + i0, c);
+      qkv_load_floats4<kN / 2>(cs + half + i0, sn);
+#pragma unroll
+      for (int d = 0; d < kN; ++d) partner[d] = x[d ^ 1];
+#pragma unroll
+      for (int d = 0; d < kN; ++d) x[d] = qkv_rotate_dim(x[d], partner[d], c[d / 2], sn[d / 2], d % 2 == 0);
+    } else {  // NeoX: the partner chunk is half a rotary row away
+      float c[kN], sn[kN];
+      qkv_load_floats4<kN>(cs + i0, c);
+      qkv_load_floats4<kN>(cs + half + i0, sn);
+      qkv_word_values<TIn, kN>(partner_in, bias ? partner_bias : nullptr, partner);
+#pragma unroll
+      for (int d = 0; d < kN; ++d) x[d] = qkv_rotate_dim(x[d], partner[d], c[d], sn[d], neox_first);
+    }
+  }
+  if (is_q || bits_per_element(TCache) == 16) {  // 2-byte floats: Q, or a cache of the input's dtype
+    uint16_t h[kN];
+#pragma unroll
+    for (int d = 0; d < kN; ++d) store_float(h, TIn, d, x[d]);
+    uint4 w[kN / 8];
+    memcpy(w, h, sizeof(w));
+#pragma unroll
+    for (int k = 0; k < kN / 8; ++k) reinterpret_cast<uint4*>(dst)[k] = w[k];
+    return;
+  }
+  if constexpr (kNvfp4) {
+    uint8_t packed[codec::kNvfp4BlockElems / 2];
+    const uint8_t scale_code = codec::nvfp4_quantize16(x, is_v ? a.v_global_scale : a.k_global_scale, packed);
+    uint2 w;
+    memcpy(&w, packed, sizeof(w));
+    *reinterpret_cast<uint2*>(dst) = w;
+    *scale_dst = scale_code;
+  } else if constexpr (bytes_per_element(TCache) == 1) {
+    const float scale = is_v ? a.v_encode_scale : a.k_encode_scale;
+    uint8_t codes[kN];
+#pragma unroll
+    for (int d = 0; d < kN; ++d) codes[d] = qkv_cache_code<TCache>(x[d], scale);
+    uint4 w;
+    memcpy(&w, codes, sizeof(w));
+    *reinterpret_cast<uint4*>(dst) = w;
+  }
+}
+#endif
+
 // Work item (sequence b, kv head) of a context step with zero_v_tail: the
 // zeroed V rows of the chunk's last token (header comment).
 KVSIM_HD inline void qkv_zero_v_tail_head(const KvPools& pools, const QkvPreprocessArgs& a, int32_t b, int32_t kv_head) {
@@ -379,12 +579,8 @@ KVSIM_HD inline void qkv_preprocess_head(const KvPools& pools, const QkvPreproce
 template <CacheDtype T>
 KVSIM_HD inline void qkv_store_cache_run(uint8_t* pool, int64_t e0, int32_t n, const float* x, float encode_scale) {
   for (int32_t d = 0; d < n; ++d) {
-    if constexpr (T == CacheDtype::fp8_e4m3)
-      store_byte(pool, e0 + d, codec::f32_to_e4m3(x[d] * encode_scale, codec::Saturation::finite));
-    else if constexpr (T == CacheDtype::fp8_e5m2)
-      store_byte(pool, e0 + d, codec::f32_to_e5m2(x[d] * encode_scale, codec::Saturation::finite));
-    else if constexpr (T == CacheDtype::int8)
-      store_byte(pool, e0 + d, static_cast<uint8_t>(codec::f32_to_int8(x[d] * encode_scale)));
+    if constexpr (bytes_per_element(T) == 1)
+      store_byte(pool, e0 + d, qkv_cache_code<T>(x[d], encode_scale));
     else
       store_float(pool, T, e0 + d, x[d]);
   }

@@ -364,6 +364,90 @@ KVSIM_HD inline void write_pool_row_chunks(const KvPools& pools, const PoolRow& 
   for (int32_t k = 0; k < n; ++k) write_pool_row_chunk(pools, r, chunk + k * stride, in, encoding, scale);
 }
 
+// The most chunks one item of a quantizing write's word path holds.
+inline constexpr int kQuantizedChunks = 2;
+
+#if defined(__CUDA_ARCH__)
+// The device's word path of a quantizing write (fp8_divide, nvfp4: pools of
+// 16-element chunks): chunks chunk, chunk + stride, ... (n <= kQuantizedChunks)
+// of a unit-stride input row of the float dtype TIn, all loaded by 16-byte
+// words before the target row is known -- target(r) is the item's dependent
+// load (a slot, a page), false: the token is skipped -- then write_pool_row's
+// arithmetic per element (load_float, fp8_encode_divided / nvfp4_quantize16),
+// the codes stored as a 16-byte word (fp8) or an 8-byte word of nibbles and
+// the scale byte (nvfp4). false, having stored nothing, when a chunk is short,
+// an address unaligned or a chunk's pool dims not one run: the caller then
+// writes chunk by chunk.
+template <CacheDtype TIn, class Target>
+__device__ inline bool write_quantized_chunks(const KvPools& pools, int32_t chunk, int32_t n, int32_t stride,
+                                              const InputRow& in, RowEncoding encoding, float scale, Target target) {
+  constexpr int kN = 16, kWords = kN * bytes_per_element(TIn) / 16;
+  if (encoding != RowEncoding::fp8_divide && encoding != RowEncoding::nvfp4) return false;
+  const int32_t D = pools.geometry.head_dim;
+  const uint8_t* row = static_cast<const uint8_t*>(in.data) + in.at(0) * bytes_per_element(TIn);
+  bool whole = in.stride == 1 && n <= kQuantizedChunks;
+  uintptr_t align = 0;
+#pragma unroll
+  for (int k = 0; k < kQuantizedChunks; ++k) {
+    if (k >= n) break;
+    const int32_t dim0 = (chunk + k * stride) * kN;
+    whole = whole && D - dim0 >= kN;
+    align |= reinterpret_cast<uintptr_t>(row + dim0 * bytes_per_element(TIn));
+  }
+  if (!whole || (align & 15) != 0) return false;
+  uint4 w[kQuantizedChunks][kWords];
+#pragma unroll
+  for (int k = 0; k < kQuantizedChunks; ++k) {
+    if (k >= n) break;
+    const uint4* src = reinterpret_cast<const uint4*>(row + (chunk + k * stride) * kN * bytes_per_element(TIn));
+#pragma unroll
+    for (int j = 0; j < kWords; ++j) w[k][j] = src[j];
+  }
+  PoolRow r;
+  if (!target(r)) return true;
+  const PoolStrides& s = pools.strides_of(PoolKind::primary);
+  const bool nvfp4 = encoding == RowEncoding::nvfp4;
+  int64_t e0[kQuantizedChunks];
+#pragma unroll
+  for (int k = 0; k < kQuantizedChunks; ++k) {
+    if (k >= n) break;
+    const int32_t dim0 = (chunk + k * stride) * kN;
+    e0[k] = pool_row_offset(s, r, dim0);
+    if (!dims_contiguous(s.inner[r.kv], dim0, kN) || (nvfp4 && (e0[k] & 1) != 0)) return false;
+    align |= reinterpret_cast<uintptr_t>(pools.bytes(PoolKind::primary) + (nvfp4 ? e0[k] >> 1 : e0[k])) &
+             (nvfp4 ? 7 : 15);
+  }
+  if ((align & 15) != 0) return false;
+#pragma unroll
+  for (int k = 0; k < kQuantizedChunks; ++k) {
+    if (k >= n) break;
+    uint8_t bytes[kN * bytes_per_element(TIn)];
+    memcpy(bytes, w[k], sizeof(bytes));
+    float x[kN];
+#pragma unroll
+    for (int d = 0; d < kN; ++d) x[d] = load_float(bytes, TIn, d);
+    if (nvfp4) {
+      uint8_t packed[kN / 2];
+      const uint8_t scale_code = codec::nvfp4_quantize16(x, scale, packed);
+      uint2 p;
+      memcpy(&p, packed, sizeof(p));
+      *reinterpret_cast<uint2*>(pools.bytes(PoolKind::primary) + (e0[k] >> 1)) = p;
+      pools.scale_bytes(PoolKind::primary)[scale_offset(pools.scale_strides[static_cast<int>(PoolKind::primary)],
+                                                        r.block, r.layer, r.kv, r.head, r.entry,
+                                                        (chunk + k * stride) * kN)] = scale_code;
+    } else {
+      uint8_t codes[kN];
+#pragma unroll
+      for (int d = 0; d < kN; ++d) codes[d] = fp8_encode_divided(x[d], scale, pools.geometry.dtype);
+      uint4 c;
+      memcpy(&c, codes, sizeof(c));
+      *reinterpret_cast<uint4*>(pools.bytes(PoolKind::primary) + e0[k]) = c;
+    }
+  }
+  return true;
+}
+#endif
+
 // Both rows of one (token, KV head) target: K (kv 0) from `k`, V (kv 1) from `v`.
 KVSIM_HD inline void write_kv_rows(const KvPools& pools, PoolRow r, InputRow k, RowEncoding k_encoding, float k_scale,
                                    InputRow v, RowEncoding v_encoding, float v_scale) {
@@ -383,6 +467,25 @@ KVSIM_HD inline void append_paged_chunks(const KvPools& pools, const AppendPaged
   write_pool_row_chunks(pools, r, chunk, n, stride, input_row(kv == 0 ? a.k : a.v, i, head), a.encoding,
                         kv == 0 ? a.k_global_scale : a.v_global_scale);
 }
+
+#if defined(__CUDA_ARCH__)
+// append_paged_chunks of a quantizing append (nvfp4) whose inputs are TIn:
+// the input words loaded before the page lookup (write_quantized_chunks).
+template <CacheDtype TIn>
+__device__ inline void append_paged_chunks_quantized(const KvPools& pools, const AppendPagedArgs& a, int64_t i,
+                                                     int32_t head, int32_t kv, int32_t chunk, int32_t n,
+                                                     int32_t stride) {
+  if (write_quantized_chunks<TIn>(pools, chunk, n, stride, input_row(kv == 0 ? a.k : a.v, i, head), a.encoding,
+                                  kv == 0 ? a.k_global_scale : a.v_global_scale, [&](PoolRow& r) {
+                                    r = append_target(a.table, a.layer, a.batch_indices[i], a.positions[i]);
+                                    r.head = head;
+                                    r.kv = kv;
+                                    return true;
+                                  }))
+    return;
+  append_paged_chunks(pools, a, i, head, kv, chunk, n, stride);
+}
+#endif
 
 // Work item (token i, KV head): K and V rows of that head.
 KVSIM_HD inline void append_paged_token_head(const KvPools& pools, const AppendPagedArgs& a, int64_t i, int32_t head) {
@@ -444,6 +547,27 @@ KVSIM_HD inline void reshape_and_cache_chunks(const KvPools& pools, const Reshap
   write_pool_row_chunks(pools, r, chunk, n, stride, input_row(kv == 0 ? a.key : a.value, t, head),
                         kv == 0 ? a.key_encoding : a.value_encoding, kv == 0 ? a.k_scale : a.v_scale);
 }
+
+#if defined(__CUDA_ARCH__)
+// reshape_and_cache_chunks of a quantizing write (fp8_divide) whose inputs
+// are TIn: the input words loaded before the slot (write_quantized_chunks).
+template <CacheDtype TIn>
+__device__ inline void reshape_and_cache_chunks_quantized(const KvPools& pools, const ReshapeAndCacheArgs& a,
+                                                          int64_t t, int32_t head, int32_t kv, int32_t chunk,
+                                                          int32_t n, int32_t stride) {
+  if (write_quantized_chunks<TIn>(pools, chunk, n, stride, input_row(kv == 0 ? a.key : a.value, t, head),
+                                  kv == 0 ? a.key_encoding : a.value_encoding, kv == 0 ? a.k_scale : a.v_scale,
+                                  [&](PoolRow& r) {
+                                    const int64_t slot = a.slot_mapping[t];
+                                    if (slot < 0) return false;
+                                    r = reshape_target(pools, a, slot, head);
+                                    r.kv = kv;
+                                    return true;
+                                  }))
+    return;
+  reshape_and_cache_chunks(pools, a, t, head, kv, chunk, n, stride);
+}
+#endif
 
 // Work item (token t, KV head); a negative slot writes nothing.
 KVSIM_HD inline void reshape_and_cache_token_head(const KvPools& pools, const ReshapeAndCacheArgs& a, int64_t t,
