@@ -66,6 +66,31 @@ __device__ inline void copy_words16(uint8_t* const* dst, const uint8_t* const* s
   for (int k = 0; k < kCopyWords; ++k)
     if (k < n) *reinterpret_cast<uint4*>(dst[k]) = w[k];
 }
+
+// kWords 16-byte words from p (16-byte aligned) into w, every load issued
+// before any of them is used.
+template <int kWords>
+__device__ inline void load_words16(const uint8_t* p, uint4* w) {
+#pragma unroll
+  for (int k = 0; k < kWords; ++k) w[k] = reinterpret_cast<const uint4*>(p)[k];
+}
+
+// kBytes (8 or a multiple of 16) bytes of src to dst (aligned to the word)
+// as 8- or 16-byte stores.
+template <int kBytes, class Byte>
+__device__ inline void store_bytes_by_words(uint8_t* dst, const Byte* src) {
+  static_assert(kBytes == 8 || kBytes % 16 == 0, "whole words");
+  if constexpr (kBytes == 8) {
+    uint2 w;
+    memcpy(&w, src, 8);
+    *reinterpret_cast<uint2*>(dst) = w;
+  } else {
+    uint4 w[kBytes / 16];
+    memcpy(w, src, kBytes);
+#pragma unroll
+    for (int k = 0; k < kBytes / 16; ++k) reinterpret_cast<uint4*>(dst)[k] = w[k];
+  }
+}
 #endif
 
 // Moves n bytes between two disjoint runs: a byte copy, so it is exact by

@@ -328,6 +328,23 @@ KVSIM_HD constexpr int32_t qkv_chunks_per_head(int32_t head_dim, CacheDtype cach
   return (head_dim + qkv_chunk_elements(cache) - 1) / qkv_chunk_elements(cache);
 }
 
+// The cache row that K or V fused head `fused_head` (>= num_q_heads) of the
+// token at `position` of sequence b writes: kv (0 K, 1 V), kv head, and the
+// block and entry of the token's slot under the window.
+struct QkvCacheRow {
+  int64_t block;
+  int32_t entry, kv, head;
+};
+KVSIM_HD inline QkvCacheRow qkv_cache_row(const QkvPreprocessArgs& a, int32_t b, int64_t position, int32_t fused_head) {
+  QkvCacheRow r;
+  r.kv = fused_head >= a.num_q_heads + a.kv_heads ? 1 : 0;
+  r.head = fused_head - a.num_q_heads - r.kv * a.kv_heads;
+  const int64_t slot = a.window.cache_token(position);
+  r.block = a.table.block_at(b, a.page.div(slot)).block();
+  r.entry = a.page.mod(slot);
+  return r;
+}
+
 // Dims [dim0, dim0 + count) (count <= kMax) of fused head `fused_head` of
 // token t of sequence b (fused qkv row `row`): fused heads [0, Hq) are Q
 // (written to q_out), [Hq, Hq + H) K and [Hq + H, Hq + 2H) V (written to the
@@ -352,12 +369,9 @@ KVSIM_HD inline void qkv_preprocess_dims(const KvPools& pools, const QkvPreproce
       if (d < count) store_float(a.q_out.data, a.q_out.dtype, a.q_out.offset(row, fused_head, dim0 + d), x[d]);
     return;
   }
-  const int32_t kv = is_v ? 1 : 0;
-  const int32_t head = fused_head - a.num_q_heads - kv * a.kv_heads;
-  const int64_t slot = a.window.cache_token(position);
-  const int64_t block = a.table.block_at(b, a.page.div(slot)).block();
-  qkv_store_cache_dims<kMax>(pools, a.layer, block, a.page.mod(slot), kv, head, dim0, count, x,
-                       is_v ? a.v_encode_scale : a.k_encode_scale, is_v ? a.v_global_scale : a.k_global_scale);
+  const QkvCacheRow r = qkv_cache_row(a, b, position, fused_head);
+  qkv_store_cache_dims<kMax>(pools, a.layer, r.block, r.entry, r.kv, r.head, dim0, count, x,
+                             is_v ? a.v_encode_scale : a.k_encode_scale, is_v ? a.v_global_scale : a.k_global_scale);
 }
 
 // Work item of a wide backend: chunk `chunk` of a fused head (qkv_chunk_elements
@@ -397,13 +411,6 @@ KVSIM_HD constexpr int32_t qkv_word_path(const QkvPreprocessArgs& a, CacheDtype 
 }
 
 #if defined(__CUDA_ARCH__)
-// The kN / 8 16-byte words of kN 2-byte floats at p (16-byte aligned).
-template <int kN>
-__device__ inline void qkv_load_words(const uint8_t* p, uint4* w) {
-#pragma unroll
-  for (int k = 0; k < kN / 8; ++k) w[k] = reinterpret_cast<const uint4*>(p)[k];
-}
-
 // Those words' values as fp32 (load_float of TIn per element), plus the
 // bias words' when there is a bias: qkv_input's values.
 template <CacheDtype TIn, int kN>
@@ -460,11 +467,11 @@ __device__ inline void qkv_preprocess_word(const KvPools& pools, const QkvPrepro
                                      : 0);
   uint4 own[kN / 8], own_bias[kN / 8], partner_in[kN / 8], partner_bias[kN / 8];
   if ((align & 15) == 0) {
-    qkv_load_words<kN>(row_in + (col0 + dim0) * 2, own);
-    if (bias) qkv_load_words<kN>(bias + (col0 + dim0) * 2, own_bias);
+    load_words16<kN / 8>(row_in + (col0 + dim0) * 2, own);
+    if (bias) load_words16<kN / 8>(bias + (col0 + dim0) * 2, own_bias);
     if (rotated && neox) {
-      qkv_load_words<kN>(row_in + partner_col * 2, partner_in);
-      if (bias) qkv_load_words<kN>(bias + partner_col * 2, partner_bias);
+      load_words16<kN / 8>(row_in + partner_col * 2, partner_in);
+      if (bias) load_words16<kN / 8>(bias + partner_col * 2, partner_bias);
     }
   }
   const int64_t cache_len = a.cache_lens[b];
@@ -485,19 +492,16 @@ __device__ inline void qkv_preprocess_word(const KvPools& pools, const QkvPrepro
     dst = static_cast<uint8_t*>(a.q_out.data) + a.q_out.offset(row, fused_head, dim0) * 2;
     align |= reinterpret_cast<uintptr_t>(dst);
   } else {
-    const int32_t kv = is_v ? 1 : 0, head = fused_head - a.num_q_heads - kv * a.kv_heads;
+    const QkvCacheRow r = qkv_cache_row(a, b, position, fused_head);
     const PoolStrides& s = pools.strides[static_cast<int>(PoolKind::primary)];
-    const int64_t slot = a.window.cache_token(position);
-    const int64_t block = a.table.block_at(b, a.page.div(slot)).block();
-    const int32_t entry = a.page.mod(slot);
-    const int64_t e0 = element_offset(s, block, a.layer, kv, head, entry, dim0);
-    if (!dims_contiguous(s.inner[kv], dim0, kN) || (kNvfp4 && (e0 & 1) != 0)) align |= 1;
+    const int64_t e0 = element_offset(s, r.block, a.layer, r.kv, r.head, r.entry, dim0);
+    if (!dims_contiguous(s.inner[r.kv], dim0, kN) || (kNvfp4 && (e0 & 1) != 0)) align |= 1;
     dst = pools.bytes(PoolKind::primary) + (kNvfp4 ? e0 >> 1 : e0 * bytes_per_element(TCache));
     align |= reinterpret_cast<uintptr_t>(dst) & (kNvfp4 ? 7 : 15);  // nvfp4: 8 bytes of nibbles
     if constexpr (kNvfp4)
       scale_dst = pools.scale_bytes(PoolKind::primary) +
-                  scale_offset(pools.scale_strides[static_cast<int>(PoolKind::primary)], block, a.layer, kv, head,
-                               entry, dim0);
+                  scale_offset(pools.scale_strides[static_cast<int>(PoolKind::primary)], r.block, a.layer, r.kv,
+                               r.head, r.entry, dim0);
   }
   if ((align & 15) != 0) return qkv_preprocess_dims<kN>(pools, a, b, t, row, fused_head, dim0, kN);
 
@@ -526,27 +530,20 @@ __device__ inline void qkv_preprocess_word(const KvPools& pools, const QkvPrepro
     uint16_t h[kN];
 #pragma unroll
     for (int d = 0; d < kN; ++d) store_float(h, TIn, d, x[d]);
-    uint4 w[kN / 8];
-    memcpy(w, h, sizeof(w));
-#pragma unroll
-    for (int k = 0; k < kN / 8; ++k) reinterpret_cast<uint4*>(dst)[k] = w[k];
+    store_bytes_by_words<sizeof(h)>(dst, h);
     return;
   }
   if constexpr (kNvfp4) {
     uint8_t packed[codec::kNvfp4BlockElems / 2];
     const uint8_t scale_code = codec::nvfp4_quantize16(x, is_v ? a.v_global_scale : a.k_global_scale, packed);
-    uint2 w;
-    memcpy(&w, packed, sizeof(w));
-    *reinterpret_cast<uint2*>(dst) = w;
+    store_bytes_by_words<sizeof(packed)>(dst, packed);
     *scale_dst = scale_code;
   } else if constexpr (bytes_per_element(TCache) == 1) {
     const float scale = is_v ? a.v_encode_scale : a.k_encode_scale;
     uint8_t codes[kN];
 #pragma unroll
     for (int d = 0; d < kN; ++d) codes[d] = qkv_cache_code<TCache>(x[d], scale);
-    uint4 w;
-    memcpy(&w, codes, sizeof(w));
-    *reinterpret_cast<uint4*>(dst) = w;
+    store_bytes_by_words<sizeof(codes)>(dst, codes);
   }
 }
 #endif
@@ -607,11 +604,9 @@ KVSIM_HD inline void qkv_preprocess_head_row(const KvPools& pools, const QkvPrep
     rope_rotate(in, a.cos_sin + rotary_position * a.cos_sin_row_stride, a.rotary_dim, a.rope_style);
   const float* x = in;
   if (is_q) return store_floats(a.q_out.data, a.q_out.dtype, a.q_out.offset(row, fused_head, 0), a.q_out.stride[2], D, x);
-  const int32_t kv = is_v ? 1 : 0;
-  const int32_t head = fused_head - a.num_q_heads - kv * a.kv_heads;
-  const int64_t slot = a.window.cache_token(position);
-  const int64_t block = a.table.block_at(b, a.page.div(slot)).block();
-  const int32_t entry = a.page.mod(slot);
+  const QkvCacheRow r = qkv_cache_row(a, b, position, fused_head);
+  const int32_t kv = r.kv, head = r.head, entry = r.entry;
+  const int64_t block = r.block;
   const float scale = is_v ? a.v_encode_scale : a.k_encode_scale;
   const PoolStrides& s = pools.strides[static_cast<int>(PoolKind::primary)];
   if (dims_contiguous(s.inner[kv], 0, D)) {

@@ -399,9 +399,7 @@ __device__ inline bool write_quantized_chunks(const KvPools& pools, int32_t chun
 #pragma unroll
   for (int k = 0; k < kQuantizedChunks; ++k) {
     if (k >= n) break;
-    const uint4* src = reinterpret_cast<const uint4*>(row + (chunk + k * stride) * kN * bytes_per_element(TIn));
-#pragma unroll
-    for (int j = 0; j < kWords; ++j) w[k][j] = src[j];
+    load_words16<kWords>(row + (chunk + k * stride) * kN * bytes_per_element(TIn), w[k]);
   }
   PoolRow r;
   if (!target(r)) return true;
@@ -429,9 +427,7 @@ __device__ inline bool write_quantized_chunks(const KvPools& pools, int32_t chun
     if (nvfp4) {
       uint8_t packed[kN / 2];
       const uint8_t scale_code = codec::nvfp4_quantize16(x, scale, packed);
-      uint2 p;
-      memcpy(&p, packed, sizeof(p));
-      *reinterpret_cast<uint2*>(pools.bytes(PoolKind::primary) + (e0[k] >> 1)) = p;
+      store_bytes_by_words<sizeof(packed)>(pools.bytes(PoolKind::primary) + (e0[k] >> 1), packed);
       pools.scale_bytes(PoolKind::primary)[scale_offset(pools.scale_strides[static_cast<int>(PoolKind::primary)],
                                                         r.block, r.layer, r.kv, r.head, r.entry,
                                                         (chunk + k * stride) * kN)] = scale_code;
@@ -439,9 +435,7 @@ __device__ inline bool write_quantized_chunks(const KvPools& pools, int32_t chun
       uint8_t codes[kN];
 #pragma unroll
       for (int d = 0; d < kN; ++d) codes[d] = fp8_encode_divided(x[d], scale, pools.geometry.dtype);
-      uint4 c;
-      memcpy(&c, codes, sizeof(c));
-      *reinterpret_cast<uint4*>(pools.bytes(PoolKind::primary) + e0[k]) = c;
+      store_bytes_by_words<sizeof(codes)>(pools.bytes(PoolKind::primary) + e0[k], codes);
     }
   }
   return true;
