@@ -311,10 +311,21 @@ std::string OpGenerator::run(GeneratedOp op, const OpKnobs& knobs) {
     case GeneratedOp::reshape_and_cache: {
       const int64_t slots_total = g.primary_blocks * P;
       const int32_t T = static_cast<int32_t>(std::min<int64_t>(slots_total, uniform(rng_, 0, 4 * batch + 6)));
-      std::vector<int64_t> all(static_cast<size_t>(slots_total));
-      std::iota(all.begin(), all.end(), 0);
-      std::shuffle(all.begin(), all.end(), rng_);
-      std::vector<int64_t> slots(all.begin(), all.begin() + T);
+      std::vector<int64_t> slots;
+      if (coin(rng_)) {  // a prefill's slots: runs of consecutive entries, each page once, in a shuffled order
+        std::vector<int64_t> pages(static_cast<size_t>(g.primary_blocks));
+        std::iota(pages.begin(), pages.end(), 0);
+        std::shuffle(pages.begin(), pages.end(), rng_);
+        for (size_t k = 0; k < pages.size() && static_cast<int32_t>(slots.size()) < T; ++k) {
+          const int32_t first = coin(rng_, 0.25) ? uniform(rng_, 0, P - 1) : 0;  // now and then mid-page
+          for (int32_t e = first; e < P && static_cast<int32_t>(slots.size()) < T; ++e) slots.push_back(pages[k] * P + e);
+        }
+      } else {  // a decode batch's: any distinct slots
+        std::vector<int64_t> all(static_cast<size_t>(slots_total));
+        std::iota(all.begin(), all.end(), 0);
+        std::shuffle(all.begin(), all.end(), rng_);
+        slots.assign(all.begin(), all.begin() + T);
+      }
       for (int64_t& s : slots)
         if (uniform(rng_, 0, 7) == 0) s = -1;  // skipped token
       const bool fp8 = is_fp8(g.dtype);

@@ -21,6 +21,14 @@ KVSIM_HD constexpr bool dims_contiguous(const InnerStrides& in, int32_t dim0, in
   return first_outer == last_outer;
 }
 
+// Whether entries [entry, entry + count) of one (block, head, dim) are `count`
+// consecutive pool elements: a unit token stride (split-x V's [dim][token];
+// NHD and HND step tokens by heads or dims) and all inside one page of
+// `page` entries.
+KVSIM_HD constexpr bool entries_contiguous(const InnerStrides& in, int32_t entry, int32_t count, int32_t page) {
+  return count <= 1 || (in.token == 1 && entry >= 0 && entry + count <= page);
+}
+
 // Dims of one chunk of a pool row, the unit a wide backend gives one thread:
 // 16 bytes of the pool (one nvfp4 block of 16 elements for nvfp4). A row is
 // ceil(D / chunk) chunks; the last may be short.
