@@ -9,17 +9,8 @@
 #   usage: scripts/gpu-prefill.sh            (carry [".deps"])
 set -uo pipefail
 source "$(dirname "$0")/gpu-env.sh"
-start=$(date +%s)
 budget="${KVSIM_GPU_PREFILL_SECONDS:-330}"
-left() { local l=$(( budget - ( $(date +%s) - start ) - ${1:-0} )); (( l < 5 )) && l=5; echo "$l"; }
-step() { echo "== $1 ($(( $(date +%s) - start )) s)"; }
-nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm --format=csv,noheader
-step "build"
-gpu_configure > "$OUT/build.log" 2>&1 &&
-  timeout "$(left 90)" cmake --build build-gpu -j"$(nproc)" --target kvsim attention_differential_test >> "$OUT/build.log" 2>&1
-rc=$?
-echo "build rc=$rc"
-if [ $rc -ne 0 ]; then grep -E "error|FAILED" "$OUT/build.log" | head -30; exit 1; fi
+gpu_build 90 kvsim attention_differential_test || exit 1
 step "prefill differential cases"
 timeout "$(left 80)" stdbuf -oL "$bin/attention_differential_test" -tc='*Prefill*' > "$OUT/diff-prefill.log" 2>&1
 echo "rc=$?"; grep -E "MESSAGE|tiled|test cases|assertions|ERROR|first difference" "$OUT/diff-prefill.log" | head -30

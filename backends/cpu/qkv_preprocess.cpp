@@ -10,8 +10,51 @@
 #include <vector>
 
 #include "backends/cpu/cpu_backend.hpp"
+#include "backends/cpu/cpu_target.hpp"
 
 namespace kvsim {
+namespace {
+
+// The work item, whole heads as rows: core's qkv_preprocess_token_head<0>,
+// once for baseline x86-64 and once more per wider ISA as internal-linkage
+// `flatten` clones (fma_clones.cpp's pattern), so that core's row loops
+// (load_floats, the bias, rope_rotate, store_floats, qkv_store_cache_run)
+// are compiled with vector instructions. Only the width changes: the same
+// operations in the same order (-ffp-contract=off stays), so the same bytes
+// at every ISA (tests/oracle/qkv_preprocess_test.cpp runs each).
+using QkvItemFn = void (*)(const KvPools&, const QkvPreprocessArgs&, int32_t, int32_t, int64_t, int32_t);
+
+void qkv_item_baseline(const KvPools& pools, const QkvPreprocessArgs& a, int32_t b, int32_t t, int64_t row,
+                       int32_t kv_head) {
+  qkv_preprocess_token_head<0>(pools, a, b, t, row, kv_head);
+}
+
+#if KVSIM_CPU_X86
+KVSIM_CPU_TARGET_BEGIN(KVSIM_CPU_TARGET_AVX2)
+__attribute__((flatten)) void qkv_item_avx2(const KvPools& pools, const QkvPreprocessArgs& a, int32_t b, int32_t t,
+                                            int64_t row, int32_t kv_head) {
+  qkv_preprocess_token_head<0>(pools, a, b, t, row, kv_head);
+}
+KVSIM_CPU_TARGET_END
+
+KVSIM_CPU_TARGET_BEGIN(KVSIM_CPU_TARGET_AVX512)
+__attribute__((flatten)) void qkv_item_avx512(const KvPools& pools, const QkvPreprocessArgs& a, int32_t b, int32_t t,
+                                              int64_t row, int32_t kv_head) {
+  qkv_preprocess_token_head<0>(pools, a, b, t, row, kv_head);
+}
+KVSIM_CPU_TARGET_END
+#endif
+
+QkvItemFn qkv_item_at(CpuIsa isa) {
+#if KVSIM_CPU_X86
+  if (isa == CpuIsa::avx512) return &qkv_item_avx512;
+  if (isa == CpuIsa::avx2) return &qkv_item_avx2;
+#endif
+  (void)isa;
+  return &qkv_item_baseline;
+}
+
+}  // namespace
 
 void CpuBackend::run_qkv_preprocess_write(const KvPools& pools, const QkvPreprocessOp& op) {
   const QkvPreprocessArgs args = make_qkv_preprocess_args(pools, op);
@@ -26,10 +69,10 @@ void CpuBackend::run_qkv_preprocess_write(const KvPools& pools, const QkvPreproc
   const int64_t kv_heads = pools.geometry.kv_heads;
   const int64_t items = static_cast<int64_t>(row_sequence.size()) * kv_heads;
 
+  const QkvItemFn item = qkv_item_at(isa_);
   for_each_item(items, [&](int64_t i) {
     const int64_t row = i / kv_heads;
-    qkv_preprocess_token_head<0>(pools, args, row_sequence[row], row_token[row], row,  // whole heads as rows
-                                 static_cast<int32_t>(i % kv_heads));
+    item(pools, args, row_sequence[row], row_token[row], row, static_cast<int32_t>(i % kv_heads));
   });
 }
 

@@ -164,6 +164,25 @@ TEST_CASE("e5m2: overflow edge, Inf, NaN, subnormals") {
   CHECK(std::isnan(e5m2_to_f32(0x7D)));
 }
 
+TEST_CASE("fp8 pairs: f32x2_to_fp8x2_satfinite is the scalar codec in each byte, low byte first") {
+  // On the host the pair is the scalar codec; on the device it is the
+  // conversion instruction, held to this over all 2^32 inputs by
+  // tests/cuda/core_device_test.cu (Fp8PairInstructionIsTheCodec).
+  const float values[] = {0.0f, -0.0f, 1.0f, -1.125f, 448.0f, 464.0f, 480.0f, -1e9f, 57344.0f, 61440.0f,
+                          std::ldexp(1.0f, -9), std::ldexp(1.0f, -10), -std::ldexp(1.0f, -17), kInf, -kInf,
+                          kNaN, kNegNaN, bits_float(0x7F800001u)};
+  for (const float lo : values)
+    for (const float hi : values) {
+      const uint16_t e4 = f32x2_to_fp8x2_satfinite<false>(lo, hi);
+      const uint16_t e5 = f32x2_to_fp8x2_satfinite<true>(lo, hi);
+      CHECK((e4 & 0xFF) == e4m3(lo, Saturation::finite));
+      CHECK((e4 >> 8) == e4m3(hi, Saturation::finite));
+      CHECK((e5 & 0xFF) == e5m2(lo, Saturation::finite));
+      CHECK((e5 >> 8) == e5m2(hi, Saturation::finite));
+    }
+  CHECK(f32x2_to_fp8x2_satfinite<false>(kNegNaN, -kInf) == 0xFE7F);  // NaN's sign dropped, -Inf to -448
+}
+
 // ---------------------------------------------------------------- e2m1
 
 TEST_CASE("e2m1: ties to the even code, saturation, NaN") {

@@ -100,7 +100,25 @@ KVSIM_HD ScoreCodes score_codes(uint32_t bits) {
           static_cast<uint16_t>(h.hi), static_cast<uint16_t>(h.lo)};
 }
 
+// The pair codec's two satfinite fp8 codes: on the device the conversion
+// instruction (cvt.rn.satfinite.e4m3x2/e5m2x2.f32 and the NaN select), on the
+// host the scalar codec. The high input is the low one with its halves
+// swapped, so every fp32 input is tried in both bytes.
+struct Fp8PairCodes {
+  uint16_t e4m3, e5m2;
+};
+
+KVSIM_HD Fp8PairCodes fp8_pair_codes(uint32_t bits) {
+  const float lo = bits_float(bits), hi = bits_float((bits << 16) | (bits >> 16));
+  return {codec::f32x2_to_fp8x2_satfinite<false>(lo, hi), codec::f32x2_to_fp8x2_satfinite<true>(lo, hi)};
+}
+
 }  // namespace
+
+TEST_CASE("Fp8PairInstructionIsTheCodec: satfinite e4m3x2 / e5m2x2 of every fp32 input in either byte") {
+  SKIP_WITHOUT_GPU();
+  check_every_fp32_input_on_device_and_host<Fp8PairCodes, fp8_pair_codes>();
+}
 
 TEST_CASE("every fp32 input encodes to the same bytes on device and host (all codecs)") {
   SKIP_WITHOUT_GPU();

@@ -22,6 +22,7 @@
 
 #include "kvsim/validation.hpp"
 #include "backends/backend.hpp"
+#include "backends/cpu/cpu_backend.hpp"
 #include "tests/support/rng.hpp"
 
 using namespace kvsim;
@@ -300,6 +301,10 @@ struct Harness {
   Harness(int threads, const PoolGeometry& g, uint8_t poison) : be(make_backend("cpu", {threads})) {
     pools = be->allocate_pools(g, poison);
   }
+  // The CPU backend at one instruction set (its qkv item is a clone per ISA).
+  Harness(CpuIsa isa, const PoolGeometry& g, uint8_t poison) : be(std::make_unique<CpuBackend>(1, isa)) {
+    pools = be->allocate_pools(g, poison);
+  }
   ~Harness() { be->release_pools(pools); }
 
   // Uploads the step's inputs, fills q_out with `q_poison`, builds the op.
@@ -458,6 +463,13 @@ void check_step_all_threads(const Step& st, uint8_t poison, const std::string& w
     h.be->qkv_preprocess_write(h.pools, h.prepare(st));
     check_state(h.state(), want, what + " threads=" + std::to_string(threads));
     CHECK(h.secondary() == secondary_before);
+  }
+  // Every instruction set this CPU runs (the default above is the widest).
+  for (CpuIsa isa : {CpuIsa::portable, CpuIsa::avx2, CpuIsa::avx512}) {
+    if (!cpu_isa_supported(isa) || isa == best_cpu_isa()) continue;
+    Harness h(isa, st.g, poison);
+    h.be->qkv_preprocess_write(h.pools, h.prepare(st));
+    check_state(h.state(), want, what + " isa=" + cpu_isa_name(isa));
   }
 }
 

@@ -145,16 +145,54 @@ KVSIM_HD constexpr float e5m2_to_f32(uint8_t c) {
   return bits_float(float_bits(decode_magnitude<5, 2>(mag)) | sign);
 }
 
+// Two satfinite fp8 codes at once: f32_to_e4m3(lo / hi, finite) in the low /
+// high byte (kE5m2: f32_to_e5m2). The codec above is the definition; on the
+// device (sm_89+) the pair is the conversion instruction
+// cvt.rn.satfinite.{e4m3x2,e5m2x2}.f32 -- round to nearest even on the exact
+// value, finite overflow and +-Inf to +-max, -0 and negative underflow keep
+// the sign, like the codec -- with one difference fixed by a select: a NaN
+// keeps its sign there, while contract §4 fixes 0x7F. One instruction for the
+// ~25 integer steps of round_magnitude per code: what bound the quantizing
+// write kernels (docs/benchmarks.md). tests/cuda/core_device_test.cu
+// (Fp8PairInstructionIsTheCodec) compares both formats over all 2^32 inputs
+// in each byte.
+template <bool kE5m2>
+KVSIM_HD inline uint16_t f32x2_to_fp8x2_satfinite(float lo, float hi) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+  uint16_t pair;
+  if constexpr (kE5m2)
+    asm("cvt.rn.satfinite.e5m2x2.f32 %0, %1, %2;" : "=h"(pair) : "f"(hi), "f"(lo));
+  else
+    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(pair) : "f"(hi), "f"(lo));
+  const uint16_t lo_code = lo != lo ? kFp8NaN : static_cast<uint16_t>(pair & 0xFFu);
+  const uint16_t hi_code = hi != hi ? kFp8NaN : static_cast<uint16_t>(pair >> 8);
+  return static_cast<uint16_t>(lo_code | (hi_code << 8));
+#else
+  const uint8_t a = kE5m2 ? f32_to_e5m2(lo, Saturation::finite) : f32_to_e4m3(lo, Saturation::finite);
+  const uint8_t b = kE5m2 ? f32_to_e5m2(hi, Saturation::finite) : f32_to_e4m3(hi, Saturation::finite);
+  return static_cast<uint16_t>(a | (b << 8));
+#endif
+}
+
 // ---------------------------------------------------------------- e2m1 (fp4)
 inline constexpr uint8_t kE2m1MaxCode = 0x7;  // 6.0
 
+// e2m1 has eight magnitudes, so round to nearest even is a count of the
+// midpoints between neighbouring codes that |f| passes: a midpoint below an
+// even code (0.75 -> 1, 1.75 -> 2, 3.5 -> 4) is passed at equality, one below
+// an odd code (0.25, 1.25, 2.5, 5) only above it, so ties go to the even code;
+// |f| > 5 (+Inf too) is 7, saturation. No branch: the same code as
+// round_magnitude<2, 1> would give (tests/core/codecs_exhaustive_test.cpp,
+// all 2^32 inputs against the format's table), in fewer steps.
 KVSIM_HD constexpr uint8_t f32_to_e2m1(float f) {
   const uint32_t x = float_bits(f);
-  if (is_nan_bits(x)) return kE2m1MaxCode;
-  const uint8_t sign = static_cast<uint8_t>((x >> 28) & 0x8u);
-  const uint32_t a = x & 0x7FFFFFFFu;
-  const uint32_t code = (a == 0x7F800000u) ? 0xFu : round_magnitude<2, 1>(a);
-  return sign | static_cast<uint8_t>(code > kE2m1MaxCode ? kE2m1MaxCode : code);
+  const float a = bits_float(x & 0x7FFFFFFFu);
+  const uint32_t code = static_cast<uint32_t>(a > 0.25f) + static_cast<uint32_t>(a >= 0.75f) +
+                        static_cast<uint32_t>(a > 1.25f) + static_cast<uint32_t>(a >= 1.75f) +
+                        static_cast<uint32_t>(a > 2.5f) + static_cast<uint32_t>(a >= 3.5f) +
+                        static_cast<uint32_t>(a > 5.0f);
+  const uint32_t sign = (x >> 28) & 0x8u;
+  return is_nan_bits(x) ? kE2m1MaxCode : static_cast<uint8_t>(sign | code);
 }
 
 KVSIM_HD constexpr float e2m1_to_f32(uint8_t c) {

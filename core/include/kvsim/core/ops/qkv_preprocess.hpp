@@ -583,6 +583,23 @@ KVSIM_HD inline void qkv_store_cache_run(uint8_t* pool, int64_t e0, int32_t n, c
   }
 }
 
+// nvfp4 dims [0, n) of a row whose nibbles are one run starting on a whole
+// byte (`bytes`): qkv_store_cache_dims' nvfp4 case with each block's packed
+// nibbles stored as the 8 bytes they are (element 2i: low nibble of byte i,
+// store_nibble's rule) instead of nibble by nibble.
+KVSIM_HD inline void qkv_store_nvfp4_run(const KvPools& pools, uint8_t* bytes, int32_t layer, int64_t block,
+                                         int32_t entry, int32_t kv, int32_t head, int32_t n, const float* x,
+                                         float global_scale) {
+  uint8_t* scales = pools.scale_bytes(PoolKind::primary);
+  const PoolStrides& ss = pools.scale_strides[static_cast<int>(PoolKind::primary)];
+  for (int32_t d0 = 0; d0 < n; d0 += codec::kNvfp4BlockElems) {
+    uint8_t packed[codec::kNvfp4BlockElems / 2];
+    const uint8_t scale_code = codec::nvfp4_quantize16(x + d0, global_scale, packed);
+    for (int32_t i = 0; i < codec::kNvfp4BlockElems / 2; ++i) bytes[d0 / 2 + i] = packed[i];
+    scales[scale_offset(ss, block, layer, kv, head, entry, d0)] = scale_code;
+  }
+}
+
 KVSIM_HD inline void qkv_preprocess_head_row(const KvPools& pools, const QkvPreprocessArgs& a, int32_t b, int32_t t,
                                              int64_t row, int32_t fused_head) {
   const int64_t cache_len = a.cache_lens[b];
@@ -615,7 +632,11 @@ KVSIM_HD inline void qkv_preprocess_head_row(const KvPools& pools, const QkvPrep
     if (with_byte_element_dtype(pools.geometry.dtype,
                                 [&]<CacheDtype T>() { qkv_store_cache_run<T>(pool, e0, D, x, scale); }))
       return;
-    // nvfp4: scale blocks
+    if ((e0 & 1) == 0) {  // nvfp4 from a whole byte: each scale block's nibbles are 8 bytes of the run
+      qkv_store_nvfp4_run(pools, pool + (e0 >> 1), a.layer, block, entry, kv, head, D, x,
+                          is_v ? a.v_global_scale : a.k_global_scale);
+      return;
+    }
   }
   qkv_store_cache_dims<kQkvMaxHeadDim>(pools, a.layer, block, entry, kv, head, 0, D, x, scale,
                                        is_v ? a.v_global_scale : a.k_global_scale);
