@@ -3,8 +3,13 @@
 // the copy engine.
 //
 // Work: persistent warps; each warp works alone through (query row, KV head,
-// 256-key partition) items: scores, softmax and P.V of an item, for all G
-// query heads of the KV head from each K/V load. Memory: a private ring of
+// head split, 256-key partition) items: scores, softmax and P.V of an item,
+// for G query heads of the KV head from each K/V load -- the whole group, or
+// a G-head part of it when there are too few items to occupy the GPU or the
+// group's registers would leave too few warps (heads_per_item): every query
+// head's arithmetic is the same whichever item holds it, so the split changes
+// no byte; a KV head's K/V rows are then read once per part, after the first
+// mostly from L2. Memory: a private ring of
 // kSlots tiles (kTile keys of K or of V) per warp in shared memory, filled by
 // cp.async.bulk copies that complete on one mbarrier per slot. The warp issues
 // its own copies (no producer warp, no cross-warp synchronisation), kSlots - 1
@@ -123,24 +128,30 @@ struct Item {
   int32_t index = 0;
   bool valid = false;
   int32_t rp = 0, kv_head = 0, row = 0, count = 0, tiles = 0;
+  int32_t head0 = 0;     // the item's first query head: kv_head * group + part * G
   int32_t attended = 0;  // keys of the partition before the masked tail
   PartInfo info{0, 0, 0, 0};
 };
 
-__device__ __forceinline__ PartInfo fetch_part(const PartInfo* parts, int32_t items, int32_t heads, int32_t index) {
-  return index < items ? parts[index / heads] : PartInfo{0, 0, 0, 0};
+// units = KV heads x head parts: the items of one partition.
+__device__ __forceinline__ PartInfo fetch_part(const PartInfo* parts, int32_t items, int32_t units, int32_t index) {
+  return index < items ? parts[index / units] : PartInfo{0, 0, 0, 0};
 }
 
-template <int T>
+// Item `index`: partition index / units, then KV head, then head part
+// (fastest, so a KV head's parts run side by side and share its K/V tiles
+// in L2). G heads per item, `log_parts` = log2(group / G).
+template <int T, int G>
 __device__ __forceinline__ Item build_item(const AttentionArgs& a, PageDivider page, int32_t items, int32_t index,
-                                           PartInfo info) {
+                                           PartInfo info, int32_t units, int32_t log_parts) {
   Item it;
   it.index = index;
   it.valid = index < items;
   if (!it.valid) return it;
-  const int32_t H = a.pools.geometry.kv_heads;
-  it.rp = index / H;
-  it.kv_head = index - it.rp * H;
+  it.rp = index / units;
+  const int32_t unit = index - it.rp * units;
+  it.kv_head = unit >> log_parts;
+  it.head0 = it.kv_head * a.group + (unit - (it.kv_head << log_parts)) * G;
   it.row = info.x;
   it.info = info;
   const KeyList keys = make_key_list(info.z, a.window, page);
@@ -151,6 +162,13 @@ __device__ __forceinline__ Item build_item(const AttentionArgs& a, PageDivider p
   it.attended = static_cast<int32_t>(att < 0 ? 0 : (att < kPartitionSize ? att : kPartitionSize));
   it.tiles = (it.count + T - 1) / T;
   return it;
+}
+
+// Item `index` of whole groups (units = KV heads): the mma ring kernel's.
+template <int T>
+__device__ __forceinline__ Item build_item(const AttentionArgs& a, PageDivider page, int32_t items, int32_t index,
+                                           PartInfo info) {
+  return build_item<T, 1>(a, page, items, index, info, a.pools.geometry.kv_heads, 0);
 }
 
 // Row offsets (16-byte units) of the item's K and V rows into the warp's
@@ -287,7 +305,9 @@ __global__ void __launch_bounds__(kWarpsPerCta * kWarp)
   const int32_t H = a.pools.geometry.kv_heads;
   const uint8_t* pool = a.pools.bytes(PoolKind::primary);
   const int32_t stride = static_cast<int32_t>(gridDim.x) * kWarpsPerCta;
-  const int32_t hq = H * G;
+  const int32_t hq = H * a.group;
+  const int32_t log_parts = __ffs(a.group / G) - 1;  // group / G: a power of two (heads_per_item)
+  const int32_t units = H << log_parts;
   const float score_scale = a.scales.sm_scale * a.scales.k_scale;
   const int lane_key = lane >> K::kLogG;  // key of column `lane` within a pass
   const int lane_head = lane & (G - 1);   // head of column `lane`
@@ -298,8 +318,8 @@ __global__ void __launch_bounds__(kWarpsPerCta * kWarp)
 
   // Copy cursor: runs kSlots - 1 tiles ahead, across items.
   const int32_t first_index = static_cast<int32_t>(blockIdx.x) * kWarpsPerCta + warp;
-  Item nx = build_item<T>(a, page, items, first_index, fetch_part(parts, items, H, first_index));
-  PartInfo nx_following = fetch_part(parts, items, H, first_index + stride);
+  Item nx = build_item<T, G>(a, page, items, first_index, fetch_part(parts, items, units, first_index), units, log_parts);
+  PartInfo nx_following = fetch_part(parts, items, units, first_index + stride);
   int32_t nt = 0;
   uint32_t issued = 0, consumed = 0;
   // Issues tiles while a slot is free (the slot of tile `consumed` is in use
@@ -313,23 +333,25 @@ __global__ void __launch_bounds__(kWarpsPerCta * kWarp)
       issue_tile<K>(pool, nx, nt, table, ring_s + slot * K::kTileBytes, bars_s + 8 * slot, lane);
       ++issued;
       if (++nt == 2 * nx.tiles) {
-        nx = build_item<T>(a, page, items, nx.index + stride, nx_following);
-        nx_following = fetch_part(parts, items, H, nx.index + stride);
+        nx = build_item<T, G>(a, page, items, nx.index + stride, nx_following, units, log_parts);
+        nx_following = fetch_part(parts, items, units, nx.index + stride);
         nt = 0;
         __syncwarp();  // every lane has read the table before the next item's is built
       }
     }
   };
 
-  PartInfo following = fetch_part(parts, items, H, first_index + stride);
-  for (Item it = build_item<T>(a, page, items, first_index, fetch_part(parts, items, H, first_index)); it.valid;) {
+  PartInfo following = fetch_part(parts, items, units, first_index + stride);
+  for (Item it = build_item<T, G>(a, page, items, first_index, fetch_part(parts, items, units, first_index), units,
+                                  log_parts);
+       it.valid;) {
     // Queries, head-permuted: qp[g] is head (g ^ lane_head) of the group.
     float qp[G][C];
 #pragma unroll
     for (int g = 0; g < G; ++g)
 #pragma unroll
       for (int i = 0; i < C; ++i)
-        qp[g][i] = load_float(a.q.data, a.q.dtype, a.q.offset(it.row, it.kv_head * G + (g ^ lane_head), lane * C + i));
+        qp[g][i] = load_float(a.q.data, a.q.dtype, a.q.offset(it.row, it.head0 + (g ^ lane_head), lane * C + i));
     float acc[G][C];
 #pragma unroll
     for (int g = 0; g < G; ++g)
@@ -433,7 +455,7 @@ __global__ void __launch_bounds__(kWarpsPerCta * kWarp)
     }
 #pragma unroll
     for (int g = 0; g < G; ++g) {
-      float* out = part_acc + (static_cast<int64_t>(it.rp) * hq + it.kv_head * G + g) * kD + lane * C;
+      float* out = part_acc + (static_cast<int64_t>(it.rp) * hq + it.head0 + g) * kD + lane * C;
       if constexpr (C % 4 == 0) {
 #pragma unroll
         for (int i = 0; i < C; i += 4)
@@ -443,14 +465,14 @@ __global__ void __launch_bounds__(kWarpsPerCta * kWarp)
         for (int i = 0; i < C; ++i) out[i] = acc[g][i];
       }
       if (lane == g) {
-        float* st = part_stats + (static_cast<int64_t>(it.rp) * hq + it.kv_head * G + g) * 2;
+        float* st = part_stats + (static_cast<int64_t>(it.rp) * hq + it.head0 + g) * 2;
         st[0] = m_part[g];
         st[1] = l_part[g];
       }
     }
     const int32_t next_index = it.index + stride;
-    it = build_item<T>(a, page, items, next_index, following);
-    following = fetch_part(parts, items, H, next_index + stride);
+    it = build_item<T, G>(a, page, items, next_index, following, units, log_parts);
+    following = fetch_part(parts, items, units, next_index + stride);
   }
 }
 
@@ -477,7 +499,8 @@ void launch(const AttentionPlan& plan, cudaStream_t stream) {
   KernelInfo info;
   kernel_info<kDtype, C, G, T, S>(plan, info);
   const int sms = device_sm_count(plan.op);
-  const int32_t items = plan.parts * plan.args.pools.geometry.kv_heads;  // < 2^31: bulk_applies()
+  // < 2^31: dispatch() checks.
+  const int32_t items = plan.parts * plan.args.pools.geometry.kv_heads * (plan.args.group / G);
   const int64_t needed = (static_cast<int64_t>(items) + kWarpsPerCta - 1) / kWarpsPerCta;
   const int64_t resident = static_cast<int64_t>(sms) * (info.ctas_per_sm > 0 ? info.ctas_per_sm : 1);
   const unsigned grid = static_cast<unsigned>(needed < resident ? needed : resident);
@@ -489,11 +512,28 @@ void launch(const AttentionPlan& plan, cudaStream_t stream) {
 
 // Dispatch over C (D / 32), G and the tile size for one dtype; false when the
 // plan's shape has no instantiation. With `info`, only fills it.
+// Query heads per work item (AttentionPlan::bulk_heads_per_item, or chosen):
+// one when the items of whole groups would leave most resident warps idle
+// (each item is one warp's 256 keys in turn: decode at batch 1 to 16), G
+// times the items; four for a group of eight, whose items hold ~197
+// registers (12% occupancy on the H200); else the group. Measured in
+// docs/benchmarks.md (session 26).
+inline int32_t heads_per_item(const AttentionPlan& plan) {
+  const int32_t group = plan.args.group;
+  if (plan.bulk_heads_per_item != 0) return plan.bulk_heads_per_item;
+  constexpr int64_t kResidentWarpsPerSm = 8;
+  const int64_t items = static_cast<int64_t>(plan.parts) * plan.args.pools.geometry.kv_heads;
+  if (group > 1 && 2 * items <= device_sm_count(plan.op) * kResidentWarpsPerSm) return 1;
+  return group == 8 ? 4 : group;
+}
+
 template <CacheDtype kDtype>
 bool dispatch(const AttentionPlan& plan, cudaStream_t stream, KernelInfo* info) {
-  if (static_cast<int64_t>(plan.parts) * plan.args.pools.geometry.kv_heads >= INT32_MAX) return false;  // 32-bit item indices
   const int C = plan.args.pools.geometry.head_dim / kWarp;
-  const int G = plan.args.group;
+  const int G = heads_per_item(plan);
+  if (G < 1 || plan.args.group % G != 0) return false;
+  if (static_cast<int64_t>(plan.parts) * plan.args.pools.geometry.kv_heads * (plan.args.group / G) >= INT32_MAX)
+    return false;  // 32-bit item indices
   const bool small = plan.bulk_tile_keys == 16;
   auto go = [&]<int kC, int kG, int kT>() {
     // Benchmark variants: another slot count for the main shapes (D 128, G 4):

@@ -64,6 +64,10 @@ struct AttentionPlan {
   // may ask for the instantiated alternatives (D 128, G 4: bf16 16-key tiles
   // 2; fp8 e4m3 16-key tiles 4, 32-key tiles 2), anything else runs the default.
   int32_t bulk_slots = 0;
+  // Query heads per bulk work item: 0 = bulk::heads_per_item chooses at
+  // launch; a test or benchmark may force the group itself or a divisor the
+  // kernel instantiates (1, 4). The bytes do not depend on it.
+  int32_t bulk_heads_per_item = 0;
   // Run the merge kernel after the partition kernel (a benchmark times the
   // partition kernel alone by turning it off).
   bool merge = true;

@@ -73,28 +73,26 @@ void launch_copy_rows(CudaBackend& b, const char* op, const BlockCopyArgs& args,
                          CopyRowsItem{args, src_blocks, dst_blocks, rows});
 }
 
-// Contiguous strides of a (data or scale) pool: every (block, layer) holds
-// kv_factor * inner elements in one run.
-bool is_contiguous(const PoolGeometry& g, const PoolStrides& s, PoolKind k) {
-  return same_strides(s, contiguous_strides(g, k));
-}
-
-// One block's (block, layer) runs from src to dst, for a pool of geometry g.
-void copy_block_runs(const char* op, cudaStream_t stream, const PoolGeometry& g, const uint8_t* src,
-                     const PoolStrides& ss, int64_t src_block, uint8_t* dst, const PoolStrides& ds,
-                     int64_t dst_block) {
-  const int64_t run_bytes = g.bytes_for(static_cast<int64_t>(g.kv_factor) * g.inner_elements());
-  if (g.placement == LayerPlacement::in_block) {  // the whole block is one run
-    const int64_t so = element_byte_offset(element_offset(ss, src_block, 0, 0, 0, 0, 0), g.dtype);
-    const int64_t d0 = element_byte_offset(element_offset(ds, dst_block, 0, 0, 0, 0, 0), g.dtype);
-    KVSIM_CUDA_CHECK(op, cudaMemcpyAsync(dst + d0, src + so, g.block_bytes(), cudaMemcpyDefault, stream));
-    return;
-  }
-  for (int32_t layer = 0; layer < g.layers; ++layer) {
-    const int64_t so = element_byte_offset(element_offset(ss, src_block, layer, 0, 0, 0, 0), g.dtype);
-    const int64_t d0 = element_byte_offset(element_offset(ds, dst_block, layer, 0, 0, 0, 0), g.dtype);
-    KVSIM_CUDA_CHECK(op, cudaMemcpyAsync(dst + d0, src + so, run_bytes, cudaMemcpyDefault, stream));
-  }
+// One block's runs from src to dst (make_block_copy_args' layer_run_bytes >
+// 0): the whole block where it is one run (in_block), else one run per layer;
+// then the same for the scale pool.
+void copy_block_runs(const char* op, cudaStream_t stream, const KvPools& pools, const BlockCopyArgs& a,
+                     int64_t src_block, int64_t dst_block) {
+  const PoolGeometry& g = pools.geometry;
+  auto runs = [&](const uint8_t* src, const PoolStrides& ss, uint8_t* dst, const PoolStrides& ds, CacheDtype dtype,
+                  int64_t block_run, int64_t layer_run) {
+    const int32_t n = block_run > 0 ? 1 : g.layers;
+    for (int32_t layer = 0; layer < n; ++layer) {
+      const int64_t so = element_byte_offset(element_offset(ss, src_block, layer, 0, 0, 0, 0), dtype);
+      const int64_t d0 = element_byte_offset(element_offset(ds, dst_block, layer, 0, 0, 0, 0), dtype);
+      KVSIM_CUDA_CHECK(op, cudaMemcpyAsync(dst + d0, src + so, block_run > 0 ? block_run : layer_run,
+                                           cudaMemcpyDefault, stream));
+    }
+  };
+  runs(a.src_data, a.src_strides, a.dst_data, a.dst_strides, g.dtype, a.run_bytes, a.layer_run_bytes);
+  if (g.has_scale_pool())
+    runs(a.src_scales, a.src_scale_strides, a.dst_scales, a.dst_scale_strides, g.scale_geometry().dtype,
+         a.scale_run_bytes, a.scale_layer_run_bytes);
 }
 
 }  // namespace
@@ -150,28 +148,14 @@ void CudaBackend::move_blocks(const KvPools& pools, const MoveBlocksOp& op, bool
   const std::span<const int32_t> src_ids = to_secondary ? op.primary : op.secondary;
   const std::span<const int32_t> dst_ids = to_secondary ? op.secondary : op.primary;
 
-  bool contiguous = is_contiguous(g, pools.strides_of(src), src) && is_contiguous(g, pools.strides_of(dst), dst);
-  if (g.has_scale_pool()) {
-    const PoolGeometry sg = g.scale_geometry();
-    const int si = static_cast<int>(src), di = static_cast<int>(dst);
-    contiguous = contiguous && is_contiguous(sg, pools.scale_strides[si], src) &&
-                 is_contiguous(sg, pools.scale_strides[di], dst);
-  }
-  if (!contiguous) {
-    const BlockCopyArgs args = make_block_copy_args(pools, src, dst, g.tokens_per_block);
+  const BlockCopyArgs args = make_block_copy_args(pools, src, dst, g.tokens_per_block);
+  if (args.layer_run_bytes == 0) {  // engine strides: row by row
     launch_copy_rows(*this, kOp, args, src_ids, dst_ids);
     finish(kOp);
     return;
   }
   begin_kernels();
-  for (size_t i = 0; i < src_ids.size(); ++i) {
-    copy_block_runs(kOp, stream_, g, pools.bytes(src), pools.strides_of(src), src_ids[i], pools.bytes(dst),
-                    pools.strides_of(dst), dst_ids[i]);
-    if (g.has_scale_pool())
-      copy_block_runs(kOp, stream_, g.scale_geometry(), pools.scale_bytes(src),
-                      pools.scale_strides[static_cast<int>(src)], src_ids[i], pools.scale_bytes(dst),
-                      pools.scale_strides[static_cast<int>(dst)], dst_ids[i]);
-  }
+  for (size_t i = 0; i < src_ids.size(); ++i) copy_block_runs(kOp, stream_, pools, args, src_ids[i], dst_ids[i]);
   finish(kOp);
 }
 

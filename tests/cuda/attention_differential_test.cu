@@ -86,7 +86,7 @@ int check_against_oracle(Backend& cpu, const AttentionCase& c) {
       position.push_back(c.seq_lens[b] - n + i);
     }
   }
-  auto run_plan = [&](cuda::AttentionPath path, int tile_keys) {
+  auto run_plan = [&](cuda::AttentionPath path, int tile_keys, int heads_per_item = 0) {
     dev.poison_out(p);
     cuda::AttentionPlan plan =
         cuda::make_plan("test", dev.placed.pools, 1, q_view(p, dev.placed.q), out_view(p, dev.placed.out), p.table,
@@ -95,6 +95,7 @@ int check_against_oracle(Backend& cpu, const AttentionCase& c) {
     plan.path = path;
     plan.staged_tile_keys = tile_keys;
     plan.bulk_tile_keys = tile_keys;
+    plan.bulk_heads_per_item = heads_per_item;
     cuda::launch_plan(plan, nullptr);
     cuda::release_plan(plan, nullptr);
     REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
@@ -130,6 +131,16 @@ int check_against_oracle(Backend& cpu, const AttentionCase& c) {
     INFO("bulk path with " << other_tile << "-key tiles, first difference: " << first_difference(p, want, other));
     CHECK(want == other);
     ++runs;
+    // The bulk path's items of the whole group and of parts of it (one head;
+    // four of a group of eight), whichever heads_per_item would choose.
+    const cuda::AttentionPath bulk_or_not = cuda::choose_path(dev.placed.pools, q_view(p, dev.placed.q));
+    if (bulk_or_not == cuda::AttentionPath::bulk)
+      for (int heads : c.group == 8 ? std::vector<int>{8, 4, 1} : std::vector<int>{c.group, 1}) {
+        const std::vector<uint8_t> split = run_plan(cuda::AttentionPath::bulk, cuda::default_bulk_tile_keys(), heads);
+        INFO("bulk path with " << heads << " heads per item, first difference: " << first_difference(p, want, split));
+        CHECK(want == split);
+        ++runs;
+      }
   }
   if (cuda::staged_applies(dev.placed.pools, q_view(p, dev.placed.q))) {
     const std::vector<uint8_t> staged = run_plan(cuda::AttentionPath::staged, cuda::default_staged_tile_keys(c.dtype));

@@ -4,8 +4,10 @@
 // configuration first checks its output: the first sequences byte for byte
 // against the CPU oracle (reading the downloaded pool in place) and every
 // output byte against the general path.
-//   attention_bench [quick | only N]   (quick: the batch 64 x 8K rows only;
-//   only N: row N alone, few launches -- for a profiler)
+//   attention_bench [quick | heads | only N]   (quick: the batch 64 x 8K rows only;
+//   heads: the bulk path's query heads per work item, each shape at the
+//   whole group and at the default choice, side by side; only N: row N alone,
+//   few launches -- for a profiler)
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -93,6 +95,7 @@ struct Row {
   cuda::AttentionPath path;
   int tile_keys;  // bulk: 16 or 32 keys per ring slot; staged: 16 or 32
   int slots = 0;  // bulk: ring slots, 0 = the kernel's default
+  int heads = 0;  // bulk: query heads per work item, 0 = bulk::heads_per_item's choice
 };
 
 struct Result {
@@ -176,6 +179,7 @@ Result run_config(const Row& r, double copy_gbs) {
     plans.back().staged_tile_keys = r.tile_keys;
     plans.back().bulk_tile_keys = r.tile_keys;
     plans.back().bulk_slots = r.slots;
+    plans.back().bulk_heads_per_item = r.heads;
   }
   Result res;
   res.row = r;
@@ -213,7 +217,8 @@ Result run_config(const Row& r, double copy_gbs) {
   res.kernel_ms = time_ms([&](int i) { cuda::launch_plan(plans[i % copies], nullptr); }, g_warmup, g_reps);
   for (auto& p : plans) p.merge = true;
   res.plan_ms = time_ms([&](int i) { cuda::launch_plan(plans[i % copies], nullptr); }, g_warmup, g_reps);
-  if (r.path == cuda::choose_path(pools, op.q) && r.tile_keys == cuda::default_bulk_tile_keys() && r.slots == 0)
+  if (r.path == cuda::choose_path(pools, op.q) && r.tile_keys == cuda::default_bulk_tile_keys() && r.slots == 0 &&
+      r.heads == 0)
     res.op_ms = time_ms([&](int) { cuda::decode_attention(pools, op, nullptr); }, 3, 31);
   const double kv_bytes = double(kv_bytes_one);
   res.gbs = kv_bytes / (res.plan_ms * 1e-3) / 1e9;
@@ -244,6 +249,7 @@ int main(int argc, char** argv) {
     return 0;
   }
   const bool quick = argc > 1 && std::string(argv[1]) == "quick";
+  const bool heads = argc > 1 && std::string(argv[1]) == "heads";
   const int only = argc > 2 && std::string(argv[1]) == "only" ? std::atoi(argv[2]) : -1;
   cudaDeviceProp prop{};
   ok(cudaGetDeviceProperties(&prop, 0), "props");
@@ -263,7 +269,15 @@ int main(int argc, char** argv) {
       {"bf16 32:8 old staged", bf, 16, 64, 8192, 4, P::staged, 32},
       {"fp8 32:8 old staged", f8, 16, 64, 8192, 4, P::staged, 16},
   };
-  if (!quick || only >= 0) {
+  if (heads)  // whole groups (the kernel before heads_per_item) against the default choice
+    rows = {{"bf16 32:8 G4", bf, 16, 1, 8192, 4, P::bulk, 16, 0, 4},   {"bf16 32:8", bf, 16, 1, 8192, 4, P::bulk, 16},
+            {"bf16 32:8 G4", bf, 16, 1, 1024, 4, P::bulk, 16, 0, 4},   {"bf16 32:8", bf, 16, 1, 1024, 4, P::bulk, 16},
+            {"bf16 32:8 G4", bf, 16, 16, 1024, 4, P::bulk, 16, 0, 4},  {"bf16 32:8", bf, 16, 16, 1024, 4, P::bulk, 16},
+            {"bf16 32:8 G4", bf, 16, 1, 32768, 4, P::bulk, 16, 0, 4},  {"bf16 32:8", bf, 16, 1, 32768, 4, P::bulk, 16},
+            {"bf16 64:8 G8", bf, 16, 64, 8192, 8, P::bulk, 16, 0, 8},  {"bf16 64:8", bf, 16, 64, 8192, 8, P::bulk, 16},
+            {"fp8 64:8 G8", f8, 16, 64, 8192, 8, P::bulk, 16, 0, 8},   {"fp8 64:8", f8, 16, 64, 8192, 8, P::bulk, 16},
+            {"bf16 64:8 G8", bf, 16, 16, 32768, 8, P::bulk, 16, 0, 8}, {"bf16 64:8", bf, 16, 16, 32768, 8, P::bulk, 16}};
+  if ((!quick && !heads) || only >= 0) {
     const std::vector<Row> more = {
         {"bf16 32:8", bf, 16, 16, 32768, 4, P::bulk, 16},  {"fp8 32:8", f8, 16, 16, 32768, 4, P::bulk, 16},
         {"bf16 32:8", bf, 16, 256, 1024, 4, P::bulk, 16},  {"fp8 32:8", f8, 16, 256, 1024, 4, P::bulk, 16},

@@ -249,6 +249,17 @@ KVSIM_HD inline uint8_t qkv_cache_code(float x, float encode_scale) {
     return static_cast<uint8_t>(codec::f32_to_int8(x * encode_scale));
 }
 
+// qkv_cache_code of two values (x0 in the low byte): fp8 by the pair codec
+// (one conversion instruction on the device: f32x2_to_fp8x2_satfinite), int8
+// one value at a time.
+template <CacheDtype T>
+KVSIM_HD inline uint16_t qkv_cache_code_pair(float x0, float x1, float encode_scale) {
+  if constexpr (T == CacheDtype::fp8_e4m3 || T == CacheDtype::fp8_e5m2)
+    return codec::f32x2_to_fp8x2_satfinite<T == CacheDtype::fp8_e5m2>(x0 * encode_scale, x1 * encode_scale);
+  else
+    return static_cast<uint16_t>(qkv_cache_code<T>(x0, encode_scale) | (qkv_cache_code<T>(x1, encode_scale) << 8));
+}
+
 // Dims [dim0, dim0 + count) of one head's row of this layer's K (kv = 0) or V
 // (kv = 1) into the primary pool at (block, entry), from x[0..count),
 // converted per the cache dtype (header comment). nvfp4: dim0 and count are
@@ -540,9 +551,9 @@ __device__ inline void qkv_preprocess_word(const KvPools& pools, const QkvPrepro
     *scale_dst = scale_code;
   } else if constexpr (bytes_per_element(TCache) == 1) {
     const float scale = is_v ? a.v_encode_scale : a.k_encode_scale;
-    uint8_t codes[kN];
+    uint16_t codes[kN / 2];
 #pragma unroll
-    for (int d = 0; d < kN; ++d) codes[d] = qkv_cache_code<TCache>(x[d], scale);
+    for (int d = 0; d < kN; d += 2) codes[d / 2] = qkv_cache_code_pair<TCache>(x[d], x[d + 1], scale);
     store_bytes_by_words<sizeof(codes)>(dst, codes);
   }
 }

@@ -295,6 +295,13 @@ struct BlockCopyArgs {
   // copy is then a copy of that run. 0: copy row by row.
   int64_t run_bytes = 0;
   int64_t scale_run_bytes = 0;
+  // One (block, layer) slice -- kv_factor * inner elements of the data, and
+  // of the scale pool where there is one -- when whole blocks are copied and
+  // both pools have allocate_pools' dense strides, either placement (per_layer
+  // blocks are one such run per layer); 0 otherwise. in_block: run_bytes is
+  // the layers' slices together.
+  int64_t layer_run_bytes = 0;
+  int64_t scale_layer_run_bytes = 0;
 
   KVSIM_HD constexpr int64_t rows_per_block() const {
     return static_cast<int64_t>(layers) * kv_factor * heads * tokens;
@@ -321,17 +328,19 @@ inline BlockCopyArgs make_block_copy_args(const KvPools& pools, PoolKind src, Po
   a.heads = g.kv_heads;
   a.tokens = tokens;
   a.head_dim = g.head_dim;
-  const bool dense = tokens == g.tokens_per_block && g.placement == LayerPlacement::in_block &&
-                     same_strides(a.src_strides, contiguous_strides(g, src)) &&
-                     same_strides(a.dst_strides, contiguous_strides(g, dst));
-  if (dense && !g.has_scale_pool()) a.run_bytes = g.block_bytes();
-  if (dense && g.has_scale_pool()) {
-    const PoolGeometry sg = g.scale_geometry();
-    if (same_strides(a.src_scale_strides, contiguous_strides(sg, src)) &&
-        same_strides(a.dst_scale_strides, contiguous_strides(sg, dst))) {
-      a.run_bytes = g.block_bytes();
-      a.scale_run_bytes = sg.block_bytes();
-    }
+  bool dense = tokens == g.tokens_per_block && same_strides(a.src_strides, contiguous_strides(g, src)) &&
+               same_strides(a.dst_strides, contiguous_strides(g, dst));
+  const PoolGeometry sg = g.has_scale_pool() ? g.scale_geometry() : g;
+  if (g.has_scale_pool())
+    dense = dense && same_strides(a.src_scale_strides, contiguous_strides(sg, src)) &&
+            same_strides(a.dst_scale_strides, contiguous_strides(sg, dst));
+  if (!dense) return a;
+  auto slice = [](const PoolGeometry& pg) { return pg.bytes_for(static_cast<int64_t>(pg.kv_factor) * pg.inner_elements()); };
+  a.layer_run_bytes = slice(g);
+  a.scale_layer_run_bytes = g.has_scale_pool() ? slice(sg) : 0;
+  if (g.placement == LayerPlacement::in_block) {
+    a.run_bytes = g.block_bytes();
+    a.scale_run_bytes = g.has_scale_pool() ? sg.block_bytes() : 0;
   }
   return a;
 }

@@ -198,6 +198,14 @@ KVSIM_HD inline uint8_t fp8_encode_divided(float x, float scale, CacheDtype fp8)
                                      : codec::f32_to_e4m3(y, codec::Saturation::finite);
 }
 
+// fp8_encode_divided of two values (x0 in the low byte) by the pair codec:
+// one conversion instruction on the device (codec::f32x2_to_fp8x2_satfinite).
+KVSIM_HD inline uint16_t fp8_encode_divided_pair(float x0, float x1, float scale, CacheDtype fp8) {
+  const float y0 = x0 / scale, y1 = x1 / scale;
+  return fp8 == CacheDtype::fp8_e5m2 ? codec::f32x2_to_fp8x2_satfinite<true>(y0, y1)
+                                     : codec::f32x2_to_fp8x2_satfinite<false>(y0, y1);
+}
+
 // Writes `count` elements of the input row to dims [dim0, dim0 + count) of
 // the primary pool's row `r`. nvfp4: count and dim0 are multiples of 16.
 // fp8_pairs_*: count input bytes go to 2 * count nibbles from dim0 (even).
@@ -373,7 +381,7 @@ inline constexpr int kQuantizedChunks = 2;
 // of a unit-stride input row of the float dtype TIn, all loaded by 16-byte
 // words before the target row is known -- target(r) is the item's dependent
 // load (a slot, a page), false: the token is skipped -- then write_pool_row's
-// arithmetic per element (load_float, fp8_encode_divided / nvfp4_quantize16),
+// arithmetic per element (load_float, fp8_encode_divided by pairs / nvfp4_quantize16),
 // the codes stored as a 16-byte word (fp8) or an 8-byte word of nibbles and
 // the scale byte (nvfp4). false, having stored nothing, when a chunk is short,
 // an address unaligned or a chunk's pool dims not one run: the caller then
@@ -432,9 +440,10 @@ __device__ inline bool write_quantized_chunks(const KvPools& pools, int32_t chun
                                                         r.block, r.layer, r.kv, r.head, r.entry,
                                                         (chunk + k * stride) * kN)] = scale_code;
     } else {
-      uint8_t codes[kN];
+      uint16_t codes[kN / 2];
 #pragma unroll
-      for (int d = 0; d < kN; ++d) codes[d] = fp8_encode_divided(x[d], scale, pools.geometry.dtype);
+      for (int d = 0; d < kN; d += 2)
+        codes[d / 2] = fp8_encode_divided_pair(x[d], x[d + 1], scale, pools.geometry.dtype);
       store_bytes_by_words<sizeof(codes)>(pools.bytes(PoolKind::primary) + e0[k], codes);
     }
   }
