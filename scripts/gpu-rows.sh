@@ -12,7 +12,9 @@
 set -uo pipefail
 source "$(dirname "$0")/gpu-env.sh"
 budget="${KVSIM_GPU_ROWS_SECONDS:-420}"
-gpu_build 60 kvsim core_device_test ops_differential_test attention_differential_test || exit 1
+# KVSIM_ROWS_TARGETS: the targets to build (default kvsim and the three differential tests).
+# shellcheck disable=SC2086
+gpu_build 60 ${KVSIM_ROWS_TARGETS:-kvsim core_device_test ops_differential_test attention_differential_test} || exit 1
 n=0
 while IFS= read -r line; do
   [ -z "$line" ] && continue
