@@ -260,6 +260,25 @@ KVSIM_HD inline uint16_t qkv_cache_code_pair(float x0, float x1, float encode_sc
     return static_cast<uint16_t>(qkv_cache_code<T>(x0, encode_scale) | (qkv_cache_code<T>(x1, encode_scale) << 8));
 }
 
+// nvfp4 dims [dim0, dim0 + count) (multiples of 16) of one head's cache row
+// from x[0..count): each block quantized (nvfp4_quantize16), its scale byte
+// stored at scale_offset, its 8 packed bytes handed to store(d0, packed) --
+// nibble by nibble through element_offset, or as 8 bytes where the row is
+// one run from a whole byte.
+template <class StorePacked>
+KVSIM_HD inline void qkv_store_nvfp4_blocks(const KvPools& pools, int32_t layer, int64_t block, int32_t entry,
+                                            int32_t kv, int32_t head, int32_t dim0, int32_t count, const float* x,
+                                            float global_scale, StorePacked store) {
+  uint8_t* scales = pools.scale_bytes(PoolKind::primary);
+  const PoolStrides& ss = pools.scale_strides[static_cast<int>(PoolKind::primary)];
+  for (int32_t d0 = 0; d0 < count; d0 += codec::kNvfp4BlockElems) {
+    uint8_t packed[codec::kNvfp4BlockElems / 2];
+    const uint8_t scale_code = codec::nvfp4_quantize16(x + d0, global_scale, packed);
+    store(d0, packed);
+    scales[scale_offset(ss, block, layer, kv, head, entry, dim0 + d0)] = scale_code;
+  }
+}
+
 // Dims [dim0, dim0 + count) of one head's row of this layer's K (kv = 0) or V
 // (kv = 1) into the primary pool at (block, entry), from x[0..count),
 // converted per the cache dtype (header comment). nvfp4: dim0 and count are
@@ -295,17 +314,13 @@ KVSIM_HD inline void qkv_store_cache_dims(const KvPools& pools, int32_t layer, i
       for (int32_t d = 0; d < kMax; ++d)
         if (d < count) store_byte(pool, at(d), qkv_cache_code<CacheDtype::int8>(x[d], encode_scale));
       break;
-    case CacheDtype::nvfp4: {
-      uint8_t* scales = pools.scale_bytes(PoolKind::primary);
-      const PoolStrides& ss = pools.scale_strides[static_cast<int>(PoolKind::primary)];
-      for (int32_t d0 = 0; d0 < count; d0 += codec::kNvfp4BlockElems) {
-        uint8_t packed[codec::kNvfp4BlockElems / 2];
-        const uint8_t scale_code = codec::nvfp4_quantize16(x + d0, global_scale, packed);
-        for (int32_t i = 0; i < codec::kNvfp4BlockElems; ++i) store_nibble(pool, at(d0 + i), codec::nibble_at(packed, i));
-        scales[scale_offset(ss, block, layer, kv, head, entry, dim0 + d0)] = scale_code;
-      }
+    case CacheDtype::nvfp4:
+      qkv_store_nvfp4_blocks(pools, layer, block, entry, kv, head, dim0, count, x, global_scale,
+                             [&](int32_t d0, const uint8_t* packed) {
+                               for (int32_t i = 0; i < codec::kNvfp4BlockElems; ++i)
+                                 store_nibble(pool, at(d0 + i), codec::nibble_at(packed, i));
+                             });
       break;
-    }
   }
 }
 
@@ -594,23 +609,6 @@ KVSIM_HD inline void qkv_store_cache_run(uint8_t* pool, int64_t e0, int32_t n, c
   }
 }
 
-// nvfp4 dims [0, n) of a row whose nibbles are one run starting on a whole
-// byte (`bytes`): qkv_store_cache_dims' nvfp4 case with each block's packed
-// nibbles stored as the 8 bytes they are (element 2i: low nibble of byte i,
-// store_nibble's rule) instead of nibble by nibble.
-KVSIM_HD inline void qkv_store_nvfp4_run(const KvPools& pools, uint8_t* bytes, int32_t layer, int64_t block,
-                                         int32_t entry, int32_t kv, int32_t head, int32_t n, const float* x,
-                                         float global_scale) {
-  uint8_t* scales = pools.scale_bytes(PoolKind::primary);
-  const PoolStrides& ss = pools.scale_strides[static_cast<int>(PoolKind::primary)];
-  for (int32_t d0 = 0; d0 < n; d0 += codec::kNvfp4BlockElems) {
-    uint8_t packed[codec::kNvfp4BlockElems / 2];
-    const uint8_t scale_code = codec::nvfp4_quantize16(x + d0, global_scale, packed);
-    for (int32_t i = 0; i < codec::kNvfp4BlockElems / 2; ++i) bytes[d0 / 2 + i] = packed[i];
-    scales[scale_offset(ss, block, layer, kv, head, entry, d0)] = scale_code;
-  }
-}
-
 KVSIM_HD inline void qkv_preprocess_head_row(const KvPools& pools, const QkvPreprocessArgs& a, int32_t b, int32_t t,
                                              int64_t row, int32_t fused_head) {
   const int64_t cache_len = a.cache_lens[b];
@@ -644,8 +642,11 @@ KVSIM_HD inline void qkv_preprocess_head_row(const KvPools& pools, const QkvPrep
                                 [&]<CacheDtype T>() { qkv_store_cache_run<T>(pool, e0, D, x, scale); }))
       return;
     if ((e0 & 1) == 0) {  // nvfp4 from a whole byte: each scale block's nibbles are 8 bytes of the run
-      qkv_store_nvfp4_run(pools, pool + (e0 >> 1), a.layer, block, entry, kv, head, D, x,
-                          is_v ? a.v_global_scale : a.k_global_scale);
+      uint8_t* bytes = pool + (e0 >> 1);  // element 2i: the low nibble of byte i (store_nibble's rule)
+      qkv_store_nvfp4_blocks(pools, a.layer, block, entry, kv, head, 0, D, x,
+                             is_v ? a.v_global_scale : a.k_global_scale, [&](int32_t d0, const uint8_t* packed) {
+                               for (int32_t i = 0; i < codec::kNvfp4BlockElems / 2; ++i) bytes[d0 / 2 + i] = packed[i];
+                             });
       return;
     }
   }
