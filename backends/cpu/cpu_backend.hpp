@@ -37,9 +37,17 @@ class CpuBackend final : public Backend {
 
   // Runs body(w) for w in [0, items) on the arena's threads (independent
   // work items: any split gives the same bytes).
+  // item_bytes (optional): the bytes one item moves; an op that moves less
+  // than kInlineBytes in all runs on the calling thread, where waking the
+  // arena would cost more than the copy (partial_copy's 32 KiB ops).
+  static constexpr int64_t kInlineBytes = 64 << 10;
   template <class Body>
-  void for_each_item(int64_t items, const Body& body) {
+  void for_each_item(int64_t items, const Body& body, int64_t item_bytes = 0) {
     if (items <= 0) return;
+    if (item_bytes > 0 && items <= kInlineBytes / item_bytes) {
+      for (int64_t w = 0; w < items; ++w) body(w);
+      return;
+    }
     arena_.execute([&] {
       tbb::parallel_for(tbb::blocked_range<int64_t>(0, items), [&](const tbb::blocked_range<int64_t>& r) {
         for (int64_t w = r.begin(); w < r.end(); ++w) body(w);

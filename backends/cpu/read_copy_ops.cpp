@@ -31,17 +31,33 @@ namespace {
 template <class PairAt>
 void copy_block_rows(CpuBackend& b, const BlockCopyArgs& args, int64_t pairs, PairAt pair_at) {
   if (args.run_bytes > 0) {  // each block one run of bytes: one copy per pair
-    b.for_each_item(pairs, [&](int64_t i) {
-      const std::pair<int64_t, int64_t> p = pair_at(i);
-      copy_block_run(args, p.first, p.second, 0, args.run_bytes + args.scale_run_bytes);
-    });
+    b.for_each_item(
+        pairs,
+        [&](int64_t i) {
+          const std::pair<int64_t, int64_t> p = pair_at(i);
+          copy_block_run(args, p.first, p.second, 0, args.run_bytes + args.scale_run_bytes);
+        },
+        args.run_bytes + args.scale_run_bytes);
+    return;
+  }
+  if (args.layer_run_bytes > 0) {  // per_layer pools: one run per (block, layer)
+    b.for_each_item(
+        pairs * args.layers,
+        [&](int64_t i) {
+          const std::pair<int64_t, int64_t> p = pair_at(i / args.layers);
+          copy_block_layer_run(args, p.first, p.second, static_cast<int32_t>(i % args.layers));
+        },
+        args.layer_run_bytes + args.scale_layer_run_bytes);
     return;
   }
   const int64_t rows = args.rows_per_block();
-  b.for_each_item(pairs * rows, [&](int64_t i) {
-    const std::pair<int64_t, int64_t> p = pair_at(i / rows);
-    copy_block_row(args, p.first, p.second, i % rows);
-  });
+  b.for_each_item(
+      pairs * rows,
+      [&](int64_t i) {
+        const std::pair<int64_t, int64_t> p = pair_at(i / rows);
+        copy_block_row(args, p.first, p.second, i % rows);
+      },
+      (static_cast<int64_t>(args.head_dim) * bits_per_element(args.dtype) + 7) / 8);  // one row of one token
 }
 
 }  // namespace

@@ -5,23 +5,75 @@
 // proved that no two work items share a byte, so any thread count gives the
 // same pools.
 #include "backends/cpu/cpu_backend.hpp"
+#include "backends/cpu/cpu_target.hpp"
 
 namespace kvsim {
+namespace {
+
+// The work items -- core's append_paged_token_head and
+// reshape_and_cache_token_head -- once for baseline x86-64 and once more per
+// wider ISA as internal-linkage `flatten` clones (qkv_preprocess.cpp's
+// pattern), so that core's row loops (load_floats, fp8_encode_divided_run,
+// nvfp4_quantize16's element loops) are compiled as vector code. The same
+// operations in the same order (-ffp-contract=off stays): the same bytes at
+// every ISA (tests/oracle/write_ops_test.cpp runs each).
+template <class Args>
+using WriteItemFn = void (*)(const KvPools&, const Args&, int64_t, int32_t);
+
+#define KVSIM_WRITE_ITEMS(SUFFIX, ATTR)                                                                   \
+  ATTR void append_item_##SUFFIX(const KvPools& pools, const AppendPagedArgs& a, int64_t i, int32_t h) {  \
+    append_paged_token_head(pools, a, i, h);                                                              \
+  }                                                                                                       \
+  ATTR void reshape_item_##SUFFIX(const KvPools& pools, const ReshapeAndCacheArgs& a, int64_t t, int32_t h) { \
+    reshape_and_cache_token_head(pools, a, t, h);                                                         \
+  }
+
+KVSIM_WRITE_ITEMS(baseline, )
+#if KVSIM_CPU_X86
+KVSIM_CPU_TARGET_BEGIN(KVSIM_CPU_TARGET_AVX2)
+KVSIM_WRITE_ITEMS(avx2, __attribute__((flatten)))
+KVSIM_CPU_TARGET_END
+KVSIM_CPU_TARGET_BEGIN(KVSIM_CPU_TARGET_AVX512)
+KVSIM_WRITE_ITEMS(avx512, __attribute__((flatten)))
+KVSIM_CPU_TARGET_END
+#endif
+#undef KVSIM_WRITE_ITEMS
+
+template <class Args>
+WriteItemFn<Args> write_item_at(CpuIsa isa, WriteItemFn<Args> baseline, WriteItemFn<Args> avx2,
+                                WriteItemFn<Args> avx512) {
+#if KVSIM_CPU_X86
+  if (isa == CpuIsa::avx512) return avx512;
+  if (isa == CpuIsa::avx2) return avx2;
+#endif
+  (void)isa, (void)avx2, (void)avx512;
+  return baseline;
+}
+
+}  // namespace
 
 void CpuBackend::run_append_paged(const KvPools& pools, const AppendPagedOp& op) {
   const AppendPagedArgs args = make_append_paged_args(pools, op);
   const int32_t heads = pools.geometry.kv_heads;
-  for_each_item(args.nnz * heads, [&](int64_t w) {
-    append_paged_token_head(pools, args, w / heads, static_cast<int32_t>(w % heads));
-  });
+#if KVSIM_CPU_X86
+  const auto item = write_item_at<AppendPagedArgs>(isa_, &append_item_baseline, &append_item_avx2, &append_item_avx512);
+#else
+  const auto item = &append_item_baseline;
+#endif
+  for_each_item(args.nnz * heads, [&](int64_t w) { item(pools, args, w / heads, static_cast<int32_t>(w % heads)); });
 }
 
 void CpuBackend::run_reshape_and_cache(const KvPools& pools, const ReshapeAndCacheOp& op) {
   const ReshapeAndCacheArgs args = make_reshape_and_cache_args(pools, op);
   const int32_t heads = pools.geometry.kv_heads;
-  for_each_item(args.num_tokens * heads, [&](int64_t w) {
-    reshape_and_cache_token_head(pools, args, w / heads, static_cast<int32_t>(w % heads));
-  });
+#if KVSIM_CPU_X86
+  const auto item =
+      write_item_at<ReshapeAndCacheArgs>(isa_, &reshape_item_baseline, &reshape_item_avx2, &reshape_item_avx512);
+#else
+  const auto item = &reshape_item_baseline;
+#endif
+  for_each_item(args.num_tokens * heads,
+                [&](int64_t w) { item(pools, args, w / heads, static_cast<int32_t>(w % heads)); });
 }
 
 }  // namespace kvsim

@@ -22,6 +22,7 @@
 
 #include "kvsim/validation.hpp"
 #include "backends/backend.hpp"
+#include "backends/cpu/cpu_backend.hpp"
 #include "tests/support/rng.hpp"
 
 using namespace kvsim;
@@ -106,15 +107,22 @@ void put_nibble(std::vector<uint8_t>& pool, int64_t elem, uint8_t nibble) {
 }
 
 // ---------------------------------------------------------------- backends at 1, 2, 3 and all threads
+// The CPU backend at its best ISA, then at 2 threads for every other ISA the
+// machine runs (its write items are per-ISA clones: write_ops.cpp).
 struct ThreadedBackend {
   int threads;
+  std::string isa;
   std::unique_ptr<Backend> backend;
 };
 std::vector<ThreadedBackend>& thread_backends() {
   static std::vector<ThreadedBackend> all = [] {
     std::vector<ThreadedBackend> v;
     const int max_threads = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
-    for (int t : {1, 2, 3, max_threads}) v.push_back({t, make_backend("cpu", BackendOptions{t})});
+    for (int t : {1, 2, 3, max_threads})
+      v.push_back({t, cpu_isa_name(best_cpu_isa()), make_backend("cpu", BackendOptions{t})});
+    for (CpuIsa isa : {CpuIsa::portable, CpuIsa::avx2, CpuIsa::avx512})
+      if (cpu_isa_supported(isa) && isa != best_cpu_isa())
+        v.push_back({2, cpu_isa_name(isa), std::make_unique<CpuBackend>(2, isa)});
     return v;
   }();
   return all;
@@ -284,7 +292,7 @@ void check_on_all_thread_counts(const RefLayout& ref, const std::function<PoolIm
     const PoolImage want = expected(tp);
     run(*tb.backend, tp.pools);
     const std::string diff = first_difference(tp.image(), want);
-    CHECK_MESSAGE(diff.empty(), what << " threads=" << tb.threads << ": " << diff);
+    CHECK_MESSAGE(diff.empty(), what << " threads=" << tb.threads << " isa=" << tb.isa << ": " << diff);
   }
 }
 

@@ -112,15 +112,41 @@ inline constexpr uint8_t kE5m2InfCode = 0x7C;
 // fp32 -> an fp8 format of E exponent and M mantissa bits, RNE; above the
 // largest finite code: that code with Saturation::finite, else `overflow`
 // (e4m3 has no Inf: NaN; e5m2: Inf).
+//
+// The same codes as round_magnitude<E, M> (and the format's table:
+// tests/core/codecs_exhaustive_test.cpp, all 2^32 inputs, both saturations),
+// computed without a branch so that a CPU loop of codes is vector code and
+// random data costs no mispredicted rounding branch (session 27: the CPU's
+// reshape_and_cache fp8 spent ~30 cycles per element there):
+// * |f| at or above the smallest normal 2^(1-bias): the fp32 bits rounded to
+//   M mantissa bits in place -- add half an ulp of the target minus one, plus
+//   the kept lsb (ties to even), shift -- then rebias the exponent field. A
+//   carry out of the mantissa rolls into the exponent, as it should; +Inf
+//   lands above every finite code.
+// * below it (the format's subnormals, steps of 2^(1-bias-M)): |f| scaled to
+//   those steps (exact: a power of two, upward) and rounded to an integer by
+//   adding 2^23 in fp32 (round to nearest even, the default mode; no
+//   fast-math), whose low bits are then that integer.
 template <int E, int M, uint8_t kMaxCode, uint8_t kOverflowCode>
 KVSIM_HD constexpr uint8_t f32_to_fp8(float f, Saturation sat) {
+  constexpr int kBias = (1 << (E - 1)) - 1;
+  constexpr uint32_t kMinNormalBits = static_cast<uint32_t>(127 + 1 - kBias) << 23;
+  constexpr uint32_t kRebias = static_cast<uint32_t>(127 - kBias) << M;
+  constexpr int kDrop = 23 - M;
+  constexpr float kSubnormalSteps = static_cast<float>(1u << (kBias - 1 + M));  // 1 / 2^(1-bias-M)
   const uint32_t x = float_bits(f);
-  if (is_nan_bits(x)) return kFp8NaN;
-  const uint8_t sign = static_cast<uint8_t>((x >> 24) & 0x80u);
   const uint32_t a = x & 0x7FFFFFFFu;
-  const uint32_t code = (a == 0x7F800000u) ? 0xFFu : round_magnitude<E, M>(a);
-  if (code > kMaxCode) return sign | (sat == Saturation::finite ? kMaxCode : kOverflowCode);
-  return sign | static_cast<uint8_t>(code);
+  const uint32_t normal = ((a + ((1u << (kDrop - 1)) - 1u) + ((a >> kDrop) & 1u)) >> kDrop) - kRebias;
+  const uint32_t subnormal = float_bits(bits_float(a) * kSubnormalSteps + 8388608.0f) - 0x4B000000u;
+  // The three choices by masks, not selects (which GCC's vectorizer can
+  // meet as control flow): normal or subnormal, overflow, NaN.
+  const uint32_t normal_mask = 0u - static_cast<uint32_t>(a >= kMinNormalBits);
+  const uint32_t magnitude = (normal & normal_mask) | (subnormal & ~normal_mask);
+  const uint32_t over_mask = 0u - static_cast<uint32_t>(magnitude > kMaxCode);
+  const uint32_t over = sat == Saturation::finite ? kMaxCode : kOverflowCode;
+  const uint32_t code = ((x >> 24) & 0x80u) | (magnitude & ~over_mask) | (over & over_mask);
+  const uint32_t nan_mask = 0u - static_cast<uint32_t>(a > 0x7F800000u);
+  return static_cast<uint8_t>((code & ~nan_mask) | (kFp8NaN & nan_mask));
 }
 
 KVSIM_HD constexpr uint8_t f32_to_e4m3(float f, Saturation sat = Saturation::finite) {
@@ -192,7 +218,10 @@ KVSIM_HD constexpr uint8_t f32_to_e2m1(float f) {
                         static_cast<uint32_t>(a > 2.5f) + static_cast<uint32_t>(a >= 3.5f) +
                         static_cast<uint32_t>(a > 5.0f);
   const uint32_t sign = (x >> 28) & 0x8u;
-  return is_nan_bits(x) ? kE2m1MaxCode : static_cast<uint8_t>(sign | code);
+  // NaN -> 7 by a mask, not a select: a select here left GCC's vectorizer
+  // "control flow in loop" (nvfp4_quantize16's code loop stayed scalar).
+  const uint32_t nan = 0u - static_cast<uint32_t>(is_nan_bits(x));
+  return static_cast<uint8_t>(((sign | code) & ~nan) | (kE2m1MaxCode & nan));
 }
 
 KVSIM_HD constexpr float e2m1_to_f32(uint8_t c) {
@@ -235,11 +264,14 @@ KVSIM_HD constexpr float int8_to_f32(int8_t v) { return static_cast<float>(v); }
 // is codec::kNvfp4BlockElems (dtype.hpp: the geometry's scale pool needs it too).
 
 KVSIM_HD constexpr uint8_t nvfp4_block_scale(const float* x, float global_scale) {
-  float amax = 0.0f;
-  for (int i = 0; i < kNvfp4BlockElems; ++i) {
-    const float a = abs_f32(x[i]);
-    amax = (a > amax) ? a : amax;
-  }
+  // amax as a tree of pairwise maxima: with NaN made +0 first, every value is
+  // >= +0 and ordered, so the maximum does not depend on the order (the same
+  // value as a running max that skips NaN), and the halves are vector code.
+  float m[kNvfp4BlockElems];
+  for (int i = 0; i < kNvfp4BlockElems; ++i) m[i] = is_nan(x[i]) ? 0.0f : abs_f32(x[i]);
+  for (int half = kNvfp4BlockElems / 2; half > 0; half /= 2)
+    for (int i = 0; i < half; ++i) m[i] = m[i + half] > m[i] ? m[i + half] : m[i];
+  const float amax = m[0];
   const float sf = amax / (6.0f * global_scale);
   return f32_to_e4m3(sf, Saturation::finite);
 }
@@ -254,11 +286,11 @@ KVSIM_HD constexpr float nvfp4_encode_multiplier(uint8_t scale_code, float globa
 KVSIM_HD constexpr uint8_t nvfp4_quantize16(const float* x, float global_scale, uint8_t* packed) {
   const uint8_t scale_code = nvfp4_block_scale(x, global_scale);
   const float out = nvfp4_encode_multiplier(scale_code, global_scale);
-  for (int i = 0; i < kNvfp4BlockElems / 2; ++i) {
-    const uint8_t lo = f32_to_e2m1(x[2 * i] * out);
-    const uint8_t hi = f32_to_e2m1(x[2 * i + 1] * out);
-    packed[i] = static_cast<uint8_t>(lo | (hi << 4));
-  }
+  // The codes first, then the nibble pairs: a loop a CPU compiles as vector
+  // code (the interleaved form stayed scalar: session 27).
+  uint8_t codes[kNvfp4BlockElems];
+  for (int i = 0; i < kNvfp4BlockElems; ++i) codes[i] = f32_to_e2m1(x[i] * out);
+  for (int i = 0; i < kNvfp4BlockElems / 2; ++i) packed[i] = static_cast<uint8_t>(codes[2 * i] | (codes[2 * i + 1] << 4));
   return scale_code;
 }
 

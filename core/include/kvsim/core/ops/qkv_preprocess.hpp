@@ -411,12 +411,14 @@ KVSIM_HD inline void qkv_preprocess_chunk(const KvPools& pools, const QkvPreproc
 }
 
 // ---------------------------------------------------------------- the device's word path
-// A chunk of qkv_word_elements dims moved as 16-byte words: 8 dims for a
-// 2-byte cache (one word of codes), 16 for a one-byte cache (one word) and for
-// nvfp4 (one scale block: 8 bytes of nibbles and its scale byte). The inputs
-// are 2-byte floats, so a chunk's own values, bias and NeoX partner are one or
-// two 16-byte loads each instead of a load and a dtype switch per element.
-KVSIM_HD constexpr int32_t qkv_word_elements(CacheDtype cache) { return bits_per_element(cache) == 16 ? 8 : 16; }
+// A chunk of qkv_word_elements dims moved as words: 8 dims (one 16-byte word
+// of inputs; one 16-byte word of 2-byte codes, or 8 bytes of one-byte codes),
+// or 16 for nvfp4 (one scale block: 8 bytes of nibbles and its scale byte).
+// The inputs are 2-byte floats, so a chunk's own values, bias and NeoX
+// partner are one or two 16-byte loads each instead of a load and a dtype
+// switch per element. One-byte caches took 16 dims until session 26: ~101
+// registers, 2 CTAs per SM, latency-bound by ncu (docs/benchmarks.md).
+KVSIM_HD constexpr int32_t qkv_word_elements(CacheDtype cache) { return cache == CacheDtype::nvfp4 ? 16 : 8; }
 
 // The chunk size of qkv_preprocess_word for an op (0: it does not apply and
 // every chunk takes qkv_preprocess_chunk): fp16/bf16 input, Q out and bias
@@ -474,6 +476,9 @@ __device__ inline void qkv_preprocess_word(const KvPools& pools, const QkvPrepro
   static_assert(bits_per_element(TIn) == 16 && (bits_per_element(TCache) != 16 || TCache == TIn));
   constexpr int kN = qkv_word_elements(TCache);
   constexpr bool kNvfp4 = TCache == CacheDtype::nvfp4;
+  // One store of the chunk's codes: 16 bytes (2-byte codes), 8 (one-byte
+  // codes, or nvfp4's nibbles beside the scale byte).
+  constexpr int kStoreBytes = kNvfp4 ? 8 : kN * bytes_per_element(TCache);
   const bool is_q = fused_head < a.num_q_heads;
   const bool is_v = fused_head >= a.num_q_heads + a.kv_heads;
   const int32_t col0 = fused_head * a.head_dim;
@@ -523,7 +528,7 @@ __device__ inline void qkv_preprocess_word(const KvPools& pools, const QkvPrepro
     const int64_t e0 = element_offset(s, r.block, a.layer, r.kv, r.head, r.entry, dim0);
     if (!dims_contiguous(s.inner[r.kv], dim0, kN) || (kNvfp4 && (e0 & 1) != 0)) align |= 1;
     dst = pools.bytes(PoolKind::primary) + (kNvfp4 ? e0 >> 1 : e0 * bytes_per_element(TCache));
-    align |= reinterpret_cast<uintptr_t>(dst) & (kNvfp4 ? 7 : 15);  // nvfp4: 8 bytes of nibbles
+    align |= reinterpret_cast<uintptr_t>(dst) & (kStoreBytes - 1);
     if constexpr (kNvfp4)
       scale_dst = pools.scale_bytes(PoolKind::primary) +
                   scale_offset(pools.scale_strides[static_cast<int>(PoolKind::primary)], r.block, a.layer, r.kv,

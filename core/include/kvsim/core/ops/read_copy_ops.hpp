@@ -365,6 +365,21 @@ KVSIM_HD inline void copy_block_run(const BlockCopyArgs& a, int64_t src_block, i
   }
 }
 
+// The (block, layer) slice of a block copy whose layers are runs
+// (layer_run_bytes > 0): the data slice, then the scale slice where the pool
+// has one. A narrow backend's item for per_layer pools (a whole in_block
+// block is one run_bytes run instead).
+KVSIM_HD inline void copy_block_layer_run(const BlockCopyArgs& a, int64_t src_block, int64_t dst_block, int32_t layer) {
+  const int64_t s = element_byte_offset(element_offset(a.src_strides, src_block, layer, 0, 0, 0, 0), a.dtype);
+  const int64_t d = element_byte_offset(element_offset(a.dst_strides, dst_block, layer, 0, 0, 0, 0), a.dtype);
+  copy_bytes_run(a.dst_data + d, a.src_data + s, a.layer_run_bytes);
+  if (a.scale_layer_run_bytes > 0) {
+    const int64_t ss = element_offset(a.src_scale_strides, src_block, layer, 0, 0, 0, 0);  // one byte per scale
+    const int64_t ds = element_offset(a.dst_scale_strides, dst_block, layer, 0, 0, 0, 0);
+    copy_bytes_run(a.dst_scales + ds, a.src_scales + ss, a.scale_layer_run_bytes);
+  }
+}
+
 // Work item of a wide backend for a run copy: 16 bytes of the run.
 KVSIM_HD inline void copy_block_run_chunk(const BlockCopyArgs& a, int64_t src_block, int64_t dst_block, int64_t chunk) {
   const int64_t total = a.run_bytes + a.scale_run_bytes, byte0 = chunk * 16;

@@ -206,26 +206,63 @@ KVSIM_HD inline uint16_t fp8_encode_divided_pair(float x0, float x1, float scale
                                      : codec::f32x2_to_fp8x2_satfinite<false>(y0, y1);
 }
 
+// Calls visit(j0, n, e, step) for the pieces of dims [dim0, dim0 + count) of
+// row r that are one evenly spaced run of pool elements each: dims dim0 + j0
+// .. dim0 + j0 + n - 1 at elements e + j * step. A piece is one x-group: the
+// whole row for NHD and HND (step 1) and split-x V (step = the page size),
+// x dims for split-x K. One element_offset per piece instead of one per
+// element (the CPU's split-x writes spent their time there).
+template <class Visit>
+KVSIM_HD inline void for_each_row_piece(const PoolStrides& s, const PoolRow& r, int32_t dim0, int32_t count,
+                                        Visit&& visit) {
+  const InnerStrides& in = s.inner[r.kv];
+  for (int32_t d = dim0; d < dim0 + count;) {
+    int32_t outer = 0, inner = 0;
+    split_dim(d, in.x, outer, inner);
+    const int32_t n = in.x - inner < dim0 + count - d ? in.x - inner : dim0 + count - d;
+    visit(d - dim0, n, pool_row_offset(s, r, d), in.dim_inner);
+    d += n;
+  }
+}
+
+// The pool fp8 codes of x[0..n) / scale (fp8_encode_divided), the dtype
+// switch outside the loop so that a CPU compiles the loop as vector code.
+KVSIM_HD inline void fp8_encode_divided_run(const float* x, int32_t n, float scale, CacheDtype fp8, uint8_t* codes) {
+  if (fp8 == CacheDtype::fp8_e5m2)
+    for (int32_t d = 0; d < n; ++d) codes[d] = codec::f32_to_e5m2(x[d] / scale, codec::Saturation::finite);
+  else
+    for (int32_t d = 0; d < n; ++d) codes[d] = codec::f32_to_e4m3(x[d] / scale, codec::Saturation::finite);
+}
+
 // Writes `count` elements of the input row to dims [dim0, dim0 + count) of
 // the primary pool's row `r`. nvfp4: count and dim0 are multiples of 16.
 // fp8_pairs_*: count input bytes go to 2 * count nibbles from dim0 (even).
+// Inputs are read as rows (load_floats: one dtype switch per row) and pool
+// bytes stored by pieces (for_each_row_piece); every value is the element's
+// own expression, so the bytes do not depend on the pieces.
 KVSIM_HD inline void write_pool_row(const KvPools& pools, const PoolRow& r, int32_t dim0, int32_t count,
                                     const InputRow& in, RowEncoding encoding, float scale) {
   const PoolStrides& s = pools.strides_of(PoolKind::primary);
   uint8_t* pool = pools.bytes(PoolKind::primary);
   const CacheDtype pool_dtype = pools.geometry.dtype;
-  // Whether the row's dims [dim0, dim0 + count) are one run of pool bytes
-  // (NHD, HND, and split-x K inside one x-group).
-  const bool pool_run = dims_contiguous(s.inner[r.kv], dim0, count);
   switch (encoding) {
     case RowEncoding::copy_bytes: {
       const int nbytes = bytes_per_element(pool_dtype);
-      if (pool_run && in.stride == 1) {  // the same bytes, moved as one run
-        copy_bytes_run(pool + pool_row_offset(s, r, dim0) * nbytes,
-                       static_cast<const uint8_t*>(in.data) + in.at(0) * nbytes, static_cast<int64_t>(count) * nbytes);
-        break;
-      }
-      for (int32_t d = 0; d < count; ++d) copy_element(pool, pool_row_offset(s, r, dim0 + d), in.data, in.at(d), nbytes);
+      for_each_row_piece(s, r, dim0, count, [&](int32_t j0, int32_t n, int64_t e, int64_t step) {
+        if (step == 1 && in.stride == 1) {  // the same bytes, moved as one run
+          copy_bytes_run(pool + e * nbytes, static_cast<const uint8_t*>(in.data) + in.at(j0) * nbytes,
+                         static_cast<int64_t>(n) * nbytes);
+          return;
+        }
+        auto copy_each = [&]<typename Word>() {  // one typed move per element (split-x V: step = page size)
+          const Word* src = static_cast<const Word*>(in.data);
+          Word* dst = reinterpret_cast<Word*>(pool);
+          for (int32_t j = 0; j < n; ++j) dst[e + j * step] = src[in.at(j0 + j)];
+        };
+        if (nbytes == 4) copy_each.template operator()<uint32_t>();
+        else if (nbytes == 2) copy_each.template operator()<uint16_t>();
+        else copy_each.template operator()<uint8_t>();
+      });
       break;
     }
     case RowEncoding::nvfp4: {
@@ -233,31 +270,41 @@ KVSIM_HD inline void write_pool_row(const KvPools& pools, const PoolRow& r, int3
       const PoolStrides& ss = pools.scale_strides[static_cast<int>(PoolKind::primary)];
       for (int32_t g0 = 0; g0 < count; g0 += codec::kNvfp4BlockElems) {
         float x[codec::kNvfp4BlockElems];
-        for (int e = 0; e < codec::kNvfp4BlockElems; ++e) x[e] = load_float(in.data, in.dtype, in.at(g0 + e));
+        load_floats(in.data, in.dtype, in.at(g0), in.stride, codec::kNvfp4BlockElems, x);
         uint8_t packed[codec::kNvfp4BlockElems / 2];
         const uint8_t scale_code = codec::nvfp4_quantize16(x, scale, packed);
-        for (int e = 0; e < codec::kNvfp4BlockElems; ++e)
-          store_nibble(pool, pool_row_offset(s, r, dim0 + g0 + e), codec::nibble_at(packed, e));
+        const int64_t e0 = pool_row_offset(s, r, dim0 + g0);
+        if (dims_contiguous(s.inner[r.kv], dim0 + g0, codec::kNvfp4BlockElems) && (e0 & 1) == 0) {
+          copy_bytes_run(pool + (e0 >> 1), packed, sizeof(packed));  // element 2i: the low nibble of byte i
+        } else {
+          for (int e = 0; e < codec::kNvfp4BlockElems; ++e)
+            store_nibble(pool, pool_row_offset(s, r, dim0 + g0 + e), codec::nibble_at(packed, e));
+        }
         scale_pool[scale_offset(ss, r.block, r.layer, r.kv, r.head, r.entry, dim0 + g0)] = scale_code;
       }
       break;
     }
-    case RowEncoding::fp8_divide:
-      if (pool_run) {  // codes of 16 elements at a time, stored as one run
-        uint8_t* run = pool + pool_row_offset(s, r, dim0);
-        for (int32_t d0 = 0; d0 < count; d0 += 16) {
-          uint8_t codes[16];
-          const int32_t n = count - d0 < 16 ? count - d0 : 16;
-          for (int32_t d = 0; d < n; ++d)
-            codes[d] = fp8_encode_divided(load_float(in.data, in.dtype, in.at(d0 + d)), scale, pool_dtype);
-          copy_bytes_run(run + d0, codes, n);
-        }
-        break;
+    case RowEncoding::fp8_divide: {
+      // Codes of up to 16 elements at a time, stored as one run where the
+      // row is one (a whole chunk: sizes a compiler knows), else piece by piece.
+      uint8_t* run = dims_contiguous(s.inner[r.kv], dim0, count) ? pool + pool_row_offset(s, r, dim0) : nullptr;
+      auto encode = [&](int32_t d0, int32_t n) {
+        float x[16];
+        uint8_t codes[16];
+        load_floats(in.data, in.dtype, in.at(d0), in.stride, n, x);
+        fp8_encode_divided_run(x, n, scale, pool_dtype, codes);
+        if (run) return copy_bytes_run(run + d0, codes, n);
+        for_each_row_piece(s, r, dim0 + d0, n, [&](int32_t j0, int32_t m, int64_t e, int64_t step) {
+          if (step == 1) return copy_bytes_run(pool + e, codes + j0, m);
+          for (int32_t j = 0; j < m; ++j) store_byte(pool, e + j * step, codes[j0 + j]);
+        });
+      };
+      for (int32_t d0 = 0; d0 < count; d0 += 16) {
+        if (count - d0 >= 16) encode(d0, 16);
+        else encode(d0, count - d0);
       }
-      for (int32_t d = 0; d < count; ++d)
-        store_byte(pool, pool_row_offset(s, r, dim0 + d),
-                   fp8_encode_divided(load_float(in.data, in.dtype, in.at(d)), scale, pool_dtype));
       break;
+    }
     case RowEncoding::fp8_pairs_copy:
     case RowEncoding::fp8_pairs_divide:
       for (int32_t j = 0; j < count; ++j) {
