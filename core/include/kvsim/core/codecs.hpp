@@ -58,16 +58,17 @@ KVSIM_HD constexpr uint32_t round_magnitude(uint32_t abs_bits) {
 }
 
 // Decode a sign-less code of a binary format (no Inf/NaN handling) to fp32, exactly.
+// Both forms are computed and one chosen, without a branch (a CPU loop of
+// decodes is then vector code).
 template <int EB, int MB>
 KVSIM_HD constexpr float decode_magnitude(uint32_t code) {
   constexpr int bias = (1 << (EB - 1)) - 1;
   const uint32_t e = code >> MB;
   const uint32_t m = code & ((1u << MB) - 1u);
-  if (e == 0) {
-    // subnormal: m * 2^(1 - bias - MB); both factors exact in fp32, product exact
-    return static_cast<float>(m) * bits_float(static_cast<uint32_t>(127 + 1 - bias - MB) << 23);
-  }
-  return bits_float((static_cast<uint32_t>(static_cast<int>(e) - bias + 127) << 23) | (m << (23 - MB)));
+  // subnormal: m * 2^(1 - bias - MB); both factors exact in fp32, product exact
+  const float subnormal = static_cast<float>(m) * bits_float(static_cast<uint32_t>(127 + 1 - bias - MB) << 23);
+  const float normal = bits_float((static_cast<uint32_t>(static_cast<int>(e) - bias + 127) << 23) | (m << (23 - MB)));
+  return e == 0 ? subnormal : normal;
 }
 
 // ---------------------------------------------------------------- bf16, fp16
@@ -156,8 +157,8 @@ KVSIM_HD constexpr uint8_t f32_to_e4m3(float f, Saturation sat = Saturation::fin
 KVSIM_HD constexpr float e4m3_to_f32(uint8_t c) {
   const uint32_t sign = static_cast<uint32_t>(c & 0x80u) << 24;
   const uint32_t mag = c & 0x7Fu;
-  if (mag == 0x7Fu) return bits_float(sign | 0x7FC00000u);  // NaN
-  return bits_float(float_bits(decode_magnitude<4, 3>(mag)) | sign);
+  const float value = bits_float(float_bits(decode_magnitude<4, 3>(mag)) | sign);
+  return mag == 0x7Fu ? bits_float(sign | 0x7FC00000u) : value;  // 0x7F: NaN
 }
 
 KVSIM_HD constexpr uint8_t f32_to_e5m2(float f, Saturation sat = Saturation::finite) {
@@ -263,34 +264,72 @@ KVSIM_HD constexpr float int8_to_f32(int8_t v) { return static_cast<float>(v); }
 // finite and > 0 (checked by validation before any op runs). The group size
 // is codec::kNvfp4BlockElems (dtype.hpp: the geometry's scale pool needs it too).
 
-KVSIM_HD constexpr uint8_t nvfp4_block_scale(const float* x, float global_scale) {
-  // amax as a tree of pairwise maxima: with NaN made +0 first, every value is
-  // >= +0 and ordered, so the maximum does not depend on the order (the same
-  // value as a running max that skips NaN), and the halves are vector code.
-  float m[kNvfp4BlockElems];
-  for (int i = 0; i < kNvfp4BlockElems; ++i) m[i] = is_nan(x[i]) ? 0.0f : abs_f32(x[i]);
-  for (int half = kNvfp4BlockElems / 2; half > 0; half /= 2)
-    for (int i = 0; i < half; ++i) m[i] = m[i + half] > m[i] ? m[i + half] : m[i];
-  const float amax = m[0];
+// max |x_i| over one block, NaN elements ignored, as a tree of pairwise
+// maxima: with NaN made +0 first every value is >= +0 and ordered, so the
+// maximum does not depend on the order (the same value as a running max that
+// skips NaN), and the halves are vector code.
+KVSIM_HD constexpr float nvfp4_max_ordered(float a, float b) { return b > a ? b : a; }
+KVSIM_HD constexpr float nvfp4_block_amax(const float* x) {
+  static_assert(kNvfp4BlockElems == 16);
+  // One array per level (not one array folded in place): each level stays in
+  // registers instead of a store and overlapping loads.
+  float m16[16], m8[8], m4[4];
+  for (int i = 0; i < 16; ++i) m16[i] = is_nan(x[i]) ? 0.0f : abs_f32(x[i]);
+  for (int i = 0; i < 8; ++i) m8[i] = nvfp4_max_ordered(m16[i], m16[i + 8]);
+  for (int i = 0; i < 4; ++i) m4[i] = nvfp4_max_ordered(m8[i], m8[i + 4]);
+  return nvfp4_max_ordered(nvfp4_max_ordered(m4[0], m4[2]), nvfp4_max_ordered(m4[1], m4[3]));
+}
+
+KVSIM_HD constexpr uint8_t nvfp4_scale_of_amax(float amax, float global_scale) {
   const float sf = amax / (6.0f * global_scale);
   return f32_to_e4m3(sf, Saturation::finite);
 }
 
+KVSIM_HD constexpr uint8_t nvfp4_block_scale(const float* x, float global_scale) {
+  return nvfp4_scale_of_amax(nvfp4_block_amax(x), global_scale);
+}
+
 KVSIM_HD constexpr float nvfp4_encode_multiplier(uint8_t scale_code, float global_scale) {
   const float sf8 = e4m3_to_f32(scale_code);
-  if (sf8 == 0.0f || global_scale == 0.0f) return 0.0f;  // amax == 0 gives sf8 == 0
-  return 1.0f / (sf8 * global_scale);
+  const float out = 1.0f / (sf8 * global_scale);
+  return (sf8 == 0.0f || global_scale == 0.0f) ? 0.0f : out;  // amax == 0 gives sf8 == 0
 }
+
+// nvfp4_quantize16 of `blocks` consecutive blocks (blocks <= kMaxBlocks):
+// block b's 8 packed bytes at packed + 8b, its scale byte in scales[b]. Each
+// step is taken for every block before the next (amaxes, scales, multipliers,
+// codes, nibble pairs), so that a CPU compiles each as vector code over the
+// row; the values are nvfp4_quantize16's, block by block (session 27: one
+// block at a time cost the CPU ~5 ns an element).
+template <int kMaxBlocks>
+KVSIM_HD constexpr void nvfp4_quantize_blocks(const float* x, int blocks, float global_scale, uint8_t* packed,
+                                              uint8_t* scales) {
+  float amax[kMaxBlocks], out[kMaxBlocks];
+  for (int b = 0; b < blocks; ++b) amax[b] = nvfp4_block_amax(x + b * kNvfp4BlockElems);
+  for (int b = 0; b < blocks; ++b) scales[b] = nvfp4_scale_of_amax(amax[b], global_scale);
+  for (int b = 0; b < blocks; ++b) out[b] = nvfp4_encode_multiplier(scales[b], global_scale);
+  // The codes first, then the nibble pairs (the interleaved form stayed scalar).
+  uint8_t codes[kMaxBlocks * kNvfp4BlockElems];
+  for (int b = 0; b < blocks; ++b)
+    for (int i = 0; i < kNvfp4BlockElems; ++i)
+      codes[b * kNvfp4BlockElems + i] = f32_to_e2m1(x[b * kNvfp4BlockElems + i] * out[b]);
+  for (int i = 0; i < blocks * kNvfp4BlockElems / 2; ++i)
+    packed[i] = static_cast<uint8_t>(codes[2 * i] | (codes[2 * i + 1] << 4));
+}
+
+// How many nvfp4 blocks one nvfp4_quantize_blocks call of a row loop takes:
+// a CPU's vector loops want the row (8 blocks: 128 elements), a GPU thread's
+// registers one block.
+#if defined(__CUDA_ARCH__)
+inline constexpr int kNvfp4RowBlocks = 1;
+#else
+inline constexpr int kNvfp4RowBlocks = 8;
+#endif
 
 // Quantize 16 fp32 values; writes 8 packed bytes and returns the scale byte.
 KVSIM_HD constexpr uint8_t nvfp4_quantize16(const float* x, float global_scale, uint8_t* packed) {
-  const uint8_t scale_code = nvfp4_block_scale(x, global_scale);
-  const float out = nvfp4_encode_multiplier(scale_code, global_scale);
-  // The codes first, then the nibble pairs: a loop a CPU compiles as vector
-  // code (the interleaved form stayed scalar: session 27).
-  uint8_t codes[kNvfp4BlockElems];
-  for (int i = 0; i < kNvfp4BlockElems; ++i) codes[i] = f32_to_e2m1(x[i] * out);
-  for (int i = 0; i < kNvfp4BlockElems / 2; ++i) packed[i] = static_cast<uint8_t>(codes[2 * i] | (codes[2 * i + 1] << 4));
+  uint8_t scale_code = 0;
+  nvfp4_quantize_blocks<1>(x, 1, global_scale, packed, &scale_code);
   return scale_code;
 }
 

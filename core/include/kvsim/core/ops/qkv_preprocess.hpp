@@ -261,7 +261,8 @@ KVSIM_HD inline uint16_t qkv_cache_code_pair(float x0, float x1, float encode_sc
 }
 
 // nvfp4 dims [dim0, dim0 + count) (multiples of 16) of one head's cache row
-// from x[0..count): each block quantized (nvfp4_quantize16), its scale byte
+// from x[0..count): each block quantized (nvfp4_quantize_blocks, kNvfp4RowBlocks
+// at a time: nvfp4_quantize16 per block), its scale byte
 // stored at scale_offset, its 8 packed bytes handed to store(d0, packed) --
 // nibble by nibble through element_offset, or as 8 bytes where the row is
 // one run from a whole byte.
@@ -271,11 +272,16 @@ KVSIM_HD inline void qkv_store_nvfp4_blocks(const KvPools& pools, int32_t layer,
                                             float global_scale, StorePacked store) {
   uint8_t* scales = pools.scale_bytes(PoolKind::primary);
   const PoolStrides& ss = pools.scale_strides[static_cast<int>(PoolKind::primary)];
-  for (int32_t d0 = 0; d0 < count; d0 += codec::kNvfp4BlockElems) {
-    uint8_t packed[codec::kNvfp4BlockElems / 2];
-    const uint8_t scale_code = codec::nvfp4_quantize16(x + d0, global_scale, packed);
-    store(d0, packed);
-    scales[scale_offset(ss, block, layer, kv, head, entry, dim0 + d0)] = scale_code;
+  constexpr int kBlocks = codec::kNvfp4RowBlocks, kElems = codec::kNvfp4BlockElems;
+  for (int32_t g0 = 0; g0 < count; g0 += kBlocks * kElems) {  // kNvfp4RowBlocks blocks at a time
+    const int32_t blocks = (count - g0 < kBlocks * kElems ? count - g0 : kBlocks * kElems) / kElems;
+    uint8_t packed[kBlocks * kElems / 2], scale_codes[kBlocks];
+    codec::nvfp4_quantize_blocks<kBlocks>(x + g0, blocks, global_scale, packed, scale_codes);
+    for (int32_t b = 0; b < blocks; ++b) {
+      const int32_t d0 = g0 + b * kElems;
+      store(d0, packed + b * kElems / 2);
+      scales[scale_offset(ss, block, layer, kv, head, entry, dim0 + d0)] = scale_codes[b];
+    }
   }
 }
 

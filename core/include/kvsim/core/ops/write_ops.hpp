@@ -266,31 +266,42 @@ KVSIM_HD inline void write_pool_row(const KvPools& pools, const PoolRow& r, int3
       break;
     }
     case RowEncoding::nvfp4: {
+      // Up to kNvfp4RowBlocks blocks at a time (nvfp4_quantize_blocks).
+      constexpr int kBlocks = codec::kNvfp4RowBlocks, kElems = codec::kNvfp4BlockElems;
       uint8_t* scale_pool = pools.scale_bytes(PoolKind::primary);
       const PoolStrides& ss = pools.scale_strides[static_cast<int>(PoolKind::primary)];
-      for (int32_t g0 = 0; g0 < count; g0 += codec::kNvfp4BlockElems) {
-        float x[codec::kNvfp4BlockElems];
-        load_floats(in.data, in.dtype, in.at(g0), in.stride, codec::kNvfp4BlockElems, x);
-        uint8_t packed[codec::kNvfp4BlockElems / 2];
-        const uint8_t scale_code = codec::nvfp4_quantize16(x, scale, packed);
+      for (int32_t g0 = 0; g0 < count; g0 += kBlocks * kElems) {
+        const int32_t n = count - g0 < kBlocks * kElems ? count - g0 : kBlocks * kElems;
+        float x[kBlocks * kElems];
+        load_floats(in.data, in.dtype, in.at(g0), in.stride, n, x);
+        uint8_t packed[kBlocks * kElems / 2], scale_codes[kBlocks];
+        codec::nvfp4_quantize_blocks<kBlocks>(x, n / kElems, scale, packed, scale_codes);
         const int64_t e0 = pool_row_offset(s, r, dim0 + g0);
-        if (dims_contiguous(s.inner[r.kv], dim0 + g0, codec::kNvfp4BlockElems) && (e0 & 1) == 0) {
-          copy_bytes_run(pool + (e0 >> 1), packed, sizeof(packed));  // element 2i: the low nibble of byte i
+        if (dims_contiguous(s.inner[r.kv], dim0 + g0, n) && (e0 & 1) == 0) {
+          copy_bytes_run(pool + (e0 >> 1), packed, n / 2);  // element 2i: the low nibble of byte i
         } else {
-          for (int e = 0; e < codec::kNvfp4BlockElems; ++e)
+          for (int32_t e = 0; e < n; ++e)
             store_nibble(pool, pool_row_offset(s, r, dim0 + g0 + e), codec::nibble_at(packed, e));
         }
-        scale_pool[scale_offset(ss, r.block, r.layer, r.kv, r.head, r.entry, dim0 + g0)] = scale_code;
+        for (int32_t b = 0; b < n / kElems; ++b)
+          scale_pool[scale_offset(ss, r.block, r.layer, r.kv, r.head, r.entry, dim0 + g0 + b * kElems)] =
+              scale_codes[b];
       }
       break;
     }
     case RowEncoding::fp8_divide: {
-      // Codes of up to 16 elements at a time, stored as one run where the
+      // Codes of up to kChunk elements at a time, stored as one run where the
       // row is one (a whole chunk: sizes a compiler knows), else piece by piece.
       uint8_t* run = dims_contiguous(s.inner[r.kv], dim0, count) ? pool + pool_row_offset(s, r, dim0) : nullptr;
+      // A GPU thread takes a 16-byte chunk; a CPU's vector loops 64 codes (four registers of floats).
+#if defined(__CUDA_ARCH__)
+      constexpr int32_t kChunk = 16;
+#else
+      constexpr int32_t kChunk = 64;
+#endif
       auto encode = [&](int32_t d0, int32_t n) {
-        float x[16];
-        uint8_t codes[16];
+        float x[kChunk];
+        uint8_t codes[kChunk];
         load_floats(in.data, in.dtype, in.at(d0), in.stride, n, x);
         fp8_encode_divided_run(x, n, scale, pool_dtype, codes);
         if (run) return copy_bytes_run(run + d0, codes, n);
@@ -299,8 +310,8 @@ KVSIM_HD inline void write_pool_row(const KvPools& pools, const PoolRow& r, int3
           for (int32_t j = 0; j < m; ++j) store_byte(pool, e + j * step, codes[j0 + j]);
         });
       };
-      for (int32_t d0 = 0; d0 < count; d0 += 16) {
-        if (count - d0 >= 16) encode(d0, 16);
+      for (int32_t d0 = 0; d0 < count; d0 += kChunk) {
+        if (count - d0 >= kChunk) encode(d0, kChunk);
         else encode(d0, count - d0);
       }
       break;
