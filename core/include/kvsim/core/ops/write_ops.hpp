@@ -744,7 +744,12 @@ KVSIM_HD inline void indexer_scatter_bytes(const TensorView& cache, int64_t flat
                                            int64_t n) {
   uint8_t* out = static_cast<uint8_t*>(cache.data);
   const uint8_t* in = static_cast<const uint8_t*>(src.data);
+  const bool src_run = src.stride[src.rank - 1] == 1;
   indexer_for_each_run(cache, flat, n, [&](int64_t j, int64_t first, int64_t count, int64_t step) {
+    if (step == 1 && src_run) {  // both sides one run of bytes: moved as one
+      copy_bytes_run(out + first, in + src.offset(t, j), count);
+      return true;
+    }
     for (int64_t k = 0; k < count; ++k) out[first + k * step] = in[src.offset(t, j + k)];
     return true;
   });
