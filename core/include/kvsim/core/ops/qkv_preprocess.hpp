@@ -273,14 +273,23 @@ KVSIM_HD inline void qkv_store_nvfp4_blocks(const KvPools& pools, int32_t layer,
   uint8_t* scales = pools.scale_bytes(PoolKind::primary);
   const PoolStrides& ss = pools.scale_strides[static_cast<int>(PoolKind::primary)];
   constexpr int kBlocks = codec::kNvfp4RowBlocks, kElems = codec::kNvfp4BlockElems;
-  for (int32_t g0 = 0; g0 < count; g0 += kBlocks * kElems) {  // kNvfp4RowBlocks blocks at a time
-    const int32_t blocks = (count - g0 < kBlocks * kElems ? count - g0 : kBlocks * kElems) / kElems;
-    uint8_t packed[kBlocks * kElems / 2], scale_codes[kBlocks];
-    codec::nvfp4_quantize_blocks<kBlocks>(x + g0, blocks, global_scale, packed, scale_codes);
-    for (int32_t b = 0; b < blocks; ++b) {
-      const int32_t d0 = g0 + b * kElems;
-      store(d0, packed + b * kElems / 2);
-      scales[scale_offset(ss, block, layer, kv, head, entry, dim0 + d0)] = scale_codes[b];
+  if constexpr (kBlocks == 1) {  // the device: a block at a time, no array of a run-time length (registers)
+    for (int32_t d0 = 0; d0 < count; d0 += kElems) {
+      uint8_t packed[kElems / 2];
+      const uint8_t scale_code = codec::nvfp4_quantize16(x + d0, global_scale, packed);
+      store(d0, packed);
+      scales[scale_offset(ss, block, layer, kv, head, entry, dim0 + d0)] = scale_code;
+    }
+  } else {
+    for (int32_t g0 = 0; g0 < count; g0 += kBlocks * kElems) {  // kNvfp4RowBlocks blocks at a time
+      const int32_t blocks = (count - g0 < kBlocks * kElems ? count - g0 : kBlocks * kElems) / kElems;
+      uint8_t packed[kBlocks * kElems / 2], scale_codes[kBlocks];
+      codec::nvfp4_quantize_blocks<kBlocks>(x + g0, blocks, global_scale, packed, scale_codes);
+      for (int32_t b = 0; b < blocks; ++b) {
+        const int32_t d0 = g0 + b * kElems;
+        store(d0, packed + b * kElems / 2);
+        scales[scale_offset(ss, block, layer, kv, head, entry, dim0 + d0)] = scale_codes[b];
+      }
     }
   }
 }

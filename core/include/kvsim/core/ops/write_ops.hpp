@@ -234,12 +234,90 @@ KVSIM_HD inline void fp8_encode_divided_run(const float* x, int32_t n, float sca
     for (int32_t d = 0; d < n; ++d) codes[d] = codec::f32_to_e4m3(x[d] / scale, codec::Saturation::finite);
 }
 
+// write_pool_row's fp8_pairs_* rows (both forms): each input byte (an fp8
+// code, or the code of x / scale) as two nibbles, low nibble first.
+KVSIM_HD inline void write_fp8_pairs_row(uint8_t* pool, const PoolStrides& s, const PoolRow& r, int32_t dim0,
+                                         int32_t count, const InputRow& in, RowEncoding encoding, float scale) {
+  for (int32_t j = 0; j < count; ++j) {
+    const uint8_t code = encoding == RowEncoding::fp8_pairs_copy
+                             ? static_cast<const uint8_t*>(in.data)[in.at(j)]
+                             : fp8_encode_divided(load_float(in.data, in.dtype, in.at(j)), scale, CacheDtype::fp8_e4m3);
+    store_nibble(pool, pool_row_offset(s, r, dim0 + 2 * j), static_cast<uint8_t>(code & 0xFu));
+    store_nibble(pool, pool_row_offset(s, r, dim0 + 2 * j + 1), static_cast<uint8_t>(code >> 4));
+  }
+}
+
 // Writes `count` elements of the input row to dims [dim0, dim0 + count) of
 // the primary pool's row `r`. nvfp4: count and dim0 are multiples of 16.
 // fp8_pairs_*: count input bytes go to 2 * count nibbles from dim0 (even).
 // Inputs are read as rows (load_floats: one dtype switch per row) and pool
 // bytes stored by pieces (for_each_row_piece); every value is the element's
 // own expression, so the bytes do not depend on the pieces.
+//
+// Two forms, one per side, with the same values and bytes (both call the same
+// codec functions per element). The device's goes element by element with no
+// array of a run-time length: a GPU thread's arrays stay in registers only when
+// their indexing is known at compile time, and the host's row form put 160
+// bytes of stack in every write kernel and took their items from 104 to 164
+// registers (session 27, ptxas -v). The device's word paths
+// (write_quantized_chunks, copy_words16) are its fast case anyway.
+#if defined(__CUDA_ARCH__)
+KVSIM_HD inline void write_pool_row(const KvPools& pools, const PoolRow& r, int32_t dim0, int32_t count,
+                                    const InputRow& in, RowEncoding encoding, float scale) {
+  const PoolStrides& s = pools.strides_of(PoolKind::primary);
+  uint8_t* pool = pools.bytes(PoolKind::primary);
+  const CacheDtype pool_dtype = pools.geometry.dtype;
+  // Whether the row's dims [dim0, dim0 + count) are one run of pool bytes
+  // (NHD, HND, and split-x K inside one x-group).
+  const bool pool_run = dims_contiguous(s.inner[r.kv], dim0, count);
+  switch (encoding) {
+    case RowEncoding::copy_bytes: {
+      const int nbytes = bytes_per_element(pool_dtype);
+      if (pool_run && in.stride == 1) {  // the same bytes, moved as one run
+        copy_bytes_run(pool + pool_row_offset(s, r, dim0) * nbytes,
+                       static_cast<const uint8_t*>(in.data) + in.at(0) * nbytes, static_cast<int64_t>(count) * nbytes);
+        break;
+      }
+      for (int32_t d = 0; d < count; ++d) copy_element(pool, pool_row_offset(s, r, dim0 + d), in.data, in.at(d), nbytes);
+      break;
+    }
+    case RowEncoding::nvfp4: {
+      uint8_t* scale_pool = pools.scale_bytes(PoolKind::primary);
+      const PoolStrides& ss = pools.scale_strides[static_cast<int>(PoolKind::primary)];
+      for (int32_t g0 = 0; g0 < count; g0 += codec::kNvfp4BlockElems) {
+        float x[codec::kNvfp4BlockElems];
+        for (int e = 0; e < codec::kNvfp4BlockElems; ++e) x[e] = load_float(in.data, in.dtype, in.at(g0 + e));
+        uint8_t packed[codec::kNvfp4BlockElems / 2];
+        const uint8_t scale_code = codec::nvfp4_quantize16(x, scale, packed);
+        for (int e = 0; e < codec::kNvfp4BlockElems; ++e)
+          store_nibble(pool, pool_row_offset(s, r, dim0 + g0 + e), codec::nibble_at(packed, e));
+        scale_pool[scale_offset(ss, r.block, r.layer, r.kv, r.head, r.entry, dim0 + g0)] = scale_code;
+      }
+      break;
+    }
+    case RowEncoding::fp8_divide:
+      if (pool_run) {  // codes of 16 elements at a time, stored as one run
+        uint8_t* run = pool + pool_row_offset(s, r, dim0);
+        for (int32_t d0 = 0; d0 < count; d0 += 16) {
+          uint8_t codes[16];
+          const int32_t n = count - d0 < 16 ? count - d0 : 16;
+          for (int32_t d = 0; d < n; ++d)
+            codes[d] = fp8_encode_divided(load_float(in.data, in.dtype, in.at(d0 + d)), scale, pool_dtype);
+          copy_bytes_run(run + d0, codes, n);
+        }
+        break;
+      }
+      for (int32_t d = 0; d < count; ++d)
+        store_byte(pool, pool_row_offset(s, r, dim0 + d),
+                   fp8_encode_divided(load_float(in.data, in.dtype, in.at(d)), scale, pool_dtype));
+      break;
+    case RowEncoding::fp8_pairs_copy:
+    case RowEncoding::fp8_pairs_divide:
+      write_fp8_pairs_row(pool, s, r, dim0, count, in, encoding, scale);
+      break;
+  }
+}
+#else
 KVSIM_HD inline void write_pool_row(const KvPools& pools, const PoolRow& r, int32_t dim0, int32_t count,
                                     const InputRow& in, RowEncoding encoding, float scale) {
   const PoolStrides& s = pools.strides_of(PoolKind::primary);
@@ -293,12 +371,7 @@ KVSIM_HD inline void write_pool_row(const KvPools& pools, const PoolRow& r, int3
       // Codes of up to kChunk elements at a time, stored as one run where the
       // row is one (a whole chunk: sizes a compiler knows), else piece by piece.
       uint8_t* run = dims_contiguous(s.inner[r.kv], dim0, count) ? pool + pool_row_offset(s, r, dim0) : nullptr;
-      // A GPU thread takes a 16-byte chunk; a CPU's vector loops 64 codes (four registers of floats).
-#if defined(__CUDA_ARCH__)
-      constexpr int32_t kChunk = 16;
-#else
-      constexpr int32_t kChunk = 64;
-#endif
+      constexpr int32_t kChunk = 64;  // a CPU's vector loops: 64 codes, four registers of floats
       auto encode = [&](int32_t d0, int32_t n) {
         float x[kChunk];
         uint8_t codes[kChunk];
@@ -318,17 +391,11 @@ KVSIM_HD inline void write_pool_row(const KvPools& pools, const PoolRow& r, int3
     }
     case RowEncoding::fp8_pairs_copy:
     case RowEncoding::fp8_pairs_divide:
-      for (int32_t j = 0; j < count; ++j) {
-        const uint8_t code = encoding == RowEncoding::fp8_pairs_copy
-                                 ? static_cast<const uint8_t*>(in.data)[in.at(j)]
-                                 : fp8_encode_divided(load_float(in.data, in.dtype, in.at(j)), scale,
-                                                      CacheDtype::fp8_e4m3);
-        store_nibble(pool, pool_row_offset(s, r, dim0 + 2 * j), static_cast<uint8_t>(code & 0xFu));
-        store_nibble(pool, pool_row_offset(s, r, dim0 + 2 * j + 1), static_cast<uint8_t>(code >> 4));
-      }
+      write_fp8_pairs_row(pool, s, r, dim0, count, in, encoding, scale);
       break;
   }
 }
+#endif
 
 // ---------------------------------------------------------------- append_paged
 // Where an append's tokens go, as its work items read them (on CUDA the
