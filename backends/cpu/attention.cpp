@@ -280,14 +280,26 @@ template <int kBytes>
 void gather_elements(const uint8_t* src, const int64_t* dim_byte, int32_t D, uint8_t* dst) {
   for (int32_t d = 0; d < D; ++d) std::memcpy(dst + static_cast<int64_t>(d) * kBytes, src + dim_byte[d], kBytes);
 }
+// Runs of kRunBytes (a size the compiler knows: one vector move, not a call
+// to memmove per run, which cost the 8B slice's split-x re-run ~5%).
+template <int kRunBytes>
+void gather_runs(const uint8_t* src, const int64_t* dim_byte, int32_t D, int32_t run, int32_t bytes, uint8_t* dst) {
+  for (int32_t d = 0; d < D; d += run) std::memcpy(dst + static_cast<int64_t>(d) * bytes, src + dim_byte[d], kRunBytes);
+}
 
 void gather_row_codes(const Plan& pl, int32_t kv, const uint8_t* row0, uint8_t* dst) {
   const int64_t* dim_byte = pl.dim_byte[kv].data();
   const int32_t run = pl.run_elements[kv];
   if (run > 1) {
-    const size_t run_bytes = static_cast<size_t>(run) * pl.bytes;
-    for (int32_t d = 0; d < pl.D; d += run) std::memcpy(dst + static_cast<int64_t>(d) * pl.bytes, row0 + dim_byte[d], run_bytes);
-    return;
+    const int32_t run_bytes = run * pl.bytes;
+    switch (run_bytes) {  // split-x groups are 16 bytes (vLLM's x = 16 / element bytes)
+      case 16: return gather_runs<16>(row0, dim_byte, pl.D, run, pl.bytes, dst);
+      case 32: return gather_runs<32>(row0, dim_byte, pl.D, run, pl.bytes, dst);
+      default:
+        for (int32_t d = 0; d < pl.D; d += run)
+          std::memcpy(dst + static_cast<int64_t>(d) * pl.bytes, row0 + dim_byte[d], static_cast<size_t>(run_bytes));
+        return;
+    }
   }
   switch (pl.bytes) {
     case 1: gather_elements<1>(row0, dim_byte, pl.D, dst); break;
@@ -296,11 +308,17 @@ void gather_row_codes(const Plan& pl, int32_t kv, const uint8_t* row0, uint8_t* 
   }
 }
 
+// Which rows a pass reads: the tiled prefill's first pass scores only (K), its
+// second pass over kept scores P.V only (V). Rows not wanted are not gathered
+// or decoded (their pointers still name a staging row: kernels prefetch them).
+enum class RowsWanted : uint8_t { k_and_v, k, v };
+
 // Keys [first, first + count) of the resolving list: K rows (nullptr for a
 // masked key) and V rows, in place, gathered as codes, or decoded through
 // load_head_row.
 void resolve_keys(const AttentionArgs& a, const Plan& pl, const KeyList& keys, int32_t seq, int32_t kv_head,
-                  int64_t first, int32_t count, Workspace& ws) {
+                  int64_t first, int32_t count, Workspace& ws, RowsWanted wanted = RowsWanted::k_and_v) {
+  const bool want_k = wanted != RowsWanted::v, want_v = wanted != RowsWanted::k;
   const PageDivider page = a.pools.geometry.page_divider();
   const int32_t D = pl.D;
   const uint8_t* pool = a.pools.bytes(PoolKind::primary);
@@ -338,16 +356,16 @@ void resolve_keys(const AttentionArgs& a, const Plan& pl, const KeyList& keys, i
       } else {
         auto* krow = reinterpret_cast<uint8_t*>(ws.kstage + static_cast<int64_t>(j) * D);
         auto* vrow = reinterpret_cast<uint8_t*>(ws.vstage + static_cast<int64_t>(j) * D);
-        if (!masked) gather_row_codes(pl, 0, k0, krow);
-        gather_row_codes(pl, 1, v0, vrow);
+        if (!masked && want_k) gather_row_codes(pl, 0, k0, krow);
+        if (want_v) gather_row_codes(pl, 1, v0, vrow);
         ws.k_rows[j] = masked ? nullptr : krow;
         ws.v_rows[j] = vrow;
       }
     } else {
       float* krow = ws.kstage + static_cast<int64_t>(j) * D;
       float* vrow = ws.vstage + static_cast<int64_t>(j) * D;
-      if (!masked) load_head_row(a, seq, slot, 0, kv_head, krow);
-      load_head_row(a, seq, slot, 1, kv_head, vrow);
+      if (!masked && want_k) load_head_row(a, seq, slot, 0, kv_head, krow);
+      if (want_v) load_head_row(a, seq, slot, 1, kv_head, vrow);
       ws.k_rows[j] = masked ? nullptr : reinterpret_cast<const uint8_t*>(krow);
       ws.v_rows[j] = reinterpret_cast<const uint8_t*>(vrow);
     }
@@ -367,11 +385,14 @@ void mask_short_rows(const GroupKeys& k, int32_t rows, int32_t G, int64_t first,
   }
 }
 
-// The merge's steps for one partition of one head: attend_query's loop body.
-void fold_partition(float m, float l, const float* acc, float global_max, int32_t D, float& L, float* merged) {
+// The merge's steps for one partition of one head: attend_query's loop body
+// (the accumulators' fmas at the kernels' ISA: glibc's fmaf per element cost
+// the 8B slice ~10% of its cycles, session 28).
+void fold_partition(const Kernels& k, float m, float l, const float* acc, float global_max, int32_t D, float& L,
+                    float* merged) {
   const float w = canon::merge_weight(m, global_max);
   L = canon::fma_f32(l, w, L);
-  for (int32_t d = 0; d < D; ++d) merged[d] = canon::fma_f32(acc[d], w, merged[d]);
+  k.fold(acc, w, D, merged);
 }
 
 void store_output(const AttentionArgs& a, int64_t row, int32_t qh, int32_t D, float L, float* merged) {
@@ -429,7 +450,7 @@ void attend_fast(const AttentionArgs& a, const Plan& pl, const Rows& rows, RowGr
     float L = 0.0f;
     for (int32_t d = 0; d < D; ++d) merged[d] = 0.0f;
     for (int64_t part = 0; part < parts; ++part)
-      fold_partition(part_m[part], part_l[part], ws.part_acc + (static_cast<int64_t>(h) * parts + part) * D,
+      fold_partition(*pl.kernels, part_m[part], part_l[part], ws.part_acc + (static_cast<int64_t>(h) * parts + part) * D,
                      global_max, D, L, merged);
     store_output(a, grp.first + h / G, kv_head * G + h % G, D, L, merged);
     store_lse(a, grp.first + h / G, kv_head * G + h % G, global_max, L);
@@ -461,22 +482,26 @@ void attend_tiled(const AttentionArgs& a, const Plan& pl, const Rows& rows, RowG
   ws.layout(pl, 1, H);
   const int64_t quads = (H + kQuad - 1) / kQuad, score_floats = quads * kPartitionSize * kQuad;
   const int64_t cached = std::min<int64_t>(parts - 1, kCachedPartitions);
-  ws.fold.resize(static_cast<size_t>(2 * H * D + 4 * H + cached * score_floats));
+  // M has a slot for every head of the last quad (scores_max writes them).
+  ws.fold.resize(static_cast<size_t>(2 * H * D + quads * kQuad + 3 * H + cached * score_floats));
   float* acc_last = ws.fold.data();
   float* merged = acc_last + H * D;
-  float *M = merged + H * D, *L = M + H, *m_last = L + H, *l_last = m_last + H;
+  float *M = merged + H * D, *L = M + quads * kQuad, *m_last = L + H, *l_last = m_last + H;
   float* score_cache = l_last + H;
   PartitionTask t = prepare_item(a, pl, grp, kv_head, ws, D);
   int32_t limit[kMaxGroupHeads];
   t.key_limit = limit;
 
   // Partition `part`: K/V rows, scores (unless kept from pass 1), masks.
-  const auto scores_of = [&](int64_t part, bool keep) {
+  // keep: pass 1 or the last partition (scores computed, kept if cached);
+  // else pass 2 (scores kept from pass 1 where cached). with_v: P.V follows.
+  const auto scores_of = [&](int64_t part, bool keep, bool with_v) {
     const int64_t first = part * kPartitionSize;
     const int32_t count = static_cast<int32_t>(std::min<int64_t>(n - first, kPartitionSize));
-    resolve_keys(a, pl, gk.keys, seq, kv_head, first, count, ws);
+    const bool in_cache = part < cached, with_k = !in_cache || keep;
+    resolve_keys(a, pl, gk.keys, seq, kv_head, first, count, ws,
+                 !with_v ? RowsWanted::k : with_k ? RowsWanted::k_and_v : RowsWanted::v);
     t.count = count;
-    const bool in_cache = part < cached;
     t.s = in_cache ? score_cache + part * score_floats : ws.s;
     if (!in_cache || keep) {
       pl.kernels->scores(t);
@@ -487,23 +512,20 @@ void attend_tiled(const AttentionArgs& a, const Plan& pl, const Rows& rows, RowG
   };
   const auto rows_parts = [&](int32_t h) { return (gk.n_keys[h / G] + kPartitionSize - 1) / kPartitionSize; };
 
-  scores_of(parts - 1, true);
+  scores_of(parts - 1, true, true);
   t.acc = acc_last;
   pl.kernels->softmax(t);
   pl.kernels->pv(t);
-  for (int32_t h = 0; h < H; ++h) {
-    m_last[h] = ws.m[h];
-    l_last[h] = ws.l[h];
+  for (int32_t h = 0; h < quads * kQuad; ++h) {
+    if (h < H) {
+      m_last[h] = ws.m[h];
+      l_last[h] = ws.l[h];
+    }
     M[h] = ws.m[h];
   }
   for (int64_t part = 0; part + 1 < parts; ++part) {
-    scores_of(part, true);
-    for (int32_t h = 0; h < H; ++h) {
-      const float* s = t.s + (h / kQuad) * int64_t{kPartitionSize} * kQuad + h % kQuad;
-      float m = M[h];
-      for (int32_t j = 0; j < t.count; ++j) m = s[j * kQuad] > m ? s[j * kQuad] : m;
-      M[h] = m;
-    }
+    scores_of(part, true, false);
+    pl.kernels->scores_max(t, M);
   }
   for (int32_t h = 0; h < H; ++h) {
     L[h] = 0.0f;
@@ -511,14 +533,14 @@ void attend_tiled(const AttentionArgs& a, const Plan& pl, const Rows& rows, RowG
   }
   t.acc = ws.part_acc;
   for (int64_t part = 0; part + 1 < parts; ++part) {
-    scores_of(part, false);
+    scores_of(part, false, true);
     pl.kernels->softmax(t);
     pl.kernels->pv(t);
     for (int32_t h = 0; h < H; ++h)
-      if (part < rows_parts(h)) fold_partition(ws.m[h], ws.l[h], ws.part_acc + h * D, M[h], D, L[h], merged + h * D);
+      if (part < rows_parts(h)) fold_partition(*pl.kernels, ws.m[h], ws.l[h], ws.part_acc + h * D, M[h], D, L[h], merged + h * D);
   }
   for (int32_t h = 0; h < H; ++h) {
-    if (rows_parts(h) == parts) fold_partition(m_last[h], l_last[h], acc_last + h * D, M[h], D, L[h], merged + h * D);
+    if (rows_parts(h) == parts) fold_partition(*pl.kernels, m_last[h], l_last[h], acc_last + h * D, M[h], D, L[h], merged + h * D);
     store_output(a, grp.first + h / G, kv_head * G + h % G, D, L[h], merged + h * D);
     store_lse(a, grp.first + h / G, kv_head * G + h % G, M[h], L[h]);
   }

@@ -235,26 +235,48 @@ void scores(const PartitionTask& t) {
 
 // ---------------------------------------------------------------- softmax
 // Four query heads side by side (s[key][4]), two keys per register.
+// The maximum of each of a quad's four heads over n keys (s[key][4]).
+// maxps(s, m) is `s > m ? s : m` per lane (a NaN score never wins). Four
+// chains, then the chains: the max is order-free but for the sign of a zero
+// maximum, which no later step can see (docs/canonical-arithmetic.md), so
+// this gives attend_query's bytes.
+inline __m128 quad_max(const float* s, int32_t n) {
+  const int64_t total = static_cast<int64_t>(n) * kQuad;
+  const __m256 ninf = _mm256_castsi256_ps(set1(0xFF800000u));
+  __m256 mx[4] = {ninf, ninf, ninf, ninf};
+  int64_t i = 0;
+  for (; i + 32 <= total; i += 32)
+    for (int c = 0; c < 4; ++c) mx[c] = _mm256_max_ps(_mm256_loadu_ps(s + i + 8 * c), mx[c]);
+  for (; i + 8 <= total; i += 8) mx[0] = _mm256_max_ps(_mm256_loadu_ps(s + i), mx[0]);
+  if (i < total) mx[1] = _mm256_max_ps(_mm256_blend_ps(ninf, _mm256_castps128_ps256(_mm_loadu_ps(s + i)), 0x0F), mx[1]);
+  const __m256 m8 = _mm256_max_ps(_mm256_max_ps(mx[0], mx[1]), _mm256_max_ps(mx[2], mx[3]));
+  return _mm_max_ps(_mm256_castps256_ps128(m8), _mm256_extractf128_ps(m8, 1));
+}
+
+void scores_max(const PartitionTask& t, float* m) {
+  for (int32_t q = 0; q < t.quads; ++q) {
+    const __m128 qm = quad_max(t.s + static_cast<int64_t>(q) * kPartitionSize * kQuad, t.count);
+    _mm_storeu_ps(m + q * kQuad, _mm_max_ps(qm, _mm_loadu_ps(m + q * kQuad)));  // qm > m ? qm : m
+  }
+}
+
+void fold(const float* acc, float w, int32_t n, float* merged) {
+  const __m256 vw = _mm256_set1_ps(w);
+  int32_t d = 0;
+  for (; d + 8 <= n; d += 8)
+    _mm256_storeu_ps(merged + d, _mm256_fmadd_ps(_mm256_loadu_ps(acc + d), vw, _mm256_loadu_ps(merged + d)));
+  for (; d < n; ++d) merged[d] = _mm_cvtss_f32(_mm_fmadd_ss(_mm_set_ss(acc[d]), _mm_set_ss(w), _mm_set_ss(merged[d])));
+}
+
 void softmax(const PartitionTask& t) {
   const int32_t n = t.count;
   const int64_t total = static_cast<int64_t>(n) * kQuad;
-  const __m256 ninf = _mm256_castsi256_ps(set1(0xFF800000u));
   for (int32_t q = 0; q < t.quads; ++q) {
     const float* s = t.s + static_cast<int64_t>(q) * kPartitionSize * kQuad;
     float* p = t.p + static_cast<int64_t>(q) * kPartitionSize * kQuad;
-    // Max: maxps(s, m) is `s > m ? s : m` per lane (a NaN score never wins).
-    // Four chains, then the chains: the max is order-free but for the sign
-    // of a zero maximum, which no later step can see
-    // (docs/canonical-arithmetic.md), so this gives attend_query's bytes.
-    __m256 mx[4] = {ninf, ninf, ninf, ninf};
-    int64_t i = 0;
-    for (; i + 32 <= total; i += 32)
-      for (int c = 0; c < 4; ++c) mx[c] = _mm256_max_ps(_mm256_loadu_ps(s + i + 8 * c), mx[c]);
-    for (; i + 8 <= total; i += 8) mx[0] = _mm256_max_ps(_mm256_loadu_ps(s + i), mx[0]);
-    if (i < total) mx[1] = _mm256_max_ps(_mm256_blend_ps(ninf, _mm256_castps128_ps256(_mm_loadu_ps(s + i)), 0x0F), mx[1]);
-    const __m256 m8 = _mm256_max_ps(_mm256_max_ps(mx[0], mx[1]), _mm256_max_ps(mx[2], mx[3]));
-    const __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m8), _mm256_extractf128_ps(m8, 1));
+    const __m128 m4 = quad_max(s, n);
     _mm_storeu_ps(t.m + q * kQuad, m4);
+    int64_t i = 0;
     const __m256 m = _mm256_set_m128(m4, m4);
     for (i = 0; i + 8 <= total; i += 8) _mm256_storeu_ps(p + i, probability8(_mm256_loadu_ps(s + i), m));
     if (i < total)
@@ -353,7 +375,7 @@ KVSIM_CPU_TARGET_END
 namespace kvsim::cpu_attention {
 
 const Kernels* avx2_kernels() {
-  static const Kernels k{&scores, &softmax, &pv, &head_dim_ok, &identity_lanes, &exp_floats, &decode_row, &fma_rounds};
+  static const Kernels k{&scores, &softmax, &pv, &scores_max, &fold, &head_dim_ok, &identity_lanes, &exp_floats, &decode_row, &fma_rounds};
   return &k;
 }
 

@@ -420,30 +420,55 @@ void scores(const PartitionTask& t) {
 }
 
 // ---------------------------------------------------------------- softmax
+// The maximum of each of a quad's four heads over n keys (s[key][4]), in all
+// four 128-bit lanes. maxps(s, m) is `s > m ? s : m` per lane (a NaN score
+// never wins). Four keys per vector and four chains, then the chains: the max
+// is order-free but for the sign of a zero maximum, which no later step can
+// see (docs/canonical-arithmetic.md), so this gives attend_query's bytes.
+inline __m512 quad_max(const float* s, int32_t n) {
+  const int32_t total = n * kQuad;
+  const __m512 ninf = _mm512_castsi512_ps(_mm512_set1_epi32(static_cast<int>(0xFF800000u)));
+  __m512 mx[4] = {ninf, ninf, ninf, ninf};
+  int32_t i = 0;
+  for (; i + 64 <= total; i += 64)
+    for (int k = 0; k < 4; ++k) mx[k] = _mm512_max_ps(_mm512_loadu_ps(s + i + 16 * k), mx[k]);
+  for (; i < total; i += 16) {
+    const __mmask16 k = total - i >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << (total - i)) - 1u);
+    mx[0] = _mm512_max_ps(_mm512_mask_loadu_ps(ninf, k, s + i), mx[0]);
+  }
+  const __m512 m4 = _mm512_max_ps(_mm512_max_ps(mx[0], mx[1]), _mm512_max_ps(mx[2], mx[3]));
+  const __m512 m2 = _mm512_max_ps(m4, _mm512_shuffle_f32x4(m4, m4, _MM_SHUFFLE(1, 0, 3, 2)));
+  return _mm512_max_ps(m2, _mm512_shuffle_f32x4(m2, m2, _MM_SHUFFLE(2, 3, 0, 1)));
+}
+
+void scores_max(const PartitionTask& t, float* m) {
+  for (int32_t q = 0; q < t.quads; ++q) {
+    const __m128 qm = _mm512_castps512_ps128(quad_max(t.s + static_cast<int64_t>(q) * kPartitionSize * kQuad, t.count));
+    _mm_storeu_ps(m + q * kQuad, _mm_max_ps(qm, _mm_loadu_ps(m + q * kQuad)));  // qm > m ? qm : m
+  }
+}
+
+void fold(const float* acc, float w, int32_t n, float* merged) {
+  const __m512 vw = _mm512_set1_ps(w);
+  int32_t d = 0;
+  for (; d + 16 <= n; d += 16)
+    _mm512_storeu_ps(merged + d, _mm512_fmadd_ps(_mm512_loadu_ps(acc + d), vw, _mm512_loadu_ps(merged + d)));
+  if (d < n) {
+    const __mmask16 k = static_cast<__mmask16>((1u << (n - d)) - 1u);
+    _mm512_mask_storeu_ps(merged + d, k,
+                          _mm512_fmadd_ps(_mm512_maskz_loadu_ps(k, acc + d), vw, _mm512_maskz_loadu_ps(k, merged + d)));
+  }
+}
+
 void softmax(const PartitionTask& t) {
   const int32_t n = t.count;
   for (int32_t q = 0; q < t.quads; ++q) {
     const float* s = t.s + static_cast<int64_t>(q) * kPartitionSize * kQuad;
     float* p = t.p + static_cast<int64_t>(q) * kPartitionSize * kQuad;
-    // Max: maxps(s, m) is `s > m ? s : m` per lane (a NaN score never wins).
-    // Four keys per vector and four chains, then the chains: the max is
-    // order-free but for the sign of a zero maximum, which no later step can
-    // see (docs/canonical-arithmetic.md), so this gives attend_query's bytes.
     const int32_t total = n * kQuad;
-    const __m512 ninf = _mm512_castsi512_ps(_mm512_set1_epi32(static_cast<int>(0xFF800000u)));
-    __m512 mx[4] = {ninf, ninf, ninf, ninf};
-    int32_t i = 0;
-    for (; i + 64 <= total; i += 64)
-      for (int k = 0; k < 4; ++k) mx[k] = _mm512_max_ps(_mm512_loadu_ps(s + i + 16 * k), mx[k]);
-    for (; i < total; i += 16) {
-      const __mmask16 k = total - i >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << (total - i)) - 1u);
-      mx[0] = _mm512_max_ps(_mm512_mask_loadu_ps(ninf, k, s + i), mx[0]);
-    }
-    const __m512 m4 = _mm512_max_ps(_mm512_max_ps(mx[0], mx[1]), _mm512_max_ps(mx[2], mx[3]));
-    const __m512 m2 = _mm512_max_ps(m4, _mm512_shuffle_f32x4(m4, m4, _MM_SHUFFLE(1, 0, 3, 2)));
-    const __m512 m16 = _mm512_max_ps(m2, _mm512_shuffle_f32x4(m2, m2, _MM_SHUFFLE(2, 3, 0, 1)));
+    const __m512 m16 = quad_max(s, n);
     _mm_storeu_ps(t.m + q * kQuad, _mm512_castps512_ps128(m16));
-    for (i = 0; i < total; i += 16) {
+    for (int32_t i = 0; i < total; i += 16) {
       const __mmask16 k = total - i >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << (total - i)) - 1u);
       _mm512_mask_storeu_ps(p + i, k, probability16(_mm512_maskz_loadu_ps(k, s + i), m16));
     }
@@ -575,7 +600,7 @@ KVSIM_CPU_TARGET_END
 namespace kvsim::cpu_attention {
 
 const Kernels* avx512_kernels() {
-  static const Kernels k{&scores, &softmax, &pv, &head_dim_ok, &lane_order, &exp_floats, &decode_row, &fma_rounds};
+  static const Kernels k{&scores, &softmax, &pv, &scores_max, &fold, &head_dim_ok, &lane_order, &exp_floats, &decode_row, &fma_rounds};
   return &k;
 }
 

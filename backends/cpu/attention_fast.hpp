@@ -98,6 +98,14 @@ struct Kernels {
   void (*scores)(const PartitionTask&);
   void (*softmax)(const PartitionTask&);
   void (*pv)(const PartitionTask&);
+  // m[4q + i] = the maximum of m[4q + i] and head 4q + i's scores over the
+  // partition's t.count keys, for every quad q < t.quads (each step `s > m ?
+  // s : m`: a NaN score never wins; only a zero maximum's sign can depend on
+  // the order, which no later step sees). The tiled prefill's first pass.
+  void (*scores_max)(const PartitionTask& t, float* m);
+  // merged[d] = fma(acc[d], w, merged[d]) for d < n: the partition merge's
+  // accumulator step (attend_query's loop body), one correctly rounded fma each.
+  void (*fold)(const float* acc, float w, int32_t n, float* merged);
   // Whether this kernel set handles a head_dim (the portable one: all).
   bool (*supports_head_dim)(int32_t head_dim);
   // Which butterfly lane the scores kernel keeps at each of the 32 vector
