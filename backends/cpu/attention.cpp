@@ -21,6 +21,11 @@
 
 #include "backends/cpu/attention_fast.hpp"
 #include "backends/cpu/cpu_backend.hpp"
+#include "backends/cpu/cpu_target.hpp"
+
+#if KVSIM_CPU_X86
+#include <emmintrin.h>  // SSE2, part of baseline x86-64
+#endif
 
 namespace kvsim {
 namespace cpu_attention {
@@ -48,6 +53,11 @@ struct Plan {
   // row is runs of x consecutive elements (split-x K) copied run by run.
   std::vector<int64_t> dim_byte[2];
   int32_t run_elements[2] = {1, 1};
+  // Gathered V rows whose dims are a constant step apart and whose page
+  // entries are adjacent elements (vLLM's split-x V, [D][page]): the keys of
+  // a run of entries in one page are one tile, transposed (bytes between dims;
+  // 0: no tile path).
+  int64_t v_tile_dim_step = 0;
   std::vector<int32_t> perm;
   std::vector<uint16_t> perm_mask;
   int32_t lane_of_position[kWarp] = {};
@@ -104,6 +114,13 @@ Plan make_plan(const AttentionArgs& a, CpuIsa isa) {
         }
       }
     }
+  if (p.source == Plan::RowSource::gathered && p.run_elements[1] == 1 && g.tokens_per_block > 1 && p.D > 1) {
+    const std::vector<int64_t>& dim_byte = p.dim_byte[1];
+    const int64_t entry_step = (element_offset(st, 0, 0, 1, 0, 1, 0) - element_offset(st, 0, 0, 1, 0, 0, 0)) * p.bytes;
+    bool tile = entry_step == p.bytes;
+    for (int32_t d = 0; d < p.D && tile; ++d) tile = dim_byte[d] == d * dim_byte[1];
+    if (tile) p.v_tile_dim_step = dim_byte[1];
+  }
   p.kernels->lane_order(p.format, p.D, p.lane_of_position);
   p.kt_source.resize(static_cast<size_t>(p.c) * kWarp);
   for (int32_t j = 0; j < p.c; ++j)
@@ -287,6 +304,57 @@ void gather_runs(const uint8_t* src, const int64_t* dim_byte, int32_t D, int32_t
   for (int32_t d = 0; d < D; d += run) std::memcpy(dst + static_cast<int64_t>(d) * bytes, src + dim_byte[d], kRunBytes);
 }
 
+// Rows of r keys from a [D][entry] tile of kBytes codes: dst row e (e < r)
+// gets dims [0, D) of entry e, dim d at src + d * dim_step + e * kBytes. The
+// same codes as gather_row_codes row by row; 2-byte codes go 8 x 8 at a time
+// through SSE2 unpacks (baseline x86-64), a quarter of the instructions of an
+// element at a time (split-x V's gather was ~7% of the 8B slice, session 28).
+template <int kBytes>
+void transpose_tile(const uint8_t* src, int64_t dim_step, int32_t D, int32_t r, uint8_t* dst, int64_t dst_step) {
+  const auto element = [&](int32_t e, int32_t d) {
+    std::memcpy(dst + e * dst_step + d * kBytes, src + d * dim_step + e * kBytes, kBytes);
+  };
+  int32_t e = 0;
+#if KVSIM_CPU_X86
+  if constexpr (kBytes == 2) {
+    for (; e + 8 <= r; e += 8) {
+      int32_t d = 0;
+      for (; d + 8 <= D; d += 8) {
+        __m128i a[8], b[8], c[8];
+        for (int i = 0; i < 8; ++i)  // a[i]: entries e..e+7 of dim d+i
+          a[i] = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + (d + i) * dim_step + e * 2));
+        for (int i = 0; i < 8; i += 2) {
+          b[i] = _mm_unpacklo_epi16(a[i], a[i + 1]);  // dims d+i, d+i+1 of entries 0..3
+          b[i + 1] = _mm_unpackhi_epi16(a[i], a[i + 1]);  // ... of entries 4..7
+        }
+        for (int i = 0; i < 8; i += 4)
+          for (int h = 0; h < 2; ++h) {  // four dims of entries 4h..4h+1, 4h+2..4h+3
+            c[i + 2 * h] = _mm_unpacklo_epi32(b[i + h], b[i + h + 2]);
+            c[i + 2 * h + 1] = _mm_unpackhi_epi32(b[i + h], b[i + h + 2]);
+          }
+        for (int k = 0; k < 4; ++k) {  // c[k]: dims d..d+3 of entries 2k, 2k+1; c[k + 4]: dims d+4..d+7
+          _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + (e + 2 * k) * dst_step + d * 2), _mm_unpacklo_epi64(c[k], c[k + 4]));
+          _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + (e + 2 * k + 1) * dst_step + d * 2),
+                           _mm_unpackhi_epi64(c[k], c[k + 4]));
+        }
+      }
+      for (; d < D; ++d)
+        for (int32_t k = 0; k < 8; ++k) element(e + k, d);
+    }
+  }
+#endif
+  for (; e < r; ++e)
+    for (int32_t d = 0; d < D; ++d) element(e, d);
+}
+
+void gather_tile(const Plan& pl, const uint8_t* src, int32_t r, uint8_t* dst, int64_t dst_step) {
+  switch (pl.bytes) {
+    case 1: return transpose_tile<1>(src, pl.v_tile_dim_step, pl.D, r, dst, dst_step);
+    case 2: return transpose_tile<2>(src, pl.v_tile_dim_step, pl.D, r, dst, dst_step);
+    default: return transpose_tile<4>(src, pl.v_tile_dim_step, pl.D, r, dst, dst_step);
+  }
+}
+
 void gather_row_codes(const Plan& pl, int32_t kv, const uint8_t* row0, uint8_t* dst) {
   const int64_t* dim_byte = pl.dim_byte[kv].data();
   const int32_t run = pl.run_elements[kv];
@@ -319,6 +387,9 @@ enum class RowsWanted : uint8_t { k_and_v, k, v };
 void resolve_keys(const AttentionArgs& a, const Plan& pl, const KeyList& keys, int32_t seq, int32_t kv_head,
                   int64_t first, int32_t count, Workspace& ws, RowsWanted wanted = RowsWanted::k_and_v) {
   const bool want_k = wanted != RowsWanted::v, want_v = wanted != RowsWanted::k;
+  const bool v_tiles = want_v && pl.source == Plan::RowSource::gathered && pl.v_tile_dim_step != 0;
+  const uint8_t* v_src[kPartitionSize];  // v_tiles: each key's V dim 0 and page entry
+  int32_t v_entry[kPartitionSize];
   const PageDivider page = a.pools.geometry.page_divider();
   const int32_t D = pl.D;
   const uint8_t* pool = a.pools.bytes(PoolKind::primary);
@@ -357,7 +428,12 @@ void resolve_keys(const AttentionArgs& a, const Plan& pl, const KeyList& keys, i
         auto* krow = reinterpret_cast<uint8_t*>(ws.kstage + static_cast<int64_t>(j) * D);
         auto* vrow = reinterpret_cast<uint8_t*>(ws.vstage + static_cast<int64_t>(j) * D);
         if (!masked && want_k) gather_row_codes(pl, 0, k0, krow);
-        if (want_v) gather_row_codes(pl, 1, v0, vrow);
+        if (v_tiles) {
+          v_src[j] = v0;
+          v_entry[j] = entry;
+        } else if (want_v) {
+          gather_row_codes(pl, 1, v0, vrow);
+        }
         ws.k_rows[j] = masked ? nullptr : krow;
         ws.v_rows[j] = vrow;
       }
@@ -369,6 +445,15 @@ void resolve_keys(const AttentionArgs& a, const Plan& pl, const KeyList& keys, i
       ws.k_rows[j] = masked ? nullptr : reinterpret_cast<const uint8_t*>(krow);
       ws.v_rows[j] = reinterpret_cast<const uint8_t*>(vrow);
     }
+  }
+  // Runs of adjacent entries of one page (each key's entry one more, its V one
+  // element further: the same block and head), one tile each.
+  for (int32_t j = 0; v_tiles && j < count;) {
+    int32_t r = 1;
+    while (j + r < count && v_entry[j + r] == v_entry[j] + r && v_src[j + r] == v_src[j] + r * pl.bytes) ++r;
+    gather_tile(pl, v_src[j], r, reinterpret_cast<uint8_t*>(ws.vstage + static_cast<int64_t>(j) * D),
+                static_cast<int64_t>(D) * sizeof(float));
+    j += r;
   }
 }
 
