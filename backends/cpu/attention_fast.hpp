@@ -23,14 +23,17 @@
 //    the block's heads, partitions past the block's last key are never read,
 //    and partitions are folded in order against the row's global max, found
 //    by a first pass over the scores (docs/canonical-arithmetic.md), so there
-//    is no per-partition scratch.
+//    is no per-partition scratch. The first pass reads K rows only, the
+//    second V rows only where its scores were kept.
+//  * merge: each partition's accumulators folded by the kernels' fma
+//    (Kernels::fold), which is correctly rounded at every ISA.
 //
 // The ISA kernels (avx512, avx2; portable, compiled for baseline x86-64 and
 // again for AVX2 + FMA; cpu_isa.hpp chooses at run time) work on one
 // partition of one (query row, KV head) item; the driver (attention.cpp) resolves key slots to rows
 // with core's element_offset, gathers the codes of rows it cannot read in
 // place (split-x and other non-contiguous layouts) into contiguous rows of the
-// cache's format, decodes nvfp4 rows through core's load_head_row, and merges partitions exactly as attend_query does. AttentionPath::reference
+// cache's format (split-x V, [D][page], a page tile of keys at a time), decodes nvfp4 rows through core's load_head_row, and merges partitions exactly as attend_query does. AttentionPath::reference
 // runs attend_query itself. tests/oracle/attention_fast_path_test.cpp holds every
 // path to attend_query byte for byte.
 #pragma once

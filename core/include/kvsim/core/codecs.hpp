@@ -326,11 +326,15 @@ KVSIM_HD constexpr void nvfp4_quantize_blocks(const float* x, int blocks, float 
   for (int b = 0; b < blocks; ++b) out[b] = nvfp4_encode_multiplier(scales[b], global_scale);
   // The codes of every block, then every nibble pair (nvfp4_encode_block's two
   // steps over the row: per block they ran ~30% slower on the CPU).
-  uint8_t codes[kMaxBlocks * kNvfp4BlockElems];
+  // One flat loop over the row with each element's multiplier spread out: a
+  // loop of 16 per block stayed 16 bytes wide (xmm compares) on AVX-512.
+  const int n = blocks * kNvfp4BlockElems;
+  float mul[kMaxBlocks * kNvfp4BlockElems];
   for (int b = 0; b < blocks; ++b)
-    for (int i = 0; i < kNvfp4BlockElems; ++i)
-      codes[b * kNvfp4BlockElems + i] = f32_to_e2m1(x[b * kNvfp4BlockElems + i] * out[b]);
-  for (int i = 0; i < blocks * kNvfp4BlockElems / 2; ++i)
+    for (int i = 0; i < kNvfp4BlockElems; ++i) mul[b * kNvfp4BlockElems + i] = out[b];  // a broadcast store
+  uint8_t codes[kMaxBlocks * kNvfp4BlockElems];
+  for (int i = 0; i < n; ++i) codes[i] = f32_to_e2m1(x[i] * mul[i]);
+  for (int i = 0; i < n / 2; ++i)
     packed[i] = static_cast<uint8_t>(codes[2 * i] | (codes[2 * i + 1] << 4));
 }
 
