@@ -14,6 +14,8 @@
 #include <thread>
 #include <vector>
 
+#include "backends/cpu/cpu_isa.hpp"
+
 namespace kvsim::sim {
 
 struct Digest128 {
@@ -22,6 +24,13 @@ struct Digest128 {
 };
 
 Digest128 blake2b_128(const void* data, size_t bytes);
+
+// blake2b_128 of each of n messages of one length (messages[i] -> out[i]),
+// 8 at once in AVX-512 lanes or 4 in AVX2's where `isa` (default: the
+// selected one, backends/cpu/cpu_isa.hpp) has them, the rest one at a time:
+// the same digests. The replay hashes a step's output rows so.
+void blake2b_128_each(const void* const* messages, size_t n, size_t bytes, Digest128* out);
+void blake2b_128_each(const void* const* messages, size_t n, size_t bytes, Digest128* out, CpuIsa isa);
 
 // FNV-1a (64-bit): the replay's content hash (ScenarioReport::content_hash,
 // the golden replays). Byte-serial by definition (each step multiplies the
