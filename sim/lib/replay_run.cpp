@@ -25,6 +25,7 @@
 #include <map>
 #include <memory>
 #include <fstream>
+#include <limits>
 #include <optional>
 #include <unordered_map>
 
@@ -398,6 +399,7 @@ class Runner final : public BlockMover {
   bool dense_checks_row(const Entry& e, int32_t i) const;
   static constexpr int64_t kDenseEveryDecodeBelow = 1024;  // dense_checks_row
   static constexpr int64_t kDenseTile = 64;  // slots per tile of the dense check's double arithmetic (L1-sized at D = 128)
+  static constexpr int64_t kDenseColumns = 64;  // query heads (rows x group) sharing one pass over the keys
   void read_back(RequestState& r);
   std::vector<float> gather_rows(int32_t layer, int32_t kv, const std::vector<int32_t>& ids, int64_t slots,
                                  const AttentionScales& sc, const std::string& request_id);
@@ -1479,9 +1481,12 @@ void Runner::attend_mla(int32_t layer, const std::vector<Entry>& es) {
 // score error e moves each softmax weight by a factor within exp(+-2e); 1e-5
 // covers exp (~1 ulp), the fp32 sums and the final division, as in
 // tests/oracle/attention_test.cpp). Rows whose output holds NaN are left to no_nan.
-// Which rows: dense_checks_row(). Each (checked row, KV head) is one task on
-// oneTBB's threads; its keys go through the double arithmetic in tiles of
-// kDenseTile slots, so nothing of the size of the context is held in double.
+// Which rows: dense_checks_row(). Each (group of up to kDenseColumns / G
+// checked rows, KV head) is one task on oneTBB's threads; the group's keys go
+// through the double arithmetic in tiles of kDenseTile slots, each tile
+// converted once for all the group's query heads, with the softmax's max and
+// sum kept running (rescaled when the max grows), so nothing of the size of
+// the context is held in double.
 void Runner::check_dense(int32_t layer, const std::vector<Entry>& es, size_t first, size_t last,
                          const std::vector<float>& q, const std::vector<float>& out, int32_t hq) {
   Phase dense(clock_, &rec_.timings.dense);
@@ -1530,73 +1535,126 @@ void Runner::check_dense(int32_t layer, const std::vector<Entry>& es, size_t fir
         row_keys[c].push_back(kl.slot(j, read_map_, masked));
       }
     }
-    // Task t = (checked row t / H, KV head t % H): merged in that order, so
-    // the first violation named is the sequential one.
+    // Rows go through the keys together, up to kDenseColumns query heads at once: each K and V
+    // tile is converted to double once for all of them, and the GEMMs are [tile, D] x [D, heads]
+    // with that many columns. A group's keys are the union of its rows' (sorted slots); member
+    // says which of them each row attends (the rows of a chunk without a window: prefixes).
+    const size_t rows_per_group = static_cast<size_t>(std::max<int64_t>(1, kDenseColumns / G));
+    struct RowGroup {
+      size_t first = 0, count = 0;
+      std::vector<int64_t> keys;   // sorted slots
+      std::vector<uint8_t> member;  // [key][row of the group]
+    };
+    std::vector<RowGroup> groups;
+    for (size_t c0 = 0; c0 < checked.size(); c0 += rows_per_group) {
+      RowGroup rg;
+      rg.first = c0;
+      rg.count = std::min(rows_per_group, checked.size() - c0);
+      for (size_t r = 0; r < rg.count; ++r) rg.keys.insert(rg.keys.end(), row_keys[c0 + r].begin(), row_keys[c0 + r].end());
+      std::sort(rg.keys.begin(), rg.keys.end());
+      rg.keys.erase(std::unique(rg.keys.begin(), rg.keys.end()), rg.keys.end());
+      rg.member.assign(rg.keys.size() * rg.count, 0);
+      for (size_t r = 0; r < rg.count; ++r)
+        for (int64_t slot : row_keys[c0 + r]) {
+          const auto u = std::lower_bound(rg.keys.begin(), rg.keys.end(), slot) - rg.keys.begin();
+          rg.member[static_cast<size_t>(u) * rg.count + r] = 1;
+        }
+      groups.push_back(std::move(rg));
+    }
+    // Task t = (row group t / H, KV head t % H); its findings go to found[checked row * H + KV
+    // head], merged in that order, so the first violation named is the sequential one.
     std::vector<Finding> found(checked.size() * static_cast<size_t>(H));
     parallel_rows(
-        static_cast<int64_t>(found.size()),
+        static_cast<int64_t>(groups.size()) * H,
         [&](int64_t t) {
-          const int32_t i = checked[static_cast<size_t>(t / H)], kvh = static_cast<int32_t>(t % H);
-          Finding& f = found[static_cast<size_t>(t)];
-          const int64_t p = static_cast<int64_t>(len) - n + i;
-          // The group's query heads whose output holds no NaN (those are no_nan's).
-          std::vector<int32_t> heads;
-          for (int32_t h = kvh * G; h < (kvh + 1) * G; ++h) {
-            const float* o = out.data() + ((row + i) * hq + h) * D;
-            bool nan = false;
-            for (int32_t d = 0; d < D; ++d) nan = nan || std::isnan(o[d]);
-            if (!nan) heads.push_back(h);
+          const RowGroup& rg = groups[static_cast<size_t>(t / H)];
+          const int32_t kvh = static_cast<int32_t>(t % H);
+          // Columns: (row of the group, query head) whose output holds no NaN (those are no_nan's).
+          std::vector<std::pair<size_t, int32_t>> col_of;
+          for (size_t r = 0; r < rg.count; ++r) {
+            const int32_t i = checked[rg.first + r];
+            for (int32_t h = kvh * G; h < (kvh + 1) * G; ++h) {
+              const float* o = out.data() + ((row + i) * hq + h) * D;
+              bool nan = false;
+              for (int32_t d = 0; d < D; ++d) nan = nan || std::isnan(o[d]);
+              if (!nan) col_of.emplace_back(r, h);
+            }
           }
-          if (heads.empty()) return;
-          const std::vector<int64_t>& key_slots = row_keys[static_cast<size_t>(t / H)];
-          const auto cols = static_cast<Eigen::Index>(heads.size());
-          const auto keys = static_cast<Eigen::Index>(key_slots.size());
+          if (col_of.empty()) return;
+          const auto cols = static_cast<Eigen::Index>(col_of.size());
+          const auto keys = static_cast<Eigen::Index>(rg.keys.size());
           Eigen::MatrixXd qd(D, cols);
-          for (Eigen::Index c = 0; c < cols; ++c)
-            for (int32_t d = 0; d < D; ++d) qd(d, c) = q[((row + i) * hq + heads[static_cast<size_t>(c)]) * D + d];
+          for (Eigen::Index c = 0; c < cols; ++c) {
+            const auto [r, h] = col_of[static_cast<size_t>(c)];
+            for (int32_t d = 0; d < D; ++d) qd(d, c) = q[((row + checked[rg.first + r]) * hq + h) * D + d];
+          }
           const Eigen::MatrixXd q_abs = qd.cwiseAbs();
           // One tile of K or V rows in double: [kDenseTile, D], filled from the gathered floats.
           Eigen::Matrix<double, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor> tile(kDenseTile, D);
           auto fill = [&](int32_t kv, Eigen::Index j0, Eigen::Index m) {
             for (Eigen::Index jj = 0; jj < m; ++jj) {
-              const float* src = gathered[kv].data() + (key_slots[static_cast<size_t>(j0 + jj)] * H + kvh) * D;
+              const float* src = gathered[kv].data() + (rg.keys[static_cast<size_t>(j0 + jj)] * H + kvh) * D;
               for (int32_t d = 0; d < D; ++d) tile(jj, d) = static_cast<double>(src[d]);
             }
             return tile.topRows(m);
           };
-          Eigen::MatrixXd scores(keys, cols);  // [keys, heads]
-          Eigen::RowVectorXd dot_abs = Eigen::RowVectorXd::Zero(cols);
-          for (Eigen::Index j0 = 0; j0 < keys; j0 += kDenseTile) {
-            const Eigen::Index m = std::min<Eigen::Index>(kDenseTile, keys - j0);
-            const auto k = fill(0, j0, m);
-            scores.middleRows(j0, m).noalias() = k * qd;
-            dot_abs = dot_abs.cwiseMax((k.cwiseAbs() * q_abs).colwise().maxCoeff());
-          }
-          scores *= static_cast<double>(sm_scale_);
-          for (Eigen::Index c = 0; c < cols; ++c)
-            scores.col(c) = (scores.col(c).array() - scores.col(c).maxCoeff()).exp();
+          // Softmax over each column's keys in one pass (double): the running max, sum and
+          // weighted V rescaled when the max grows (exact up to double rounding, ~1e-16 of the bound).
+          const double ninf = -std::numeric_limits<double>::infinity();
+          Eigen::RowVectorXd dot_abs = Eigen::RowVectorXd::Zero(cols), mx = Eigen::RowVectorXd::Constant(cols, ninf),
+                             sum = Eigen::RowVectorXd::Zero(cols);
           Eigen::MatrixXd ref = Eigen::MatrixXd::Zero(D, cols);  // [D, heads]
+          Eigen::MatrixXd s(kDenseTile, cols), a(kDenseTile, cols);
           double v_max = 0.0;
           for (Eigen::Index j0 = 0; j0 < keys; j0 += kDenseTile) {
             const Eigen::Index m = std::min<Eigen::Index>(kDenseTile, keys - j0);
+            const auto k = fill(0, j0, m);
+            s.topRows(m).noalias() = k * qd;
+            a.topRows(m).noalias() = k.cwiseAbs() * q_abs;
+            for (Eigen::Index c = 0; c < cols; ++c) {
+              const size_t r = col_of[static_cast<size_t>(c)].first;
+              double tile_max = ninf;
+              for (Eigen::Index jj = 0; jj < m; ++jj) {
+                if (rg.member[static_cast<size_t>(j0 + jj) * rg.count + r] == 0) {
+                  s(jj, c) = ninf;
+                  continue;
+                }
+                s(jj, c) *= static_cast<double>(sm_scale_);
+                tile_max = std::max(tile_max, s(jj, c));
+                dot_abs(c) = std::max(dot_abs(c), a(jj, c));
+              }
+              if (tile_max > mx(c)) {  // rescale what came before (nothing while mx is -inf)
+                const double w = mx(c) == ninf ? 0.0 : std::exp(mx(c) - tile_max);
+                sum(c) *= w;
+                ref.col(c) *= w;
+                mx(c) = tile_max;
+              }
+              for (Eigen::Index jj = 0; jj < m; ++jj) {
+                s(jj, c) = s(jj, c) == ninf ? 0.0 : std::exp(s(jj, c) - mx(c));
+                sum(c) += s(jj, c);
+              }
+            }
             const auto v = fill(1, j0, m);
-            ref.noalias() += v.transpose() * scores.middleRows(j0, m);
+            ref.noalias() += v.transpose() * s.topRows(m);
             v_max = std::max(v_max, v.cwiseAbs().maxCoeff());
           }
-          for (Eigen::Index c = 0; c < cols; ++c) ref.col(c) /= scores.col(c).sum();
+          for (Eigen::Index c = 0; c < cols; ++c) ref.col(c) /= sum(c);
           for (Eigen::Index c = 0; c < cols; ++c) {
-            const int32_t h = heads[static_cast<size_t>(c)];
+            const auto [r, h] = col_of[static_cast<size_t>(c)];
+            const int32_t i = checked[rg.first + r];
+            Finding& f = found[(rg.first + r) * static_cast<size_t>(H) + static_cast<size_t>(kvh)];
+            const int64_t p = static_cast<int64_t>(len) - n + i;
             const float* o = out.data() + ((row + i) * hq + h) * D;
             const double bound = v_max * (1e-5 + 4.0 * D * std::ldexp(1.0, -24) * sm_scale_ * dot_abs(c)) + 1e-30;
             ++f.checked_rows;
             for (int32_t d = 0; d < D; ++d) {
-              const double r = ref(d, c);
-              const double err = std::fabs(static_cast<double>(o[d]) - r);
-              const double ratio = std::isnan(r) ? 1e300 : err / bound;
+              const double r_d = ref(d, c);
+              const double err = std::fabs(static_cast<double>(o[d]) - r_d);
+              const double ratio = std::isnan(r_d) ? 1e300 : err / bound;
               f.worst_ratio = std::max(f.worst_ratio, ratio);
               if (ratio > 1.0 && f.violation.empty()) {
                 char buf[160];
-                std::snprintf(buf, sizeof buf, ": out %.9g, Eigen double %.9g, |diff| %.3g > bound %.3g", o[d], r, err,
+                std::snprintf(buf, sizeof buf, ": out %.9g, Eigen double %.9g, |diff| %.3g > bound %.3g", o[d], r_d, err,
                               bound);
                 f.violation = "step " + std::to_string(step_) + ", layer " + std::to_string(layer) + ", request " +
                               e.r->id + ", position " + std::to_string(p) + ", head " + std::to_string(h) + ", dim " +
