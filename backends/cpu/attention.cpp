@@ -551,13 +551,13 @@ void attend_fast(const AttentionArgs& a, const Plan& pl, const Rows& rows, RowGr
 //    kept (one partition's, R * G * D floats) until its turn in the fold;
 //  * pass 1: scores of the other partitions, for M only (the max is
 //    order-free: docs/canonical-arithmetic.md); the scores of the first
-//    kCachedPartitions are kept, so rows up to 2,304 keys compute each score once;
+//    kCachedPartitions are kept, so rows up to 4,352 keys compute each score once;
 //  * pass 2: each other partition in order (scores again past the cached
 //    ones), softmax, P.V, folded at once; then the last partition is folded.
 // A row whose key list ends before a partition is not folded there, and keys
 // past its list enter none of its P.V chains (key_limit): a NaN V row there
 // is not its business. Same floats as attend_query, partition by partition.
-inline constexpr int64_t kCachedPartitions = 8;
+inline constexpr int64_t kCachedPartitions = 16;  // 512 KiB a thread at 32 heads
 
 void attend_tiled(const AttentionArgs& a, const Plan& pl, const Rows& rows, RowGroup grp, int32_t kv_head,
                   Workspace& ws) {

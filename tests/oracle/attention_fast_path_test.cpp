@@ -549,7 +549,7 @@ TEST_CASE("fast attention: tiled prefill blocks across pages, partitions and GQA
 }
 
 // Rows past kCachedPartitions' kept scores: pass 2 computes scores again.
-TEST_CASE("fast attention: tiled prefill past the kept scores (2,600 keys)") {
+TEST_CASE("fast attention: tiled prefill past the kept scores (4,900 keys: three partitions past them)") {
   for (CacheDtype dtype : {CacheDtype::bf16, CacheDtype::fp8_e4m3}) {
     Case c;
     c.dtype = dtype;
@@ -557,7 +557,7 @@ TEST_CASE("fast attention: tiled prefill past the kept scores (2,600 keys)") {
     c.G = 4;
     c.H = 1;
     c.decode = false;
-    c.lens = {2600};
+    c.lens = {4900};
     c.queries = {37};
     c.pool_specials = dtype == CacheDtype::bf16 ? 4 : 0;
     if (dtype == CacheDtype::fp8_e4m3) c.amplitude = 8.0f;
