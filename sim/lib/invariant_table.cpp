@@ -44,7 +44,7 @@ constexpr std::array<InvariantInfo, 13> kInvariants{{
      "replay(), the layout re-runs (sim/lib/replay.cpp)",
      "tests/sim/replay_test.cpp \"replay: every write path and dtype keeps the invariants\"", true, always, "", ran},
     {Invariant::dense, "dense",
-     "each checked query head's paged attention output within a stated bound of attention in double (Eigen) over "
+     "each checked query head's paged attention output within a stated bound of attention in double over "
      "the K/V gathered through the sequence's table",
      "Runner::check_dense() (sim/lib/replay_run.cpp)", "tests/sim/replay_test.cpp \"replay: counters and every invariant, page sizes 1, 3, 7, 17\" (and every other replay case)", false,
      [](const Scenario& s) { return !s.mla.enabled; },

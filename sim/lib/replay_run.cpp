@@ -11,7 +11,6 @@
 #include <fcntl.h>
 #include <unistd.h>
 
-#include <Eigen/Dense>
 #include <tbb/blocked_range.h>
 #include <tbb/parallel_for.h>
 
@@ -33,6 +32,7 @@
 #include <kvsim/validation/tensor.hpp>
 
 #include "kvsim/sim/block_manager.hpp"
+#include "kvsim/sim/dense_gemm.hpp"
 #include "kvsim/sim/npy_dump.hpp"
 #include "kvsim/sim/scheduler.hpp"
 #include "kvsim/sim/step_observer.hpp"
@@ -1473,7 +1473,7 @@ void Runner::attend_mla(int32_t layer, const std::vector<Entry>& es) {
   record_rows(keys, rows_at, row_elems * 4);
 }
 
-// dense: each checked query's output against attention in double (Eigen) over
+// dense: each checked query's output against attention in double (dense_gemm.hpp's products) over
 // the K/V that gather_paged reads back through the sequence's table, keys
 // chosen by core's make_key_list. Bound per element, for fp32 outputs:
 //   |out - ref| <= max|V| * (1e-5 + 4 * D * 2^-24 * sm_scale * max_j sum_d |q_d k_jd|)
@@ -1581,80 +1581,107 @@ void Runner::check_dense(int32_t layer, const std::vector<Entry>& es, size_t fir
             }
           }
           if (col_of.empty()) return;
-          const auto cols = static_cast<Eigen::Index>(col_of.size());
-          const auto keys = static_cast<Eigen::Index>(rg.keys.size());
-          Eigen::MatrixXd qd(D, cols);
-          for (Eigen::Index c = 0; c < cols; ++c) {
+          const auto cols = static_cast<int64_t>(col_of.size());
+          const auto keys = static_cast<int64_t>(rg.keys.size());
+          // Q and |Q| as [D, heads], double.
+          std::vector<double> qd(static_cast<size_t>(D * cols)), q_abs(qd.size());
+          for (int64_t c = 0; c < cols; ++c) {
             const auto [r, h] = col_of[static_cast<size_t>(c)];
-            for (int32_t d = 0; d < D; ++d) qd(d, c) = q[((row + checked[rg.first + r]) * hq + h) * D + d];
-          }
-          const Eigen::MatrixXd q_abs = qd.cwiseAbs();
-          // One tile of K or V rows in double: [kDenseTile, D], filled from the gathered floats.
-          Eigen::Matrix<double, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor> tile(kDenseTile, D);
-          auto fill = [&](int32_t kv, Eigen::Index j0, Eigen::Index m) {
-            for (Eigen::Index jj = 0; jj < m; ++jj) {
-              const float* src = gathered[kv].data() + (rg.keys[static_cast<size_t>(j0 + jj)] * H + kvh) * D;
-              for (int32_t d = 0; d < D; ++d) tile(jj, d) = static_cast<double>(src[d]);
+            for (int32_t d = 0; d < D; ++d) {
+              qd[d * cols + c] = q[((row + checked[rg.first + r]) * hq + h) * D + d];
+              q_abs[d * cols + c] = std::fabs(qd[d * cols + c]);
             }
-            return tile.topRows(m);
+          }
+          // One tile of K or V rows in double, [kDenseTile, D], from the gathered floats (and |K|);
+          // returns the tile's max |x|. Each key's row is H * D floats from the next one's (one
+          // 4 KiB page each at H = 8, D = 128, so the hardware prefetcher does not follow): the
+          // rows a few keys ahead are prefetched.
+          std::vector<double> tile(static_cast<size_t>(kDenseTile * D)), tile_abs(tile.size());
+          const auto row_at = [&](int32_t kv, int64_t j) {
+            return gathered[kv].data() + (rg.keys[static_cast<size_t>(j)] * H + kvh) * D;
+          };
+          auto fill = [&](int32_t kv, int64_t j0, int64_t m) {
+            constexpr int64_t kAhead = 4;
+            // max |x| as the largest magnitude bits, NaN left out (a NaN V makes ref NaN anyway):
+            // an integer maximum, which the compiler vectorizes.
+            int32_t max_bits = 0;  // magnitudes as int32: SSE2 compares them (it has no unsigned max)
+            for (int64_t jj = 0; jj < m; ++jj) {
+              if (j0 + jj + kAhead < keys)
+                for (int32_t d = 0; d < D; d += 16) __builtin_prefetch(row_at(kv, j0 + jj + kAhead) + d);
+              const float* src = row_at(kv, j0 + jj);
+              for (int32_t d = 0; d < D; ++d) tile[jj * D + d] = static_cast<double>(src[d]);
+              for (int32_t d = 0; d < D; ++d) {
+                int32_t u;
+                std::memcpy(&u, src + d, 4);
+                u &= 0x7FFFFFFF;
+                u = u > 0x7F800000 ? 0 : u;
+                max_bits = u > max_bits ? u : max_bits;
+              }
+            }
+            float abs_max;
+            std::memcpy(&abs_max, &max_bits, 4);
+            return static_cast<double>(abs_max);
           };
           // Softmax over each column's keys in one pass (double): the running max, sum and
           // weighted V rescaled when the max grows (exact up to double rounding, ~1e-16 of the bound).
           const double ninf = -std::numeric_limits<double>::infinity();
-          Eigen::RowVectorXd dot_abs = Eigen::RowVectorXd::Zero(cols), mx = Eigen::RowVectorXd::Constant(cols, ninf),
-                             sum = Eigen::RowVectorXd::Zero(cols);
-          Eigen::MatrixXd ref = Eigen::MatrixXd::Zero(D, cols);  // [D, heads]
-          Eigen::MatrixXd s(kDenseTile, cols), a(kDenseTile, cols);
+          std::vector<double> dot_abs(static_cast<size_t>(cols), 0.0), mx(static_cast<size_t>(cols), ninf),
+              sum(static_cast<size_t>(cols), 0.0);
+          std::vector<double> ref(static_cast<size_t>(D * cols), 0.0);  // [D, heads]
+          std::vector<double> s(static_cast<size_t>(kDenseTile * cols)), a(s.size());  // [tile, heads]
           double v_max = 0.0;
-          for (Eigen::Index j0 = 0; j0 < keys; j0 += kDenseTile) {
-            const Eigen::Index m = std::min<Eigen::Index>(kDenseTile, keys - j0);
-            const auto k = fill(0, j0, m);
-            s.topRows(m).noalias() = k * qd;
-            a.topRows(m).noalias() = k.cwiseAbs() * q_abs;
-            for (Eigen::Index c = 0; c < cols; ++c) {
+          for (int64_t j0 = 0; j0 < keys; j0 += kDenseTile) {
+            const int64_t m = std::min<int64_t>(kDenseTile, keys - j0);
+            fill(0, j0, m);
+            for (int64_t i = 0; i < m * D; ++i) tile_abs[i] = std::fabs(tile[i]);
+            dense_gemm({m, cols, D, tile.data(), D, 1, qd.data(), cols, s.data(), cols, false});
+            dense_gemm({m, cols, D, tile_abs.data(), D, 1, q_abs.data(), cols, a.data(), cols, false});
+            for (int64_t c = 0; c < cols; ++c) {
               const size_t r = col_of[static_cast<size_t>(c)].first;
               double tile_max = ninf;
-              for (Eigen::Index jj = 0; jj < m; ++jj) {
+              for (int64_t jj = 0; jj < m; ++jj) {
+                double& sc = s[jj * cols + c];
                 if (rg.member[static_cast<size_t>(j0 + jj) * rg.count + r] == 0) {
-                  s(jj, c) = ninf;
+                  sc = ninf;
                   continue;
                 }
-                s(jj, c) *= static_cast<double>(sm_scale_);
-                tile_max = std::max(tile_max, s(jj, c));
-                dot_abs(c) = std::max(dot_abs(c), a(jj, c));
+                sc *= static_cast<double>(sm_scale_);
+                tile_max = std::max(tile_max, sc);
+                dot_abs[c] = std::max(dot_abs[c], a[jj * cols + c]);
               }
-              if (tile_max > mx(c)) {  // rescale what came before (nothing while mx is -inf)
-                const double w = mx(c) == ninf ? 0.0 : std::exp(mx(c) - tile_max);
-                sum(c) *= w;
-                ref.col(c) *= w;
-                mx(c) = tile_max;
+              if (tile_max > mx[c]) {  // rescale what came before (nothing while mx is -inf)
+                const double w = mx[c] == ninf ? 0.0 : std::exp(mx[c] - tile_max);
+                sum[c] *= w;
+                for (int32_t d = 0; d < D; ++d) ref[d * cols + c] *= w;
+                mx[c] = tile_max;
               }
-              for (Eigen::Index jj = 0; jj < m; ++jj) {
-                s(jj, c) = s(jj, c) == ninf ? 0.0 : std::exp(s(jj, c) - mx(c));
-                sum(c) += s(jj, c);
+              for (int64_t jj = 0; jj < m; ++jj) {
+                double& sc = s[jj * cols + c];
+                sc = sc == ninf ? 0.0 : std::exp(sc - mx[c]);
+                sum[c] += sc;
               }
             }
-            const auto v = fill(1, j0, m);
-            ref.noalias() += v.transpose() * s.topRows(m);
-            v_max = std::max(v_max, v.cwiseAbs().maxCoeff());
+            v_max = std::max(v_max, fill(1, j0, m));
+            dense_gemm({D, cols, m, tile.data(), 1, D, s.data(), cols, ref.data(), cols, true});  // ref += V^T P
           }
-          for (Eigen::Index c = 0; c < cols; ++c) ref.col(c) /= sum(c);
-          for (Eigen::Index c = 0; c < cols; ++c) {
+          for (int64_t c = 0; c < cols; ++c)
+            for (int32_t d = 0; d < D; ++d) ref[d * cols + c] /= sum[c];
+          for (int64_t c = 0; c < cols; ++c) {
             const auto [r, h] = col_of[static_cast<size_t>(c)];
             const int32_t i = checked[rg.first + r];
             Finding& f = found[(rg.first + r) * static_cast<size_t>(H) + static_cast<size_t>(kvh)];
             const int64_t p = static_cast<int64_t>(len) - n + i;
             const float* o = out.data() + ((row + i) * hq + h) * D;
-            const double bound = v_max * (1e-5 + 4.0 * D * std::ldexp(1.0, -24) * sm_scale_ * dot_abs(c)) + 1e-30;
+            const double bound = v_max * (1e-5 + 4.0 * D * std::ldexp(1.0, -24) * sm_scale_ * dot_abs[c]) + 1e-30;
             ++f.checked_rows;
             for (int32_t d = 0; d < D; ++d) {
-              const double r_d = ref(d, c);
+              const double r_d = ref[d * cols + c];
               const double err = std::fabs(static_cast<double>(o[d]) - r_d);
               const double ratio = std::isnan(r_d) ? 1e300 : err / bound;
               f.worst_ratio = std::max(f.worst_ratio, ratio);
               if (ratio > 1.0 && f.violation.empty()) {
                 char buf[160];
-                std::snprintf(buf, sizeof buf, ": out %.9g, Eigen double %.9g, |diff| %.3g > bound %.3g", o[d], r_d, err,
+                std::snprintf(buf, sizeof buf, ": out %.9g, double reference %.9g, |diff| %.3g > bound %.3g", o[d], r_d, err,
                               bound);
                 f.violation = "step " + std::to_string(step_) + ", layer " + std::to_string(layer) + ", request " +
                               e.r->id + ", position " + std::to_string(p) + ", head " + std::to_string(h) + ", dim " +

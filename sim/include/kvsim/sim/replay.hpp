@@ -192,7 +192,7 @@ struct ReplayOptions {
   // Run the comparison invariants (they replay the scenario again with one
   // setting changed). Off for the inner replays themselves.
   bool comparison_invariants = true;
-  // Check the dense invariant during the run (a gather and an Eigen double
+  // Check the dense invariant during the run (a gather and a double-precision
   // reference per attention op). replay() turns it off for the comparison
   // re-runs, whose dense results nobody reads.
   bool dense_check = true;
