@@ -149,6 +149,7 @@ void run(const RunOptions& o) {
     const sim::Scenario& s = scenarios[i];
     sim::ReplayOptions ro;
     ro.invariants = selected;
+    ro.content_hash = false;  // kvsim run prints no content hash (the golden tests and Python read it)
     report::ReplayRecorder recorder;
     if (folder) ro.observer = &recorder;
     ro.dump_dir = dump_dirs[i];
