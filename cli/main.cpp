@@ -11,29 +11,11 @@
 
 #include <CLI/CLI.hpp>
 
-#if defined(__GLIBC__)
-#include <malloc.h>
-#endif
-
 #include "backends/backend.hpp"
 #include "commands.hpp"
 #include "kvsim/validation.hpp"
 
 namespace {
-
-// A replay allocates and frees the same step-sized buffers every step (inputs,
-// outputs, the dense check's gathers: tens of MB at a real model's size).
-// glibc serves each from its own mmap and unmaps it when freed, so every step
-// faulted in and zeroed them again: 607,000 minor faults and ~15% of the wall
-// time of the 8B slice's 1-layer cut. Kept in the heap instead, they are
-// reused: 137,000 faults, peak RSS +13% there (docs/benchmarks.md, session
-// 29). Buffers of 1 GiB and more (pools) still get their own mappings.
-void keep_step_buffers_in_the_heap() {
-#if defined(__GLIBC__)
-  mallopt(M_MMAP_THRESHOLD, 1 << 30);
-  mallopt(M_TRIM_THRESHOLD, 1 << 30);
-#endif
-}
 
 // CLI11 reports an unknown subcommand as an unexpected extra argument without
 // naming it as such; kvsim names it and lists the choices. Walks the leading
@@ -95,7 +77,6 @@ void reject_empty_values(CLI::App& app, int argc, char** argv) {
 
 int main(int argc, char** argv) {
   using namespace kvsim::cli;
-  keep_step_buffers_in_the_heap();
 
   CLI::App app{"kvsim: a CPU-first reference simulator of paged LLM KV caches", "kvsim"};
   app.set_version_flag("--version", std::string("kvsim ") + kvsim::kVersion);
