@@ -13,6 +13,7 @@
 
 #include <tbb/blocked_range.h>
 #include <tbb/parallel_for.h>
+#include <tbb/task_arena.h>
 
 #include <algorithm>
 #include <array>
@@ -1539,7 +1540,12 @@ void Runner::check_dense(int32_t layer, const std::vector<Entry>& es, size_t fir
     // tile is converted to double once for all of them, and the GEMMs are [tile, D] x [D, heads]
     // with that many columns. A group's keys are the union of its rows' (sorted slots); member
     // says which of them each row attends (the rows of a chunk without a window: prefixes).
-    const size_t rows_per_group = static_cast<size_t>(std::max<int64_t>(1, kDenseColumns / G));
+    // Groups enough for the tasks (groups x KV heads) to keep every thread busy twice over: on 16
+    // threads with 8 KV heads a chunk's 17 checked rows go as 4 groups, on 2 threads as one.
+    const int64_t threads = tbb::this_task_arena::max_concurrency();
+    const int64_t want_groups = (2 * threads + H - 1) / H;
+    const size_t rows_per_group = static_cast<size_t>(std::clamp<int64_t>(
+        (static_cast<int64_t>(checked.size()) + want_groups - 1) / want_groups, 1, std::max<int64_t>(1, kDenseColumns / G)));
     struct RowGroup {
       size_t first = 0, count = 0;
       std::vector<int64_t> keys;   // sorted slots
