@@ -404,11 +404,12 @@ class Runner final : public BlockMover {
   void read_back(RequestState& r);
   std::vector<float> gather_rows(int32_t layer, int32_t kv, const std::vector<int32_t>& ids, int64_t slots,
                                  const AttentionScales& sc, const std::string& request_id);
-  // The write invariant: layer `layer`'s read-back row `row` of token t
-  // (K or latent kv = 0, V kv = 1) against the value its write op was given.
-  void check_written_row(int32_t layer, int32_t kv, const RequestState& r, int64_t t, const float* row);
+  // The write invariant: layer `layer`'s read-back rows (K or latent kv = 0,
+  // V kv = 1), keys[i]'s token in rows[i], against the values their write ops were given.
+  void check_written_rows(int32_t layer, int32_t kv, const RequestState& r, const std::vector<OutputKey>& keys,
+                          const std::vector<const float*>& rows);
   void check_indexer_rows(int32_t layer, const RequestState& r);
-  bool expected_row(int32_t layer, int32_t kv, const RequestState& r, int64_t t, std::vector<float>& out) const;
+  bool expected_row(const LayerSeeds& seeds, int32_t kv, const RequestState& r, int64_t t, std::vector<float>& out) const;
   // DeepSeek's indexer row of a token: 128 fp8 bytes, then its fp32 scale's 4 bytes.
   void indexer_row(int32_t layer, int64_t position, uint64_t hash, uint8_t* bytes, uint8_t* scale) const;
   using SubBlocks = std::map<int64_t, std::array<std::vector<uint8_t>, 2>>;  // block -> its K and V bytes
@@ -1797,10 +1798,8 @@ void Runner::read_back(RequestState& r) {
       }
       const size_t row_bytes = static_cast<size_t>(H * D) * 4;
       record_rows(keys, rows, row_bytes);
-      for (size_t i = 0; i < rows.size(); ++i) {
-        if (opt_.write_check) check_written_row(layer, kv, r, keys[i].position, rows[i]);
-        hash_content(rows[i], row_bytes);
-      }
+      if (opt_.write_check) check_written_rows(layer, kv, r, keys, rows);
+      for (size_t i = 0; i < rows.size(); ++i) hash_content(rows[i], row_bytes);
     }
   }
 }
@@ -1852,7 +1851,8 @@ void Runner::indexer_row(int32_t layer, int64_t position, uint64_t hash, uint8_t
 // latent, 1: V), computed from the synthetic model the way the scenario's
 // write op encodes it (core's codecs), never from a pool. false: not modelled
 // (K rotated by qkv_preprocess's RoPE; an nvfp4 MLA latent row).
-bool Runner::expected_row(int32_t layer, int32_t kv, const RequestState& r, int64_t t, std::vector<float>& out) const {
+bool Runner::expected_row(const LayerSeeds& seeds, int32_t kv, const RequestState& r, int64_t t,
+                          std::vector<float>& out) const {
   const int32_t H = g_.kv_heads, D = g_.head_dim;
   const CacheDtype cache = g_.dtype, in_t = kv_input_dtype(s_);
   const bool mla = s_.mla.enabled;
@@ -1864,7 +1864,6 @@ bool Runner::expected_row(int32_t layer, int32_t kv, const RequestState& r, int6
   out.assign(static_cast<size_t>(H) * D, 0.0f);
   std::vector<uint8_t> in(4);
   std::vector<float> x(static_cast<size_t>(D));
-  const LayerSeeds& seeds = layer_seeds(layer);
   for (int32_t h = 0; h < H; ++h) {
     for (int32_t d = 0; d < D; ++d) {
       ModelTensor which = kv == 0 ? ModelTensor::k : ModelTensor::v;
@@ -1905,22 +1904,43 @@ bool Runner::expected_row(int32_t layer, int32_t kv, const RequestState& r, int6
   return true;
 }
 
-void Runner::check_written_row(int32_t layer, int32_t kv, const RequestState& r, int64_t t, const float* row) {
+// The write invariant over one read-back (layer, K or V) of a request: each
+// row against its expected_row, the rows on oneTBB's threads (each expected row
+// is the synthetic model's values through the write path's codecs, H x D of
+// them), the verdicts merged in row order, so the count and the first
+// violation named are the sequential ones.
+void Runner::check_written_rows(int32_t layer, int32_t kv, const RequestState& r, const std::vector<OutputKey>& keys,
+                                const std::vector<const float*>& rows) {
   const Phase checking(clock_, &rec_.timings.checks);
-  std::vector<float> want;
-  if (!expected_row(layer, kv, r, t, want)) return;
-  ++rec_.write_checked_rows;
-  if (!rec_.write_violation.empty()) return;
+  const LayerSeeds& seeds = layer_seeds(layer);  // made here, before the threads read it
   const int32_t D = g_.head_dim;
-  for (size_t i = 0; i < want.size(); ++i) {
-    const bool same = (std::isnan(row[i]) && std::isnan(want[i])) || std::memcmp(&row[i], &want[i], 4) == 0;
-    if (same) continue;
-    char buf[128];
-    std::snprintf(buf, sizeof buf, ": the cache holds %.9g, its write op was given %.9g", row[i], want[i]);
-    rec_.write_violation = "request " + r.id + ", layer " + std::to_string(layer) + ", " +
-                           (s_.mla.enabled ? "latent" : kv == 0 ? "K" : "V") + " of position " + std::to_string(t) +
-                           ", head " + std::to_string(i / D) + ", dim " + std::to_string(i % D) + buf;
-    return;
+  struct Verdict {
+    bool checked = false;
+    std::string violation;
+  };
+  std::vector<Verdict> verdicts(rows.size());
+  parallel_rows(static_cast<int64_t>(rows.size()), [&](int64_t n) {
+    std::vector<float> want;
+    const int64_t t = keys[static_cast<size_t>(n)].position;
+    if (!expected_row(seeds, kv, r, t, want)) return;
+    Verdict& v = verdicts[static_cast<size_t>(n)];
+    v.checked = true;
+    const float* row = rows[static_cast<size_t>(n)];
+    for (size_t i = 0; i < want.size(); ++i) {
+      const bool same = (std::isnan(row[i]) && std::isnan(want[i])) || std::memcmp(&row[i], &want[i], 4) == 0;
+      if (same) continue;
+      char buf[128];
+      std::snprintf(buf, sizeof buf, ": the cache holds %.9g, its write op was given %.9g", row[i], want[i]);
+      v.violation = "request " + r.id + ", layer " + std::to_string(layer) + ", " +
+                    (s_.mla.enabled ? "latent" : kv == 0 ? "K" : "V") + " of position " + std::to_string(t) +
+                    ", head " + std::to_string(i / D) + ", dim " + std::to_string(i % D) + buf;
+      return;
+    }
+  });
+  for (const Verdict& v : verdicts) {
+    if (!v.checked) continue;
+    ++rec_.write_checked_rows;
+    if (rec_.write_violation.empty()) rec_.write_violation = v.violation;
   }
 }
 
