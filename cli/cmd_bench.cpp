@@ -12,6 +12,8 @@
 //   kvsim bench --baseline torch.json   adds PyTorch's time per row and kvsim's speed-up over it
 //   kvsim bench --scenario FILE ...     real-size rows: one replay each, wall time, token-layers/s and
 //                                       its split into kernels and host work (docs/benchmarks.md)
+#include <tbb/task_arena.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -149,7 +151,9 @@ void run_scenario_rows(const BenchOptions& o) {
   for (int t : threads)
     for (const sim::Scenario& s : scenarios) {
       auto be = make_backend(o.backend, BackendOptions{t});
-      const bench::ScenarioMeasurement m = bench::measure_scenario(*be, s, selected);
+      sim::ReplayOptions base;
+      base.threads = t;  // the replay's host work on t threads too, not only the cpu backend's ops
+      const bench::ScenarioMeasurement m = bench::measure_scenario(*be, s, selected, base);
       const sim::ScenarioReport& r = m.report;
       const sim::ReplayTimings& tm = r.timings;
       const int64_t runs = sim::estimate_replay(s, selected).runs;  // its own run and the comparison re-runs
@@ -312,8 +316,13 @@ void run_bench(BenchOptions o) {
       bench::CheckResult check;
       std::string error;
       try {
-        f = c.prepare(*be);
-        m = bench::measure(*be, *f, timing);
+        // The row's host work on t threads too (scenario_replay's digests, inputs and checks), not
+        // only the cpu backend's ops: the thread column is the whole row's.
+        tbb::task_arena arena(t);
+        arena.execute([&] {
+          f = c.prepare(*be);
+          m = bench::measure(*be, *f, timing);
+        });
         check = f->check(*oracle);
       } catch (const BackendError& e) {
         error = e.what();

@@ -150,6 +150,7 @@ void run(const RunOptions& o) {
     sim::ReplayOptions ro;
     ro.invariants = selected;
     ro.content_hash = false;  // kvsim run prints no content hash (the golden tests and Python read it)
+    ro.threads = o.threads;   // the whole replay on N threads, its checks too (0: all cores)
     report::ReplayRecorder recorder;
     if (folder) ro.observer = &recorder;
     ro.dump_dir = dump_dirs[i];
@@ -250,7 +251,9 @@ void register_run(CLI::App& app) {
     return names;
   }() + " (default cpu)");
   add_int_option(*cmd, "--threads", opts->threads,
-                 "oneTBB threads for the cpu backend, 1.." + std::to_string(machine_threads()) + " (default all cores)", 1,
+                 "oneTBB threads of the replay (the cpu backend's ops and its own checks), 1.." +
+                     std::to_string(machine_threads()) + " (default all cores)",
+                 1,
                  machine_threads());
   cmd->add_flag("--json", opts->json, "Print one JSON object (docs/run.md)");
   cmd->add_flag("--details", opts->details,

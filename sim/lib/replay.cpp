@@ -3,6 +3,8 @@
 // scenario's expectations.
 #include "kvsim/sim/replay.hpp"
 
+#include <tbb/task_arena.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -208,6 +210,12 @@ std::string chunking_comparison(const Scenario& s, const Scenario& c) {
 }  // namespace
 
 ScenarioReport replay(const Scenario& s, Backend& backend, const ReplayOptions& options) {
+  if (options.threads > 0) {
+    tbb::task_arena arena(options.threads);
+    ReplayOptions inside = options;
+    inside.threads = 0;
+    return arena.execute([&] { return replay(s, backend, inside); });
+  }
   ScenarioReport rep;
   const auto t0 = std::chrono::steady_clock::now();
   // The wall time by part (ReplayTimings): each run charges its own parts,

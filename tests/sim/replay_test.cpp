@@ -13,6 +13,7 @@
 #include <string>
 
 #include <nlohmann/json.hpp>
+#include <tbb/task_arena.h>
 
 #include "backends/backend.hpp"
 #include "kvsim/sim/digest.hpp"
@@ -243,6 +244,23 @@ TEST_CASE("replay: MLA latent cache and indexer-K scatter") {
   const ScenarioReport r = replay(s, cpu());
   all_hold(r, {Invariant::chunking, Invariant::layout, Invariant::batch});
   CHECK(status(r, Invariant::dense) == InvariantStatus::not_applicable);  // core has no latent attention op
+}
+
+TEST_CASE("replay: ReplayOptions::threads runs the whole replay, its checks included, on that many threads") {
+  // Every invariant on (the digests, the dense and write checks run on the replay's own threads).
+  const Scenario s = small(3);
+  const auto be = make_backend("cpu", BackendOptions{1});
+  for (int threads : {1, 3}) {
+    ReplayOptions o;
+    o.threads = threads;
+    int seen = 0;
+    o.after_step = [&](int64_t, const ReplayCounters&) { seen = std::max(seen, tbb::this_task_arena::max_concurrency()); };
+    const ScenarioReport r = replay(s, *be, o);
+    INFO("threads " << threads);
+    CHECK(seen == threads);
+    CHECK(r.ok);
+    CHECK(r.content_hash == replay(s, cpu()).content_hash);  // the same bytes as the caller's arena
+  }
 }
 
 TEST_CASE("replay: determinism across runs and thread counts; content hash covers the pools") {

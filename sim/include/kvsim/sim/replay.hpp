@@ -176,6 +176,12 @@ struct RunProgress {
 };
 
 struct ReplayOptions {
+  // oneTBB threads of the replay's own host work (the per-row digests, the
+  // dense and write checks, the synthetic inputs): replay() runs in an arena of
+  // this many (kvsim run --threads, kvsim bench's thread counts), so that a
+  // thread count limits the whole replay, not only the cpu backend's ops.
+  // 0: the caller's arena (all cores by default). Results are the same for any count.
+  int threads = 0;
   // Called before every backend op (kvsim diff labels differences with it).
   std::function<void(const OpContext&)> before_op;
   // Called after every step (progress display).
