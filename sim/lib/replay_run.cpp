@@ -402,7 +402,7 @@ class Runner final : public BlockMover {
   static constexpr int64_t kDenseTile = 64;  // slots per tile of the dense check's double arithmetic (L1-sized at D = 128)
   static constexpr int64_t kDenseColumns = 64;  // query heads (rows x group) sharing one pass over the keys
   void read_back(RequestState& r);
-  std::vector<float> gather_rows(int32_t layer, int32_t kv, const std::vector<int32_t>& ids, int64_t slots,
+  std::unique_ptr<float[]> gather_rows(int32_t layer, int32_t kv, const std::vector<int32_t>& ids, int64_t slots,
                                  const AttentionScales& sc, const std::string& request_id);
   // The write invariant: layer `layer`'s read-back rows (K or latent kv = 0,
   // V kv = 1), keys[i]'s token in rows[i], against the values their write ops were given.
@@ -1527,8 +1527,8 @@ void Runner::check_dense(int32_t layer, const std::vector<Entry>& es, size_t fir
     }
     const int64_t pages = (slots + P - 1) / P;
     if (static_cast<int64_t>(ids.size()) < pages) ids.resize(static_cast<size_t>(pages), kBadPage);
-    const std::vector<float> gathered[2] = {gather_rows(layer, 0, ids, slots, sc, e.r->id),
-                                            gather_rows(layer, 1, ids, slots, sc, e.r->id)};  // K then V
+    const std::unique_ptr<float[]> gathered[2] = {gather_rows(layer, 0, ids, slots, sc, e.r->id),
+                                                  gather_rows(layer, 1, ids, slots, sc, e.r->id)};  // K then V
     struct Finding {
       int64_t checked_rows = 0;
       double worst_ratio = 0.0;
@@ -1611,7 +1611,7 @@ void Runner::check_dense(int32_t layer, const std::vector<Entry>& es, size_t fir
           // rows a few keys ahead are prefetched.
           std::vector<double> tile(static_cast<size_t>(kDenseTile * D)), tile_abs(tile.size());
           const auto row_at = [&](int32_t kv, int64_t j) {
-            return gathered[kv].data() + (rg.keys[static_cast<size_t>(j)] * H + kvh) * D;
+            return gathered[kv].get() + (rg.keys[static_cast<size_t>(j)] * H + kvh) * D;
           };
           auto fill = [&](int32_t kv, int64_t j0, int64_t m) {
             constexpr int64_t kAhead = 4;
@@ -1732,11 +1732,15 @@ bool Runner::dense_checks_row(const Entry& e, int32_t i) const {
 
 // One sequence's K (kv 0) or V (kv 1) rows of `layer`, [slots, H, D] fp32,
 // read through `ids` with gather_paged (BAD_PAGE entries read as zeros).
-std::vector<float> Runner::gather_rows(int32_t layer, int32_t kv, const std::vector<int32_t>& ids, int64_t slots,
-                                       const AttentionScales& sc, const std::string& request_id) {
+// Not value-initialized (new float[n], not std::vector's zeros): the download
+// writes every element, and zeroing 13 MiB first (the 8B slice's 3,200 slots)
+// was a pass of its own, on one thread, twice per checked entry.
+std::unique_ptr<float[]> Runner::gather_rows(int32_t layer, int32_t kv, const std::vector<int32_t>& ids,
+                                             int64_t slots, const AttentionScales& sc, const std::string& request_id) {
   const int32_t H = g_.kv_heads, D = g_.head_dim;
-  std::vector<float> g(static_cast<size_t>(slots * H * D));
-  BackendBuffer gb(be_, g.size() * 4);
+  const size_t n = static_cast<size_t>(slots * H * D);
+  std::unique_ptr<float[]> g(new float[n]);
+  BackendBuffer gb(be_, n * 4);
   GatherPagedOp op;
   op.layer = pool_layer_of_[layer];
   op.kv = kv;
@@ -1747,7 +1751,7 @@ std::vector<float> Runner::gather_rows(int32_t layer, int32_t kv, const std::vec
   op.global_scale = kv == 0 ? sc.k_global_scale : sc.v_global_scale;
   notify("gather_paged", layer, std::vector<std::string>{request_id});
   op_call([&] { be_.gather_paged(pools_, op); });
-  transfer([&] { gb.download(g.data(), g.size() * 4); });
+  transfer([&] { gb.download(g.get(), n * 4); });
   return g;
 }
 
@@ -1780,7 +1784,7 @@ void Runner::read_back(RequestState& r) {
       if (release)
         for (int32_t& id : readable)
           if (id == BlockManager::kNullBlock) id = kBadPage;  // reads as zeros; never recorded
-      const std::vector<float> g = gather_rows(layer, kv, readable, slots, scales_, r.id);
+      const std::unique_ptr<float[]> g = gather_rows(layer, kv, readable, slots, scales_, r.id);
       // Release mode may have given a page back and taken a fresh block for
       // it since an old token was written: only the last query's window (and
       // the sinks) is certainly still there.
@@ -1794,7 +1798,7 @@ void Runner::read_back(RequestState& r) {
         const int64_t slot = write_map_.cache_token(t);
         if (readable[slot / P] == kBadPage) continue;
         keys.push_back({r.id, layer, kv == 0 ? OutputKind::k_cache : OutputKind::v_cache, t});
-        rows.push_back(g.data() + slot * H * D);
+        rows.push_back(g.get() + slot * H * D);
       }
       const size_t row_bytes = static_cast<size_t>(H * D) * 4;
       record_rows(keys, rows, row_bytes);
