@@ -4,7 +4,6 @@
 // included, so in this baseline x86-64 library it ran SSE2 double products.
 #include "kvsim/sim/dense_gemm.hpp"
 
-#include <cmath>
 
 #include "backends/cpu/cpu_isa.hpp"
 #include "backends/cpu/cpu_target.hpp"
