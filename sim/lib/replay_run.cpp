@@ -1303,7 +1303,7 @@ void Runner::attend(int32_t layer, const std::vector<Entry>& es, size_t first, s
   // the recorded digests, the content hash, the NaN scan. With none of them (a replay with
   // --invariants none) neither is downloaded.
   const bool host_reads_q = fp8_q || dump_ || opt_.dense_check;
-  const bool host_reads_out = host_reads_q || hash_ || opt_.record_outputs || rec_.poisoned;
+  const bool host_reads_out = dump_ || opt_.dense_check || hash_ || opt_.record_outputs || rec_.poisoned;
   std::vector<uint8_t> q_bytes(host_reads_q ? q_elems * static_cast<size_t>(qb) : 0);
   if (host_reads_q) transfer([&] { be_.to_host(q_bytes.data(), q_data, q_bytes.size()); });
   TensorView qv = contiguous_view(q_data, q_dtype, {rows, Hq, D});

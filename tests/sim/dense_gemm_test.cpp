@@ -9,6 +9,8 @@
 #include <cstdint>
 #include <vector>
 
+#include <kvsim/core/splitmix64.hpp>
+
 #include "kvsim/sim/dense_gemm.hpp"
 
 using namespace kvsim;
@@ -23,10 +25,7 @@ struct Shape {
 };
 
 void check_shape(const Shape& sh, CpuIsa isa, uint64_t& seed) {
-  const auto next = [&] {
-    seed = seed * 6364136223846793005ull + 1442695040888963407ull;
-    return static_cast<double>(static_cast<int64_t>(seed >> 59) - 16);  // -16 .. 15
-  };
+  const auto next = [&] { return static_cast<double>(static_cast<int64_t>(splitmix64_next(seed) >> 59) - 16); };  // -16 .. 15
   const int64_t ldb = sh.cols + 3, ldc = sh.cols + 5;  // padded rows: only [0, cols) is touched
   std::vector<double> a(static_cast<size_t>(sh.rows * sh.depth)), b(static_cast<size_t>(sh.depth * ldb)),
       c(static_cast<size_t>(sh.rows * ldc));

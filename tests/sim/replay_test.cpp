@@ -15,6 +15,8 @@
 #include <nlohmann/json.hpp>
 #include <tbb/task_arena.h>
 
+#include <kvsim/core/splitmix64.hpp>
+
 #include "backends/backend.hpp"
 #include "kvsim/sim/digest.hpp"
 #include "kvsim/sim/invariants.hpp"
@@ -591,14 +593,7 @@ TEST_CASE("BLAKE2b-128 matches Python's hashlib.blake2b(digest_size=16)") {
 TEST_CASE("BLAKE2b-128 of many messages at once (AVX-512 and AVX2 lanes) equals blake2b_128 of each") {
   // Lengths around the block edges (0, 128, 256: the last block is full or empty) and counts that
   // leave lanes over (n % 8, n % 4), at every ISA this CPU runs; every message differs from the others.
-  uint64_t state = 0x9E3779B97F4A7C15ull;
-  const auto next = [&] {
-    state += 0x9E3779B97F4A7C15ull;
-    uint64_t z = state;
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-  };
+  uint64_t state = 1;
   for (CpuIsa isa : {CpuIsa::portable, CpuIsa::avx2, CpuIsa::avx512}) {
     if (!cpu_isa_supported(isa)) {
       MESSAGE("this CPU lacks " << cpu_isa_name(isa) << ": its lanes are not tested here");
@@ -609,7 +604,7 @@ TEST_CASE("BLAKE2b-128 of many messages at once (AVX-512 and AVX2 lanes) equals 
         std::vector<std::vector<uint8_t>> messages(n, std::vector<uint8_t>(bytes));
         std::vector<const void*> at(n);
         for (size_t i = 0; i < n; ++i) {
-          for (uint8_t& b : messages[i]) b = static_cast<uint8_t>(next());
+          for (uint8_t& b : messages[i]) b = static_cast<uint8_t>(splitmix64_next(state));
           at[i] = messages[i].data();
         }
         std::vector<Digest128> got(n);
