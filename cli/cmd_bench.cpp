@@ -189,6 +189,7 @@ void run_scenario_rows(const BenchOptions& o) {
                                          {"checks", tm.checks},
                                          {"comparisons", tm.comparisons},
                                          {"other", tm.other}}},
+                            {"transfer_bytes", tm.transfer_bytes},
                             {"host_fraction", tm.host() / tm.total()}};
       out["results"].push_back(row);
       if (!o.json) {
@@ -199,10 +200,11 @@ void run_scenario_rows(const BenchOptions& o) {
                       sim::format_bytes(m.max_rss_bytes).c_str(), verdict.c_str());
         std::cout << line;
         std::snprintf(line, sizeof line,
-                      "    host s: op calls %.2f, inputs %.2f, transfers %.2f, scheduling %.2f, recording %.2f, "
+                      "    host s: op calls %.2f, inputs %.2f, transfers %.2f (%s), scheduling %.2f, recording %.2f, "
                       "dense %.2f, checks %.2f, comparisons %.2f, other %.2f\n",
-                      tm.op_host, tm.inputs, tm.transfers, tm.scheduling, tm.recording, tm.dense, tm.checks,
-                      tm.comparisons, tm.other);
+                      tm.op_host, tm.inputs, tm.transfers,
+                      sim::format_bytes(static_cast<int64_t>(tm.transfer_bytes)).c_str(), tm.scheduling, tm.recording,
+                      tm.dense, tm.checks, tm.comparisons, tm.other);
         std::cout << line << std::flush;
       }
     }

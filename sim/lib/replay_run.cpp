@@ -306,7 +306,7 @@ class Runner final : public BlockMover {
       const RopeTable t = build_rope_table(rotary_dim_, max_len, s.model.rope_theta);
       rope_rows_ = max_len;
       rope_ = BackendBuffer(be_, t.cos_sin.size() * 4);
-      transfer([&] { rope_.upload(t.cos_sin.data(), t.cos_sin.size() * 4); });
+      transfer(t.cos_sin.size() * 4, [&] { rope_.upload(t.cos_sin.data(), t.cos_sin.size() * 4); });
     }
     if (s.indexer_k_scatter) {
       indexer_row_ = kIndexerDim + kIndexerScaleBytes;
@@ -486,9 +486,10 @@ class Runner final : public BlockMover {
     rec_.timings.op_host += host;
   }
   template <class Copy>
-  void transfer(const Copy& copy) {
+  void transfer(size_t bytes, const Copy& copy) {
     Phase p(clock_, &rec_.timings.transfers);
     copy();
+    rec_.timings.transfer_bytes += static_cast<double>(bytes);
   }
   void hash_final_state();
 
@@ -633,7 +634,7 @@ void Runner::fill_fresh_pages(const KvPools& p, float value) {
     const int64_t bytes = p.geometry.pool_bytes(kind);
     auto* base = static_cast<uint8_t*>(p.data[static_cast<int>(kind)]);
     for (int64_t at = 0; base && at < bytes; at += static_cast<int64_t>(chunk.size()))
-      transfer([&] { be_.to_backend(base + at, chunk.data(), static_cast<size_t>(std::min<int64_t>(bytes - at, chunk.size()))); });
+      transfer(static_cast<size_t>(std::min<int64_t>(bytes - at, chunk.size())), [&] { be_.to_backend(base + at, chunk.data(), static_cast<size_t>(std::min<int64_t>(bytes - at, chunk.size()))); });
   }
 }
 
@@ -683,13 +684,13 @@ std::vector<uint8_t> Runner::block_bytes(int32_t pool, PoolKind kind, int32_t bl
       const size_t n = static_cast<size_t>(g.bytes_for(g.inner_elements()));
       const size_t at = out.size();
       out.resize(at + n);
-      transfer([&] { be_.to_host(out.data() + at, static_cast<uint8_t*>(ps.data[k]) + first, n); });
+      transfer(n, [&] { be_.to_host(out.data() + at, static_cast<uint8_t*>(ps.data[k]) + first, n); });
       if (g.has_scale_pool()) {
         const int64_t sfirst = scale_offset(ps.scale_strides[k], block, l, kv, 0, 0, 0);
         const size_t sn = static_cast<size_t>(g.scale_geometry().inner_elements());
         const size_t sat = out.size();
         out.resize(sat + sn);
-        transfer([&] { be_.to_host(out.data() + sat, static_cast<uint8_t*>(ps.scales[k]) + sfirst, sn); });
+        transfer(sn, [&] { be_.to_host(out.data() + sat, static_cast<uint8_t*>(ps.scales[k]) + sfirst, sn); });
       }
     }
   return out;
@@ -1012,7 +1013,7 @@ void Runner::upload_model_q(const LayerWrite& w, BackendBuffer& q_buf, CacheDtyp
     });
   }
   q_buf = BackendBuffer(be_, q.size());
-  transfer([&] { q_buf.upload(q.data(), q.size()); });
+  transfer(q.size(), [&] { q_buf.upload(q.data(), q.size()); });
 }
 
 void Runner::write_qkv_preprocess(const LayerWrite& w, const std::vector<Entry>& es, BackendBuffer& q_buf,
@@ -1042,7 +1043,7 @@ void Runner::write_qkv_preprocess(const LayerWrite& w, const std::vector<Entry>&
     dump_tensor(w.layer, "qkv_preprocess_write", "qkv", qkv, in_t, {w.nnz, width});
   }
   BackendBuffer qkv_b(be_, qkv.size());
-  transfer([&] { qkv_b.upload(qkv.data(), qkv.size()); });
+  transfer(qkv.size(), [&] { qkv_b.upload(qkv.data(), qkv.size()); });
   q_dtype = in_t;
   q_buf = BackendBuffer(be_, static_cast<size_t>(w.nnz * Hq * D * in_b));
   QkvPreprocessOp op;
@@ -1118,8 +1119,8 @@ Runner::AppendInputs Runner::append_inputs(const LayerWrite& w, bool mla) {
   }
   in.a = BackendBuffer(be_, a.size());
   in.b = BackendBuffer(be_, b.size());
-  transfer([&] { in.a.upload(a.data(), a.size()); });
-  transfer([&] { in.b.upload(b.data(), b.size()); });
+  transfer(a.size(), [&] { in.a.upload(a.data(), a.size()); });
+  transfer(b.size(), [&] { in.b.upload(b.data(), b.size()); });
   return in;
 }
 
@@ -1187,8 +1188,8 @@ void Runner::write_reshape_and_cache(const LayerWrite& w, const std::vector<Entr
     dump_table(w.layer, "reshape_and_cache", "slot_mapping", slots);  // as the op is given it (a fault's included)
   }
   BackendBuffer k_b(be_, k.size()), v_b(be_, v.size());
-  transfer([&] { k_b.upload(k.data(), k.size()); });
-  transfer([&] { v_b.upload(v.data(), v.size()); });
+  transfer(k.size(), [&] { k_b.upload(k.data(), k.size()); });
+  transfer(v.size(), [&] { v_b.upload(v.data(), v.size()); });
   ReshapeAndCacheOp op;
   op.layer = pool_layer_of_[w.layer];
   op.key = contiguous_view(k_b.get(), in_t, {w.nnz, H, D});
@@ -1234,8 +1235,8 @@ void Runner::scatter_indexer_k(const LayerWrite& w, const std::vector<Entry>& es
   const int64_t T = static_cast<int64_t>(map_k.size());
   if (T == 0) return;
   BackendBuffer kb_b(be_, kb.size()), sb_b(be_, sb.size());
-  transfer([&] { kb_b.upload(kb.data(), kb.size()); });
-  transfer([&] { sb_b.upload(sb.data(), sb.size()); });
+  transfer(kb.size(), [&] { kb_b.upload(kb.data(), kb.size()); });
+  transfer(sb.size(), [&] { sb_b.upload(sb.data(), sb.size()); });
   IndexerKScatterOp op;
   op.k_fp8 = contiguous_view(kb_b.get(), CacheDtype::fp8_e4m3, {T, kIndexerDim});
   op.k_scale = contiguous_view(sb_b.get(), CacheDtype::fp8_e4m3, {T, 4});
@@ -1305,7 +1306,7 @@ void Runner::attend(int32_t layer, const std::vector<Entry>& es, size_t first, s
   const bool host_reads_q = fp8_q || dump_ || opt_.dense_check;
   const bool host_reads_out = dump_ || opt_.dense_check || hash_ || opt_.record_outputs || rec_.poisoned;
   std::vector<uint8_t> q_bytes(host_reads_q ? q_elems * static_cast<size_t>(qb) : 0);
-  if (host_reads_q) transfer([&] { be_.to_host(q_bytes.data(), q_data, q_bytes.size()); });
+  if (host_reads_q) transfer(q_bytes.size(), [&] { be_.to_host(q_bytes.data(), q_data, q_bytes.size()); });
   TensorView qv = contiguous_view(q_data, q_dtype, {rows, Hq, D});
   // fp8 queries (model.query_dtype): Q quantized per tensor with core's
   // encoder, code = fp8(q / q_scale) (saturating), attention run on the codes'
@@ -1326,7 +1327,7 @@ void Runner::attend(int32_t layer, const std::vector<Entry>& es, size_t first, s
       }
     }
     q_fp8_b = BackendBuffer(be_, q_elems * 2);
-    transfer([&] { q_fp8_b.upload(exact.data(), q_elems * 2); });
+    transfer(q_elems * 2, [&] { q_fp8_b.upload(exact.data(), q_elems * 2); });
     qv = contiguous_view(q_fp8_b.get(), CacheDtype::bf16, {rows, Hq, D});
     // SGLang PR #28144, the fault: the kernel sees fp8 Q with q_scale = 1.
     if (!q_scale_dropped_) sc.sm_scale = sc.sm_scale * s_.model.q_scale;
@@ -1350,7 +1351,7 @@ void Runner::attend(int32_t layer, const std::vector<Entry>& es, size_t first, s
   }
   if (!host_reads_out) return;
   std::vector<float> out(static_cast<size_t>(rows * Hq * D));
-  transfer([&] { out_b.download(out.data(), out.size() * 4); });
+  transfer(out.size() * 4, [&] { out_b.download(out.data(), out.size() * 4); });
   hash_content(out.data(), out.size() * 4);
   const std::string op_name = decode ? "decode_attention" : "prefill_attention";
   if (dump_) {
@@ -1433,7 +1434,7 @@ void Runner::attend_mla(int32_t layer, const std::vector<Entry>& es) {
     }
   inputs.reset();
   BackendBuffer q_b(be_, q.size()), out_b(be_, static_cast<size_t>(rows * Hq * d_ckv * 4));
-  transfer([&] { q_b.upload(q.data(), q.size()); });
+  transfer(q.size(), [&] { q_b.upload(q.data(), q.size()); });
   MlaAttentionOp op;
   op.layer = pool_layer_of_[layer];
   op.q = contiguous_view(q_b.get(), q_dtype, {rows, Hq, dq});
@@ -1452,7 +1453,7 @@ void Runner::attend_mla(int32_t layer, const std::vector<Entry>& es) {
   notify("mla_attention", layer, es);
   op_call([&] { be_.mla_attention(pools_, op); });
   std::vector<float> out(static_cast<size_t>(rows * Hq * d_ckv));
-  transfer([&] { out_b.download(out.data(), out.size() * 4); });
+  transfer(out.size() * 4, [&] { out_b.download(out.data(), out.size() * 4); });
   hash_content(out.data(), out.size() * 4);
   if (dump_) {
     const Phase dumping(clock_, &rec_.timings.recording);
@@ -1751,7 +1752,7 @@ std::unique_ptr<float[]> Runner::gather_rows(int32_t layer, int32_t kv, const st
   op.global_scale = kv == 0 ? sc.k_global_scale : sc.v_global_scale;
   notify("gather_paged", layer, std::vector<std::string>{request_id});
   op_call([&] { be_.gather_paged(pools_, op); });
-  transfer([&] { gb.download(g.get(), n * 4); });
+  transfer(n * 4, [&] { gb.download(g.get(), n * 4); });
   return g;
 }
 
@@ -1812,7 +1813,7 @@ void Runner::read_back(RequestState& r) {
 std::vector<uint8_t> Runner::sub_block_bytes(int64_t block, int32_t pool_layer, int32_t kv) {
   const int64_t first = element_byte_offset(element_offset(pools_.strides[0], block, pool_layer, kv, 0, 0, 0), g_.dtype);
   std::vector<uint8_t> out(static_cast<size_t>(g_.bytes_for(g_.inner_elements())));
-  transfer([&] { be_.to_host(out.data(), static_cast<uint8_t*>(pools_.data[0]) + first, out.size()); });
+  transfer(out.size(), [&] { be_.to_host(out.data(), static_cast<uint8_t*>(pools_.data[0]) + first, out.size()); });
   return out;
 }
 
@@ -1835,7 +1836,7 @@ void Runner::leave_split_x_heads_unwritten(int32_t pool_layer, const std::vector
             std::memcpy(now.data() + e * eb, old[kv].data() + e * eb, static_cast<size_t>(eb));
           }
       }
-      transfer([&] { be_.to_backend(static_cast<uint8_t*>(pools_.data[0]) + element_byte_offset(base, g_.dtype), now.data(), now.size()); });
+      transfer(now.size(), [&] { be_.to_backend(static_cast<uint8_t*>(pools_.data[0]) + element_byte_offset(base, g_.dtype), now.data(), now.size()); });
     }
 }
 
@@ -1954,7 +1955,7 @@ void Runner::check_indexer_rows(int32_t layer, const RequestState& r) {
   const int32_t P = g_.tokens_per_block;
   const Phase checking(clock_, &rec_.timings.checks);
   std::vector<uint8_t> cache(indexer_[layer].bytes());
-  transfer([&] { be_.to_host(cache.data(), indexer_[layer].get(), cache.size()); });
+  transfer(cache.size(), [&] { be_.to_host(cache.data(), indexer_[layer].get(), cache.size()); });
   const std::vector<int32_t>& ids = bm_->table(r.index, group_);
   uint8_t want[kIndexerDim + kIndexerScaleBytes];
   for (int64_t t = 0; t < r.final_len; ++t) {
@@ -2066,7 +2067,7 @@ void Runner::hash_final_state() {
     for (int64_t at = 0; at < bytes; at += static_cast<int64_t>(kChunk)) {
       const size_t n = static_cast<size_t>(std::min<int64_t>(bytes - at, static_cast<int64_t>(kChunk)));
       host.resize(n);
-      transfer([&] { be_.to_host(host.data(), static_cast<const uint8_t*>(data) + at, n); });
+      transfer(n, [&] { be_.to_host(host.data(), static_cast<const uint8_t*>(data) + at, n); });
       hash_content(host.data(), n);
       if (!out) continue;
       const Phase dumping(clock_, &rec_.timings.recording);

@@ -22,6 +22,7 @@ ReplayTimings& ReplayTimings::operator+=(const ReplayTimings& o) {
   checks += o.checks;
   comparisons += o.comparisons;
   other += o.other;
+  transfer_bytes += o.transfer_bytes;
   return *this;
 }
 

@@ -203,11 +203,16 @@ TEST_CASE("kvsim bench --scenario: one replay per row, its wall time split into 
   CHECK(double(row["host_fraction"]) > 0);
   CHECK(double(row["host_fraction"]) < 1);
   CHECK(int64_t(row["max_rss_bytes"]) > 0);
+  // The bytes the transfers moved (uploads of every op's inputs at least).
+  CHECK(double(row["transfer_bytes"]) > 0);
 
   // --invariants none: one run, no comparison time.
   const auto none = nlohmann::json::parse(run("bench --scenario '" + file + "' --threads 1 --invariants none --json").out);
   CHECK(int(none["results"][0]["runs"]) == 1);
   CHECK(double(none["results"][0]["seconds"]["dense"]) == 0);
+  // Fewer bytes without the comparison runs and the dense check's read-backs.
+  CHECK(double(none["results"][0]["transfer_bytes"]) > 0);
+  CHECK(double(none["results"][0]["transfer_bytes"]) < double(row["transfer_bytes"]));
 
   const Result mixed = run("bench --scenario '" + file + "' --only decode");
   CHECK(mixed.status == 2);

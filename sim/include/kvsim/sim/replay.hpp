@@ -93,6 +93,7 @@ struct ReplayTimings {
   double comparisons = 0;  // comparing the runs' records once they are done (and the quantization error)
   double other = 0;        // the rest: buffers, pool allocation and release, tables and op descriptors,
                            // observers (progress line, report recorder), building the comparison scenarios
+  double transfer_bytes = 0;  // bytes the transfers moved (not a time: outside total())
   double total() const {
     return kernels + op_host + inputs + transfers + scheduling + recording + dense + checks + comparisons + other;
   }
