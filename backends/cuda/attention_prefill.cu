@@ -12,9 +12,16 @@
 // The canonical merge (O = fma(acc_p, exp(m_p - M), O) in partition order)
 // needs the global max M before the first partition is folded, so a CTA makes
 // two passes over its keys:
-//  pass 1: every K tile, canonical scores, M = max per unit (order-free: a
-//          different order can change only the sign of a zero max, and
-//          exp(s - m) is the same for either zero);
+//  pass 1: M = max per unit of the canonical scores (order-free: a different
+//          order can change only the sign of a zero max, and exp(s - m) is
+//          the same for either zero). M needs the exact score of the key that
+//          holds the max, not of every key: each K tile's scores are first
+//          bounded on the tensor cores (bf16 hi/lo splits of q and k, an error
+//          bound e per (unit, key), below), and only the candidates, keys whose
+//          upper bound reaches the best lower bound seen so far, get their
+//          canonical score (one warp each, canon::dot's lanes and butterfly);
+//          a tile with too many candidates, or a score scale that is not a
+//          positive finite number, computes every canonical score as before;
 //  pass 2: per partition: scores of its (up to) four 64-key tiles into
 //          shared memory, the partition max, core's probabilities and lane-run
 //          sums with the butterfly, P.V over its V tiles in key order, then
@@ -31,9 +38,13 @@
 #include "backends/cuda/attention_plan.cuh"
 #include "backends/cuda/attention_warp.cuh"
 #include "backends/cuda/cuda_check.hpp"
+#include "backends/cuda/mma_fragments.cuh"
 #include "backends/cuda/prefill_rows.cuh"
 
 #include <algorithm>
+#include <cstdlib>
+#include <string>
+#include <string_view>
 #include <type_traits>
 #include <vector>
 
@@ -56,19 +67,88 @@ struct Shape {
   static constexpr int kStride = D + 4;  // padded rows: 16-byte row offsets step across banks
 };
 
-// Shared memory of one CTA (floats).
+// Pass 1's bounded scores on the tensor cores (mma.sync m16n8k16, bf16, fp32
+// accumulation): q and k as bf16 hi + lo parts (hi = bf16(x), lo =
+// bf16(x - hi); a bf16 cache's k is its own hi, lo = 0), a ~ qh.kh + ql.kh +
+// qh.kl. Its distance to the canonical score d is bounded per (unit, key) by
+// e = 2^-5 * max|q| * max|k| (128 * max|q| * max|k| >= sum |q_i k_i| =: S):
+//   the dropped ql.kl and split residuals  <= 3 * 2^-18 * S = 2^-9.4 qk,
+//   the tensor cores (mma_model.hpp: terms truncated to 2^(e_max - 25), the
+//   result rounded toward zero; <= 2^-20.6 S per instruction, <= 24 of them)
+//                                           <= 2^-16 * S  = 2^-9 qk,
+//   the canonical fp32 order (9 roundings)  <= 9 * 2^-24 * S = 2^-13.8 qk,
+// about 0.0035 qk against e = 0.031 qk: nine times the sum. The bound needs
+// max|q| and max|k| in [2^-60, 2^50] (no underflow or overflow anywhere in
+// it); outside that range, and for NaN or Inf, it is Inf: every key a candidate.
+constexpr int kCandidateLimit = 1024;  // above this a tile's canonical scores are cheaper all at once
+constexpr float kBoundScale = 0x1p-5f;
+constexpr uint32_t kBoundMinBits = 0x21800000u;  // 2^-60
+constexpr uint32_t kBoundMaxBits = 0x58800000u;  // 2^50
+
 template <int C>
-struct Smem {
-  float q[kUnits][Shape<C>::kStride];
-  float tile[kChunk][Shape<C>::kStride];
+struct Pass1Smem {
+  static constexpr int kStride = Shape<C>::D + 8;  // bf16 codes per row (D 128: 272-byte rows, conflict-free ldmatrix)
+  alignas(16) uint16_t q_hi[kUnits][kStride];
+  uint16_t q_lo[kUnits][kStride];
+  uint16_t k_hi[kChunk][kStride];
+  uint16_t k_lo[kChunk][kStride];
+  float q_bound[kUnits];       // 2^-5 max|q| of the unit (Inf outside the range)
+  float k_bound[kChunk];       // max|k| of the tile's key (Inf outside the range)
+  float lower[2][2][kUnits];   // [tile parity][key half]: a lower bound of the unit's max dot
+  uint32_t max_key[kUnits];    // ordered_key of the unit's max score so far
+  uint32_t candidates[kChunk * kUnits];  // (unit << 6) | key of the tile
+  uint32_t count[2];           // candidates of the tile, by tile parity
+};
+template <int C>
+struct Pass2Smem {
   float s[kPartitionSize][kUnits];  // scores, then probabilities, key-major
   float run[kUnits][kWarp + 1];     // lane-run partial sums
   float quarter_max[kThreads / kUnits][kUnits];
   float o[kUnits][Shape<C>::D];     // O of the merge, per unit
+};
+
+// Shared memory of one CTA: pass 1's working set lives where pass 2's scores,
+// runs and O go later.
+template <int C>
+struct Smem {
+  float q[kUnits][Shape<C>::kStride];
+  float tile[kChunk][Shape<C>::kStride];
+  union {
+    Pass1Smem<C> p1;
+    Pass2Smem<C> p2;
+  };
   float global_max[kUnits];
   float part_max[kUnits];
   float part_sum[kUnits];
 };
+
+// A float as an unsigned key whose order is the floats' (-0 below +0), for
+// atomicMax; NaN is never stored.
+__device__ __forceinline__ uint32_t ordered_key(float f) {
+  const uint32_t u = float_bits(f);
+  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+__device__ __forceinline__ float from_ordered_key(uint32_t k) {
+  return bits_float((k & 0x80000000u) ? (k & 0x7FFFFFFFu) : ~k);
+}
+
+// Two floats as one bf16x2 register, rounded to nearest even (the lower k
+// in the low half), and the hi/lo split of a pair.
+__device__ __forceinline__ uint32_t bf16x2_rn(float low_k, float high_k) {
+  uint32_t r;
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(high_k), "f"(low_k));
+  return r;
+}
+__device__ __forceinline__ void split_bf16x2(float x0, float x1, uint32_t& hi, uint32_t& lo) {
+  hi = bf16x2_rn(x0, x1);
+  lo = bf16x2_rn(x0 - bits_float(hi << 16), x1 - bits_float(hi & 0xFFFF0000u));
+}
+
+// max|x| (as magnitude bits) as the bound's factor: itself, or Inf outside [2^-60, 2^50].
+__device__ __forceinline__ float bound_factor(uint32_t magnitude_bits) {
+  return magnitude_bits >= kBoundMinBits && magnitude_bits <= kBoundMaxBits ? bits_float(magnitude_bits)
+                                                                           : canon::pos_inf();
+}
 
 KVSIM_HD constexpr int trailing_ones(int t) { return (t & 1) ? 1 + trailing_ones(t >> 1) : 0; }
 
@@ -133,6 +213,18 @@ struct CanonicalFp32Order {
 };
 
 // ---------------------------------------------------------------- K/V tiles
+// The 16-bit cache codes (a fp32 cache's element is float).
+struct Bf16Code {
+  uint16_t bits;
+  static constexpr bool kBf16 = true;
+};
+struct F16Code {
+  uint16_t bits;
+  static constexpr bool kBf16 = false;
+};
+template <class Elem>
+constexpr bool kIsBf16 = std::is_same_v<Elem, Bf16Code>;
+
 // A tile is kChunk rows of D codes; thread t moves the kPieces consecutive
 // 16-byte pieces from piece (t % kThreadsPerRow) * kPieces of row
 // t / kThreadsPerRow: one page lookup and one element_offset per row and
@@ -168,8 +260,12 @@ struct TileLoader {
     }
   }
 
-  __device__ __forceinline__ void store(float (*tile)[Shape<C>::kStride]) const {
+  // With `bounds` (pass 1 of the filtered order), the tile also goes to
+  // bounds->k_hi / k_lo as bf16 parts, and bounds->k_bound gets each key's
+  // bound factor (the 4 threads of a row are consecutive lanes).
+  __device__ __forceinline__ void store(float (*tile)[Shape<C>::kStride], Pass1Smem<C>* bounds) const {
     constexpr int kPer = 16 / static_cast<int>(sizeof(Elem));  // codes per piece
+    uint32_t magnitude = 0;
 #pragma unroll
     for (int i = 0; i < kPieces; ++i) {
       float* dst = &tile[row()][(first_piece() + i) * kPer];
@@ -188,18 +284,36 @@ struct TileLoader {
       }
 #pragma unroll
       for (int k = 0; k < kPer; k += 4) *reinterpret_cast<float4*>(dst + k) = make_float4(f[k], f[k + 1], f[k + 2], f[k + 3]);
+      if (bounds) {
+#pragma unroll
+        for (int k = 0; k < kPer; ++k) magnitude = max(magnitude, float_bits(f[k]) & 0x7FFFFFFFu);
+        uint16_t* hi = &bounds->k_hi[row()][(first_piece() + i) * kPer];
+        if constexpr (kIsBf16<Elem>) {
+          *reinterpret_cast<uint4*>(hi) = regs[i];  // bf16 codes are their own hi part; lo = 0 is never read
+        } else {
+          uint32_t h[kPer / 2], l[kPer / 2];
+#pragma unroll
+          for (int k = 0; k < kPer; k += 2) split_bf16x2(f[k], f[k + 1], h[k / 2], l[k / 2]);
+          uint16_t* lo = &bounds->k_lo[row()][(first_piece() + i) * kPer];
+          if constexpr (kPer == 8) {
+            *reinterpret_cast<uint4*>(hi) = make_uint4(h[0], h[1], h[2], h[3]);
+            *reinterpret_cast<uint4*>(lo) = make_uint4(l[0], l[1], l[2], l[3]);
+          } else {
+            *reinterpret_cast<uint2*>(hi) = make_uint2(h[0], h[1]);
+            *reinterpret_cast<uint2*>(lo) = make_uint2(l[0], l[1]);
+          }
+        }
+      }
+    }
+    if (bounds) {
+      static_assert(kThreadsPerRow == 4);
+      magnitude = max(magnitude, __shfl_xor_sync(kFullMask, magnitude, 1));
+      magnitude = max(magnitude, __shfl_xor_sync(kFullMask, magnitude, 2));
+      if (threadIdx.x % kThreadsPerRow == 0) bounds->k_bound[row()] = bound_factor(magnitude);
     }
   }
 };
 
-struct Bf16Code {
-  uint16_t bits;
-  static constexpr bool kBf16 = true;
-};
-struct F16Code {
-  uint16_t bits;
-  static constexpr bool kBf16 = false;
-};
 
 // P.V of one V tile (keys first_key ..) for 8 units x C dims of a thread.
 template <class Order, int C, int G, bool kGuarded, class SmemT>
@@ -210,8 +324,8 @@ __device__ __forceinline__ void pv_tile(const SmemT& sm, int ch, int pu0, int la
   for (int i = 0; i < 8; ++i) end[i] = kGuarded ? bk.list_end((pu0 + i) / G) : 0;
 #pragma unroll 4
   for (int jj = 0; jj < kChunk; ++jj) {
-    const float4 pa = *reinterpret_cast<const float4*>(&sm.s[ch * kChunk + jj][pu0]);
-    const float4 pb = *reinterpret_cast<const float4*>(&sm.s[ch * kChunk + jj][pu0 + 4]);
+    const float4 pa = *reinterpret_cast<const float4*>(&sm.p2.s[ch * kChunk + jj][pu0]);
+    const float4 pb = *reinterpret_cast<const float4*>(&sm.p2.s[ch * kChunk + jj][pu0 + 4]);
     const float p[8] = {pa.x, pa.y, pa.z, pa.w, pb.x, pb.y, pb.z, pb.w};
     float v[C];
     load_run<float, C>(&sm.tile[jj][lane * C], v);
@@ -225,7 +339,7 @@ __device__ __forceinline__ void pv_tile(const SmemT& sm, int ch, int pu0, int la
 // ---------------------------------------------------------------- the kernel
 template <class Order, class Elem, int C, int G>
 __global__ void __launch_bounds__(kThreads, 1)
-    prefill_tiled_kernel(AttentionArgs a, const RowBlock* __restrict__ blocks, int32_t kv_heads) {
+    prefill_tiled_kernel(AttentionArgs a, const RowBlock* __restrict__ blocks, int32_t kv_heads, bool allow_bounds) {
   static_assert(kUnits % G == 0);
   constexpr int D = Shape<C>::D;
   extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -252,6 +366,40 @@ __global__ void __launch_bounds__(kThreads, 1)
                                            a.q.offset(int64_t{blk.first_row} + r, kv_head * G + u % G, d))
                               : 0.0f;
   }
+  // Pass 1 bounds its scores on the tensor cores only for a positive finite
+  // scale: then the max of the scaled scores is the scaled max of the dots
+  // (rounding is monotone), the max the candidates are chosen for.
+  const bool bounded = allow_bounds && score_scale > 0.0f && score_scale < canon::pos_inf();
+  Pass1Smem<C>& p1 = sm.p1;
+  if (bounded) {
+    __syncthreads();  // sm.q is written
+    for (int i = tid; i < kUnits * D / 2; i += kThreads) {
+      const int u = i / (D / 2), d = 2 * (i % (D / 2));
+      uint32_t hi, lo;
+      split_bf16x2(sm.q[u][d], sm.q[u][d + 1], hi, lo);
+      *reinterpret_cast<uint32_t*>(&p1.q_hi[u][d]) = hi;
+      *reinterpret_cast<uint32_t*>(&p1.q_lo[u][d]) = lo;
+    }
+    {
+      // 4 threads per unit (consecutive lanes), D / 4 dims each.
+      const int u = tid / 4;
+      uint32_t magnitude = 0;
+      for (int d = (tid % 4) * (D / 4); d < (tid % 4 + 1) * (D / 4); ++d)
+        magnitude = max(magnitude, float_bits(sm.q[u][d]) & 0x7FFFFFFFu);
+      magnitude = max(magnitude, __shfl_xor_sync(kFullMask, magnitude, 1));
+      magnitude = max(magnitude, __shfl_xor_sync(kFullMask, magnitude, 2));
+      if (tid % 4 == 0) p1.q_bound[u] = kBoundScale * bound_factor(magnitude);
+    }
+    static_assert(kThreads == 4 * kUnits);
+  }
+  if (tid < kUnits) {
+    p1.max_key[tid] = ordered_key(canon::neg_inf());
+#pragma unroll
+    for (int par = 0; par < 2; ++par)
+#pragma unroll
+      for (int half = 0; half < 2; ++half) p1.lower[par][half][tid] = canon::neg_inf();
+  }
+  if (tid == 0) p1.count[0] = 0;
 
   // The tile schedule: pass 1's K tiles, then per partition its K tiles and
   // its V tiles. advance() makes step s's tile current and starts loading
@@ -281,7 +429,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   };
   auto advance = [&](int32_t s) {
     __syncthreads();  // the tile is free; earlier shared writes are visible
-    loader.store(sm.tile);
+    loader.store(sm.tile, bounded && s < pass1_chunks ? &p1 : nullptr);
     __syncthreads();
     prefetch(s + 1);
   };
@@ -302,26 +450,136 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
   };
 
-  // Pass 1: M per unit (order-free max over the 16 key columns of each unit).
+  // Pass 1: M per unit. Tiles whose scores are computed in full keep their
+  // maxima in run_max (order-free over the 16 key columns of each unit); the
+  // candidates' exact scores go to p1.max_key.
   int32_t s = 0;
   {
     float run_max[4];
 #pragma unroll
     for (int i = 0; i < 4; ++i) run_max[i] = canon::neg_inf();
+    // Bounds: warp w holds units 16 (w % 4) .. + 15 and keys 32 (w / 4) .. + 31
+    // of a tile as m16n8 fragments (rows g, g + 8; columns 2t, 2t + 1 of 4 n-tiles).
+    const int mb = warp % 4, half = warp / 4, g = lane / 4, t = lane % 4;
+    const int unit[2] = {16 * mb + g, 16 * mb + g + 8};
+    float lower[2] = {canon::neg_inf(), canon::neg_inf()};  // this quad's best lower bounds so far
     for (; s < pass1_chunks; ++s) {
       advance(s);
-      float sc[4][4];
-      scores(int64_t{s} * kChunk, sc);
+      const int64_t first_key = int64_t{s} * kChunk;
+      bool every_score = !bounded;
+      if (bounded) {
+        const int par = s % 2;
+        float acc[4][4];
 #pragma unroll
-      for (int i = 0; i < 4; ++i)
+        for (int nt = 0; nt < 4; ++nt)
 #pragma unroll
-        for (int j = 0; j < 4; ++j) run_max[i] = sc[i][j] > run_max[i] ? sc[i][j] : run_max[i];
+          for (int e = 0; e < 4; ++e) acc[nt][e] = 0.0f;
+#pragma unroll
+        for (int ks = 0; ks < D / 16; ++ks) {
+          uint32_t a_hi[4], a_lo[4];
+          const int a_row = 16 * mb + (lane % 8) + 8 * ((lane / 8) % 2), a_col = 16 * ks + 8 * (lane / 16);
+          ldmatrix_x4(a_hi, &p1.q_hi[a_row][a_col]);
+          ldmatrix_x4(a_lo, &p1.q_lo[a_row][a_col]);
+#pragma unroll
+          for (int pair = 0; pair < 2; ++pair) {
+            // Matrix i = lane / 8: n-tile 2 pair + i / 2, k half i % 2: b0, b1 of two n-tiles.
+            const int b_row = 32 * half + 8 * (2 * pair + lane / 16) + lane % 8, b_col = 16 * ks + 8 * ((lane / 8) % 2);
+            uint32_t b[4];
+            ldmatrix_x4(b, &p1.k_hi[b_row][b_col]);
+            mma_16816(mma::Operand::bf16, acc[2 * pair], a_hi, b[0], b[1]);
+            mma_16816(mma::Operand::bf16, acc[2 * pair], a_lo, b[0], b[1]);
+            mma_16816(mma::Operand::bf16, acc[2 * pair + 1], a_hi, b[2], b[3]);
+            mma_16816(mma::Operand::bf16, acc[2 * pair + 1], a_lo, b[2], b[3]);
+            if constexpr (!kIsBf16<Elem>) {
+              ldmatrix_x4(b, &p1.k_lo[b_row][b_col]);
+              mma_16816(mma::Operand::bf16, acc[2 * pair], a_hi, b[0], b[1]);
+              mma_16816(mma::Operand::bf16, acc[2 * pair + 1], a_hi, b[2], b[3]);
+            }
+          }
+        }
+        // acc[nt][2 r + c]: unit[r], key 32 half + 8 nt + 2 t + c; f(r, key, a, e)
+        // for each of them the unit attends.
+        float q_bound[2];
+        int64_t end[2];
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          q_bound[r] = p1.q_bound[unit[r]];
+          end[r] = bk.attended_end(unit[r] / G);
+        }
+        auto each_attended = [&](auto&& f) {
+#pragma unroll
+          for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+            for (int c = 0; c < 2; ++c) {
+              const int kk = 32 * half + 8 * nt + 2 * t + c;
+              const float k_bound = p1.k_bound[kk];
+#pragma unroll
+              for (int r = 0; r < 2; ++r)
+                if (first_key + kk < end[r]) f(r, kk, acc[nt][2 * r + c], q_bound[r] * k_bound);
+            }
+        };
+        // Lower bounds a - e first (NaN: no bound), joined over the quad.
+        each_attended([&](int r, int, float a, float e) {
+          const float low = a - e;
+          if (low > lower[r]) lower[r] = low;
+        });
+        float best[2];
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+#pragma unroll
+          for (int off = 1; off < 4; off <<= 1) {
+            const float o = __shfl_xor_sync(kFullMask, lower[r], off);
+            lower[r] = o > lower[r] ? o : lower[r];
+          }
+          if (t == 0) p1.lower[par][half][unit[r]] = lower[r];
+          // The other key half's bound of the previous tile (written before this tile's barriers).
+          const float other = p1.lower[par ^ 1][half ^ 1][unit[r]];
+          best[r] = other > lower[r] ? other : lower[r];
+        }
+        // Candidates: keys whose upper bound a + e reaches the best lower bound
+        // (NaN and Inf bounds included); any other key's dot is below that of
+        // the key that gave the bound.
+        each_attended([&](int r, int kk, float a, float e) {
+          if (!(a + e < best[r])) p1.candidates[atomicAdd(&p1.count[par], 1u)] = static_cast<uint32_t>(unit[r] << 6 | kk);
+        });
+        if (tid == 0) p1.count[par ^ 1] = 0;  // the next tile's list (its last reader was the previous tile)
+        __syncthreads();
+        const int n = static_cast<int>(p1.count[par]);
+        if (n > kCandidateLimit) {
+          every_score = true;
+        } else {
+          // One warp per candidate: canon::dot's lane chains and butterfly.
+          for (int i = warp; i < n; i += kThreads / kWarp) {
+            const uint32_t cand = p1.candidates[i];
+            const int u = static_cast<int>(cand >> 6), kk = static_cast<int>(cand & 63u);
+            float qv[C], kv[C];
+            load_run<float, C>(&sm.q[u][lane * C], qv);
+            load_run<float, C>(&sm.tile[kk][lane * C], kv);
+            float v = 0.0f;
+#pragma unroll
+            for (int c = 0; c < C; ++c) v = canon::fma_f32(qv[c], kv[c], v);
+            const float score = warp_butterfly_sum(v) * score_scale;
+            if (lane == 0 && !is_nan(score)) atomicMax(&p1.max_key[u], ordered_key(score));
+          }
+        }
+      }
+      if (every_score) {
+        float sc[4][4];
+        scores(first_key, sc);
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+#pragma unroll
+          for (int j = 0; j < 4; ++j) run_max[i] = sc[i][j] > run_max[i] ? sc[i][j] : run_max[i];
+      }
     }
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       const float m = group16_max(run_max[i]);
-      if (k0 == 0) sm.global_max[u0 + i] = m;
+      if (k0 == 0 && !is_nan(m)) atomicMax(&p1.max_key[u0 + i], ordered_key(m));
     }
+    __syncthreads();
+    if (tid < kUnits) sm.global_max[tid] = from_ordered_key(p1.max_key[tid]);
+    __syncthreads();  // pass 2 reuses p1's memory
   }
 
   // Pass 2. P.V coordinates: units 8 * warp .. + 7, dims lane * C .. + C - 1;
@@ -332,7 +590,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   for (int i = 0; i < 8; ++i) {
     out_sum[i] = 0.0f;
 #pragma unroll
-    for (int c = 0; c < C; ++c) sm.o[pu0 + i][lane * C + c] = 0.0f;
+    for (int c = 0; c < C; ++c) sm.p2.o[pu0 + i][lane * C + c] = 0.0f;
   }
   for (int32_t part = 0; part < parts; ++part) {
     const int32_t n_chunks = chunks_of(part);
@@ -343,7 +601,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       scores(part_first + ch * kChunk, sc);
 #pragma unroll
       for (int j = 0; j < 4; ++j)
-        *reinterpret_cast<float4*>(&sm.s[ch * kChunk + k0 + 16 * j][u0]) =
+        *reinterpret_cast<float4*>(&sm.p2.s[ch * kChunk + k0 + 16 * j][u0]) =
             make_float4(sc[0][j], sc[1][j], sc[2][j], sc[3][j]);
     }
     // Softmax of the partition: keys [0, n) of sm.s hold its scores.
@@ -353,14 +611,14 @@ __global__ void __launch_bounds__(kThreads, 1)
       const int u = tid % kUnits, qtr = tid / kUnits;
       constexpr int kQuarter = kPartitionSize / (kThreads / kUnits);
       float m = canon::neg_inf();
-      for (int j = qtr * kQuarter; j < (qtr + 1) * kQuarter && j < n; ++j) m = sm.s[j][u] > m ? sm.s[j][u] : m;
-      sm.quarter_max[qtr][u] = m;
+      for (int j = qtr * kQuarter; j < (qtr + 1) * kQuarter && j < n; ++j) m = sm.p2.s[j][u] > m ? sm.p2.s[j][u] : m;
+      sm.p2.quarter_max[qtr][u] = m;
     }
     __syncthreads();
     if (tid < kUnits) {
       float m = canon::neg_inf();
 #pragma unroll
-      for (int qtr = 0; qtr < kThreads / kUnits; ++qtr) m = sm.quarter_max[qtr][tid] > m ? sm.quarter_max[qtr][tid] : m;
+      for (int qtr = 0; qtr < kThreads / kUnits; ++qtr) m = sm.p2.quarter_max[qtr][tid] > m ? sm.p2.quarter_max[qtr][tid] : m;
       sm.part_max[tid] = m;
     }
     __syncthreads();
@@ -371,18 +629,18 @@ __global__ void __launch_bounds__(kThreads, 1)
       for (int l = tid / kUnits; l < kWarp; l += kThreads / kUnits) {
         float sum = 0.0f;
         for (int j = l * canon::kLaneRun; j < (l + 1) * canon::kLaneRun && j < n; ++j) {
-          const float p = canon::probability(sm.s[j][u], m);
-          sm.s[j][u] = p;
+          const float p = canon::probability(sm.p2.s[j][u], m);
+          sm.p2.s[j][u] = p;
           sum = sum + p;
         }
-        sm.run[u][l] = sum;
+        sm.p2.run[u][l] = sum;
       }
     }
     __syncthreads();
     if (tid < kUnits) {
       float v[kWarp];
 #pragma unroll
-      for (int l = 0; l < kWarp; ++l) v[l] = sm.run[tid][l];
+      for (int l = 0; l < kWarp; ++l) v[l] = sm.p2.run[tid][l];
       sm.part_sum[tid] = butterfly_lane0(v);
     }
     // (advance()'s barrier publishes the probabilities and sums.)
@@ -411,7 +669,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       out_sum[i] = canon::fma_f32(sm.part_sum[pu0 + i], w, out_sum[i]);
 #pragma unroll
       for (int c = 0; c < C; ++c) {
-        float& o = sm.o[pu0 + i][lane * C + c];
+        float& o = sm.p2.o[pu0 + i][lane * C + c];
         o = canon::fma_f32(acc[i][c], w, o);
       }
     }
@@ -427,12 +685,26 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int c = 0; c < C; ++c) {
       const int d = lane * C + c;
       store_float(a.out.data, a.out.dtype, a.out.offset(int64_t{blk.first_row} + r, kv_head * G + u % G, d),
-                  (sm.o[u][d] / out_sum[i]) * a.scales.v_scale);
+                  (sm.p2.o[u][d] / out_sum[i]) * a.scales.v_scale);
     }
   }
 }
 
 // ---------------------------------------------------------------- dispatch
+// KVSIM_PREFILL_PASS1=every computes every canonical score in pass 1 (the
+// kernel before the bounds), for same-binary before/after timings; unset or
+// `bounded`: the bounds where the scale allows them. The bytes are the same.
+bool pass1_bounds_allowed() {
+  static const bool allowed = [] {
+    const char* env = std::getenv("KVSIM_PREFILL_PASS1");
+    if (env == nullptr || *env == '\0' || std::string_view(env) == "bounded") return true;
+    if (std::string_view(env) == "every") return false;
+    throw ValidationError(ErrorCode::bad_argument,
+                          std::string("KVSIM_PREFILL_PASS1 = '") + env + "': expected bounded or every (or unset: bounded)");
+  }();  // a throw leaves it unset: the next call throws again
+  return allowed;
+}
+
 template <class Elem, int C, int G>
 bool launch_shape(const AttentionArgs& a, const RowBlock* blocks, int32_t n_blocks, cudaStream_t stream,
                   KernelInfo* info) {
@@ -440,7 +712,8 @@ bool launch_shape(const AttentionArgs& a, const RowBlock* blocks, int32_t n_bloc
   const int smem = static_cast<int>(sizeof(Smem<C>));
   if (prefill_kernel_setup(kernel, kThreads, smem, kChunk, 1, info)) return true;
   const int32_t kv_heads = a.pools.geometry.kv_heads;
-  kernel<<<static_cast<unsigned>(n_blocks) * kv_heads, kThreads, smem, stream>>>(a, blocks, kv_heads);
+  kernel<<<static_cast<unsigned>(n_blocks) * kv_heads, kThreads, smem, stream>>>(a, blocks, kv_heads,
+                                                                                 pass1_bounds_allowed());
   check_launch("prefill_attention", "prefill_tiled_kernel", stream);
   return true;
 }

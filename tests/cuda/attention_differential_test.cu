@@ -543,6 +543,82 @@ TEST_CASE("PrefillTiledNanTailAndSpecialsAreTheOracles: NaN and Inf codes reach 
   }
 }
 
+// Pass 1 of the tiled prefill kernel finds each row's max from tensor-core
+// bounds and the canonical scores of the candidates only. Near-tie keys put
+// many keys inside one bound of each other (spread 0: every key the same, so
+// every tile falls back to all its scores; 1e-3: most; 0.02 and 0.3: a few
+// per tile), a negative or zero k_scale turns the bounds off, and tiny and huge q
+// scales leave the bound's range. The max shows in the LSE (M + log L) and,
+// through the merge weights, in the output: both are compared byte for byte.
+TEST_CASE("PrefillTiledBoundedMaxIsTheOracles: near-tie keys, scales off the bound's range, LSE bytes") {
+  SKIP_WITHOUT_GPU();
+  auto cpu = make_backend("cpu");
+  int i = 0;
+  for (CacheDtype dtype : {CacheDtype::bf16, CacheDtype::fp16, CacheDtype::fp32})
+    for (float spread : {0.0f, 1e-3f, 0.02f, 0.3f})
+      for (float scale : {1.0f, -0.5f, 0.0f, 1e-20f, 1e16f}) {
+        if ((scale != 1.0f) && spread != 0.02f) continue;
+        AttentionCase c;
+        c.dtype = dtype;
+        c.group = i % 2 ? 4 : 8;
+        c.kv_heads = 2;
+        c.page = i % 3 ? 16 : 7;
+        c.layout = i % 2 ? BlockLayout::hnd : BlockLayout::nhd;
+        c.q_dtype = kFloats[i % 3];
+        c.seq_lens = {700 + i, 300, 1100};
+        c.chunk = {700 + i, 64, 600};
+        c.key_spread = spread;
+        c.seed = 777 + i;
+        AttentionProblem p = make_problem(c);
+        if (scale == -0.5f || scale == 0.0f) p.attention_scales.k_scale = scale;
+        if (scale == 1e-20f || scale == 1e16f) {  // q itself out of [2^-60, 2^50]: every key a candidate
+          for (int64_t e = 0; e < p.rows * p.query_heads() * c.head_dim; ++e)
+            store_float(p.q.data(), c.q_dtype, e, load_float(p.q.data(), c.q_dtype, e) * scale);
+          p.attention_scales.sm_scale = 1.0f / scale;
+        }
+        INFO(c.describe() << " scale case " << scale);
+        const int64_t lse_count = p.rows * p.query_heads();
+        // The oracle, with its LSE.
+        PlacedProblem host;
+        host.pools = cpu->allocate_pools(p.geometry, 0xFF);
+        cpu->to_backend(host.pools.data[0], p.pool.data(), p.pool.size());
+        BackendBuffer q(*cpu, p.q.size()), out(*cpu, p.out_bytes()), lse(*cpu, lse_count * 4);
+        q.upload(p.q.data(), p.q.size());
+        host.q = q.get();
+        host.out = out.get();
+        PrefillAttentionOp op = prefill_op(p, host);
+        op.lse = contiguous_view(lse.get(), CacheDtype::fp32, {p.rows, p.query_heads()});
+        cpu->prefill_attention(host.pools, op);
+        std::vector<uint8_t> want_out(p.out_bytes()), want_lse(lse_count * 4);
+        out.download(want_out.data(), want_out.size());
+        lse.download(want_lse.data(), want_lse.size());
+        cpu->release_pools(host.pools);
+        // The GPU's.
+        DeviceProblem dev(p);
+        REQUIRE(cuda::prefill_tiled_applies(dev.placed.pools, q_view(p, dev.placed.q), p.window));
+        void* dev_lse = nullptr;
+        REQUIRE(cudaMalloc(&dev_lse, lse_count * 4) == cudaSuccess);
+        REQUIRE(cudaMemset(dev_lse, 0xFF, lse_count * 4) == cudaSuccess);
+        PrefillAttentionOp dop = prefill_op(p, dev.placed);
+        dop.lse = contiguous_view(dev_lse, CacheDtype::fp32, {p.rows, p.query_heads()});
+        validate_prefill_attention(dev.placed.pools, dop);
+        cuda::prefill_attention(dev.placed.pools, dop, nullptr);
+        REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+        std::vector<uint8_t> got_lse(lse_count * 4);
+        REQUIRE(cudaMemcpy(got_lse.data(), dev_lse, got_lse.size(), cudaMemcpyDeviceToHost) == cudaSuccess);
+        cudaFree(dev_lse);
+        const std::vector<uint8_t> got_out = dev.download_out(p);
+        INFO("first difference: " << first_difference(p, want_out, got_out));
+        CHECK(want_out == got_out);
+        int64_t lse_differ = 0;
+        for (size_t b = 0; b < want_lse.size(); b += 4) lse_differ += std::memcmp(&want_lse[b], &got_lse[b], 4) != 0;
+        CHECK(lse_differ == 0);
+        ++i;
+      }
+  MESSAGE("bounded pass 1: " << i << " cases, output and LSE compared");
+  CHECK(i == 3 * (4 + 4));
+}
+
 // ---------------------------------------------------------------- the mma order
 // attention_mma.cu's tensor-core kernel against core's attend_query_mma (the
 // mma.sync model) on the CPU, byte for byte: the sampled product of every

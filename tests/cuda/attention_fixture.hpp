@@ -39,6 +39,9 @@ struct AttentionCase {
   int32_t special_every = 0;
   uint32_t seed = 1;
   AttentionOrder order = AttentionOrder::fp32;
+  // >= 0: every live K row is one base row (per KV head) plus key_spread times
+  // uniform noise in [-1, 1]: near-tie scores (0: every key the same).
+  float key_spread = -1.0f;
 
   std::string describe() const {
     std::string s = std::string(dtype_name(dtype)) + " " + std::string(layout_name(layout)) + " " +
@@ -47,7 +50,8 @@ struct AttentionCase {
                     " q=" + std::string(dtype_name(q_dtype)) + " out=" + std::string(dtype_name(out_dtype)) +
                     " window=" + std::to_string(window) + "/" + std::to_string(sinks) + (one_more_block ? "+1" : "") +
                     (nan_tail ? " nan-tail" : "") +
-                    (special_every ? " inf/nan every " + std::to_string(special_every) : "") + " order " +
+                    (special_every ? " inf/nan every " + std::to_string(special_every) : "") +
+                    (key_spread >= 0.0f ? " key spread " + std::to_string(key_spread) : "") + " order " +
                     attention_order_name(order) + " lens=";
     for (int32_t l : seq_lens) s += std::to_string(l) + ",";
     if (!chunk.empty()) {
@@ -165,6 +169,12 @@ inline AttentionProblem make_problem(const AttentionCase& c) {
   }
   const int elem = bits_per_element(g.dtype) / 8;
   std::vector<uint8_t> code;
+  std::vector<float> key_base;  // [kv_heads][head_dim]
+  if (c.key_spread >= 0.0f) {
+    std::mt19937 base_rng(c.seed ^ 0x5EEDu);
+    std::uniform_real_distribution<float> uni(-1.0f, 1.0f);
+    for (int64_t i = 0; i < int64_t{g.kv_heads} * g.head_dim; ++i) key_base.push_back(uni(base_rng));
+  }
   for (size_t b = 0; b < c.seq_lens.size(); ++b) {
     const int64_t live_slots = p.window.cache_length(c.seq_lens[b]);
     for (int64_t pg = 0; pg < pages[b]; ++pg) {
@@ -183,6 +193,16 @@ inline AttentionProblem make_problem(const AttentionCase& c) {
                         codec::f32_to_e4m3(0.5f + 1.5f * static_cast<float>(rng() % 1024) / 1024.0f);
                 } else {
                   random_code(g.dtype, rng, code);
+                  if (kv == 0 && !key_base.empty()) {
+                    std::uniform_real_distribution<float> uni(-1.0f, 1.0f);
+                    const float f = key_base[int64_t{h} * g.head_dim + d] + c.key_spread * uni(rng);
+                    if (g.dtype == CacheDtype::fp32) {
+                      std::memcpy(code.data(), &f, 4);
+                    } else {
+                      const uint16_t x = g.dtype == CacheDtype::fp16 ? codec::f32_to_f16(f) : codec::f32_to_bf16(f);
+                      std::memcpy(code.data(), &x, 2);
+                    }
+                  }
                   if (c.special_every > 0 && rng() % c.special_every == 0) {
                     const std::vector<uint8_t> sp = special_code(g.dtype, rng());
                     if (!sp.empty()) code = sp;
