@@ -21,6 +21,8 @@
 #include <kvsim/core/codecs.hpp>
 #include <limits>
 
+#include "../support/nvfp4_edge_blocks.hpp"
+
 namespace {
 
 using namespace kvsim::codec;
@@ -415,44 +417,24 @@ TEST_CASE("nvfp4: NaN element, underflowing scale, saturating scale") {
 
 TEST_CASE("nvfp4: a row of blocks (nvfp4_quantize_blocks) is nvfp4_quantize16 block by block") {
   // The CPU's row form (every block's amax, scale, multiplier, then every
-  // code) against the one-block form, for 1..8 blocks, over values that
-  // reach every branch of the codecs: NaN, +-Inf, +-0, subnormals, e2m1
+  // code) against the one-block form, for 1..8 blocks, over the edge blocks
+  // (tests/support/nvfp4_edge_blocks.hpp): NaN, +-Inf, +-0, subnormals, e2m1
   // midpoints, values that saturate the scale, and ordinary ones.
-  const float specials[] = {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity(),
-                            -std::numeric_limits<float>::infinity(), 0.0f, -0.0f, 1e-45f, -3e-39f, 0.25f, 0.75f,
-                            -1.25f, 1.75f, 2.5f, -3.5f, 5.0f, 6.0f, 1e30f, -65504.0f, 448.0f * 6.0f};
-  uint64_t state = 0x9E3779B97F4A7C15ull;
-  const auto next = [&] {
-    state ^= state << 13, state ^= state >> 7, state ^= state << 17;
-    return state;
-  };
-  const float globals[] = {1.0f, 0.5f, 3.0e-3f, 1.0f / 448.0f, 7.0f};
   int64_t blocks_checked = 0;
-  for (int trial = 0; trial < 4000; ++trial) {
-    const int blocks = 1 + trial % 8;
-    const float g = globals[trial % 5];
-    float x[8 * 16];
-    for (int i = 0; i < blocks * 16; ++i) {
-      const uint64_t r = next();
-      switch (r % 4) {
-        case 0: x[i] = specials[(r >> 8) % (sizeof specials / sizeof specials[0])]; break;
-        case 1: x[i] = std::bit_cast<float>(static_cast<uint32_t>(r >> 16));  break;  // any bits
-        default: x[i] = (static_cast<float>((r >> 16) % 20001) - 10000.0f) * 1e-3f * (1 + (r >> 40) % 50); break;
-      }
-    }
+  kvsim::testing::for_each_nvfp4_edge_row([&](int row, int blocks, float g, const float* x) {
     uint8_t packed[8 * 8], scales[8];
     nvfp4_quantize_blocks<8>(x, blocks, g, packed, scales);
     for (int b = 0; b < blocks; ++b) {
       uint8_t want[8];
       const uint8_t want_scale = nvfp4_quantize16(x + 16 * b, g, want);
-      CAPTURE(trial);
+      CAPTURE(row);
       CAPTURE(b);
       CHECK(int(scales[b]) == int(want_scale));
       for (int i = 0; i < 8; ++i) CHECK(int(packed[8 * b + i]) == int(want[i]));
       ++blocks_checked;
     }
-  }
-  CHECK(blocks_checked == 18000);
+  });
+  CHECK(blocks_checked == kvsim::testing::kNvfp4EdgeBlocks);
 }
 
 }  // namespace

@@ -34,17 +34,14 @@
 #include "backends/cpu/attention_fast.hpp"
 #include "backends/cpu/cpu_backend.hpp"
 
+#include "../support/cpu_isas.hpp"
+
 using namespace kvsim;
 namespace fast = kvsim::cpu_attention;
 
 namespace {
 
-std::vector<CpuIsa> machine_isas() {
-  std::vector<CpuIsa> v;
-  for (CpuIsa isa : {CpuIsa::portable, CpuIsa::avx2, CpuIsa::avx512})
-    if (cpu_isa_supported(isa)) v.push_back(isa);
-  return v;
-}
+using kvsim::testing::machine_isas;
 
 // Every path against the reference (core's attend_query compiled for
 // baseline x86-64): the fast path at every ISA this CPU runs, and the
