@@ -73,6 +73,7 @@
 #include <vector>
 
 #include "../cache_io.hpp"
+#include "../nvfp4_rows.hpp"
 #include "../page_table.hpp"
 #include "../rope.hpp"
 #include "../tensor.hpp"
@@ -262,14 +263,16 @@ KVSIM_HD inline uint16_t qkv_cache_code_pair(float x0, float x1, float encode_sc
 
 // nvfp4 dims [dim0, dim0 + count) (multiples of 16) of one head's cache row
 // from x[0..count): each block quantized (nvfp4_quantize_blocks, kNvfp4RowBlocks
-// at a time: nvfp4_quantize16 per block), its scale byte
+// at a time: nvfp4_quantize16 per block; on a host, by nvfp4_rows, which
+// gives the same bytes: nvfp4_rows.hpp), its scale byte
 // stored at scale_offset, its 8 packed bytes handed to store(d0, packed) --
 // nibble by nibble through element_offset, or as 8 bytes where the row is
 // one run from a whole byte.
-template <class StorePacked>
+template <class StorePacked, class Nvfp4Rows = CoreNvfp4Rows>
 KVSIM_HD inline void qkv_store_nvfp4_blocks(const KvPools& pools, int32_t layer, int64_t block, int32_t entry,
                                             int32_t kv, int32_t head, int32_t dim0, int32_t count, const float* x,
-                                            float global_scale, StorePacked store) {
+                                            float global_scale, StorePacked store,
+                                            [[maybe_unused]] Nvfp4Rows nvfp4_rows = {}) {
   uint8_t* scales = pools.scale_bytes(PoolKind::primary);
   const PoolStrides& ss = pools.scale_strides[static_cast<int>(PoolKind::primary)];
   constexpr int kBlocks = codec::kNvfp4RowBlocks, kElems = codec::kNvfp4BlockElems;
@@ -284,7 +287,7 @@ KVSIM_HD inline void qkv_store_nvfp4_blocks(const KvPools& pools, int32_t layer,
     for (int32_t g0 = 0; g0 < count; g0 += kBlocks * kElems) {  // kNvfp4RowBlocks blocks at a time
       const int32_t blocks = (count - g0 < kBlocks * kElems ? count - g0 : kBlocks * kElems) / kElems;
       uint8_t packed[kBlocks * kElems / 2], scale_codes[kBlocks];
-      codec::nvfp4_quantize_blocks<kBlocks>(x + g0, blocks, global_scale, packed, scale_codes);
+      nvfp4_rows(x + g0, blocks, global_scale, packed, scale_codes);
       for (int32_t b = 0; b < blocks; ++b) {
         const int32_t d0 = g0 + b * kElems;
         store(d0, packed + b * kElems / 2);
@@ -629,8 +632,9 @@ KVSIM_HD inline void qkv_store_cache_run(uint8_t* pool, int64_t e0, int32_t n, c
   }
 }
 
+template <class Nvfp4Rows = CoreNvfp4Rows>
 KVSIM_HD inline void qkv_preprocess_head_row(const KvPools& pools, const QkvPreprocessArgs& a, int32_t b, int32_t t,
-                                             int64_t row, int32_t fused_head) {
+                                             int64_t row, int32_t fused_head, Nvfp4Rows nvfp4_rows = {}) {
   const int64_t cache_len = a.cache_lens[b];
   const int64_t position = cache_len - a.seq_lens[b] + t;
   const bool is_q = fused_head < a.num_q_heads;
@@ -666,7 +670,7 @@ KVSIM_HD inline void qkv_preprocess_head_row(const KvPools& pools, const QkvPrep
       qkv_store_nvfp4_blocks(pools, a.layer, block, entry, kv, head, 0, D, x,
                              is_v ? a.v_global_scale : a.k_global_scale, [&](int32_t d0, const uint8_t* packed) {
                                for (int32_t i = 0; i < codec::kNvfp4BlockElems / 2; ++i) bytes[d0 / 2 + i] = packed[i];
-                             });
+                             }, nvfp4_rows);
       return;
     }
   }
@@ -678,13 +682,14 @@ KVSIM_HD inline void qkv_preprocess_head_row(const KvPools& pools, const QkvPrep
 // `row`) and kv head `kv_head` -- the whole heads of the kv head's query
 // group, its K and V heads, and, for the chunk's last token in a context
 // step, its zeroed V tail. The default is one chunk per head; kChunk = 0 runs
-// whole heads as rows (qkv_preprocess_head_row), what the CPU backend takes.
-template <int kChunk = kQkvMaxHeadDim>
+// whole heads as rows (qkv_preprocess_head_row), what the CPU backend takes,
+// with its nvfp4 quantizer (nvfp4_rows.hpp).
+template <int kChunk = kQkvMaxHeadDim, class Nvfp4Rows = CoreNvfp4Rows>
 KVSIM_HD inline void qkv_preprocess_token_head(const KvPools& pools, const QkvPreprocessArgs& a, int32_t b, int32_t t,
-                                               int64_t row, int32_t kv_head) {
+                                               int64_t row, int32_t kv_head, Nvfp4Rows nvfp4_rows = {}) {
   static_assert(kChunk % codec::kNvfp4BlockElems == 0, "chunks hold whole nvfp4 scale blocks");
   auto head = [&](int32_t fused_head) {
-    if constexpr (kChunk == 0) qkv_preprocess_head_row(pools, a, b, t, row, fused_head);
+    if constexpr (kChunk == 0) qkv_preprocess_head_row(pools, a, b, t, row, fused_head, nvfp4_rows);
     else qkv_preprocess_head<kChunk>(pools, a, b, t, row, fused_head);
   };
   const int32_t group = a.num_q_heads / a.kv_heads;

@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "../cache_io.hpp"
+#include "../nvfp4_rows.hpp"
 #include "../page_table.hpp"
 #include "../tensor.hpp"
 
@@ -260,10 +261,13 @@ KVSIM_HD inline void write_fp8_pairs_row(uint8_t* pool, const PoolStrides& s, co
 // their indexing is known at compile time, and the host's row form put 160
 // bytes of stack in every write kernel and took their items from 104 to 164
 // registers (session 27, ptxas -v). The device's word paths
-// (write_quantized_chunks, copy_words16) are its fast case anyway.
+// (write_quantized_chunks, copy_words16) are its fast case anyway. The host's
+// takes its nvfp4 quantizer as a parameter (nvfp4_rows.hpp: core's by default,
+// or a backend's of the same bytes).
 #if defined(__CUDA_ARCH__)
+template <class Nvfp4Rows = CoreNvfp4Rows>  // unused here: the device quantizes a block at a time
 KVSIM_HD inline void write_pool_row(const KvPools& pools, const PoolRow& r, int32_t dim0, int32_t count,
-                                    const InputRow& in, RowEncoding encoding, float scale) {
+                                    const InputRow& in, RowEncoding encoding, float scale, Nvfp4Rows = {}) {
   const PoolStrides& s = pools.strides_of(PoolKind::primary);
   uint8_t* pool = pools.bytes(PoolKind::primary);
   const CacheDtype pool_dtype = pools.geometry.dtype;
@@ -318,8 +322,9 @@ KVSIM_HD inline void write_pool_row(const KvPools& pools, const PoolRow& r, int3
   }
 }
 #else
+template <class Nvfp4Rows = CoreNvfp4Rows>
 KVSIM_HD inline void write_pool_row(const KvPools& pools, const PoolRow& r, int32_t dim0, int32_t count,
-                                    const InputRow& in, RowEncoding encoding, float scale) {
+                                    const InputRow& in, RowEncoding encoding, float scale, Nvfp4Rows nvfp4_rows = {}) {
   const PoolStrides& s = pools.strides_of(PoolKind::primary);
   uint8_t* pool = pools.bytes(PoolKind::primary);
   const CacheDtype pool_dtype = pools.geometry.dtype;
@@ -344,7 +349,7 @@ KVSIM_HD inline void write_pool_row(const KvPools& pools, const PoolRow& r, int3
       break;
     }
     case RowEncoding::nvfp4: {
-      // Up to kNvfp4RowBlocks blocks at a time (nvfp4_quantize_blocks).
+      // Up to kNvfp4RowBlocks blocks at a time (nvfp4_rows: nvfp4_quantize_blocks by default).
       constexpr int kBlocks = codec::kNvfp4RowBlocks, kElems = codec::kNvfp4BlockElems;
       uint8_t* scale_pool = pools.scale_bytes(PoolKind::primary);
       const PoolStrides& ss = pools.scale_strides[static_cast<int>(PoolKind::primary)];
@@ -353,7 +358,7 @@ KVSIM_HD inline void write_pool_row(const KvPools& pools, const PoolRow& r, int3
         float x[kBlocks * kElems];
         load_floats(in.data, in.dtype, in.at(g0), in.stride, n, x);
         uint8_t packed[kBlocks * kElems / 2], scale_codes[kBlocks];
-        codec::nvfp4_quantize_blocks<kBlocks>(x, n / kElems, scale, packed, scale_codes);
+        nvfp4_rows(x, n / kElems, scale, packed, scale_codes);
         const int64_t e0 = pool_row_offset(s, r, dim0 + g0);
         if (dims_contiguous(s.inner[r.kv], dim0 + g0, n) && (e0 & 1) == 0) {
           copy_bytes_run(pool + (e0 >> 1), packed, n / 2);  // element 2i: the low nibble of byte i
@@ -576,14 +581,16 @@ __device__ inline bool write_quantized_chunks(const KvPools& pools, int32_t chun
 }
 #endif
 
-// Both rows of one (token, KV head) target: K (kv 0) from `k`, V (kv 1) from `v`.
+// Both rows of one (token, KV head) target: K (kv 0) from `k`, V (kv 1) from
+// `v`; nvfp4 rows quantized by nvfp4_rows (host only: nvfp4_rows.hpp).
+template <class Nvfp4Rows = CoreNvfp4Rows>
 KVSIM_HD inline void write_kv_rows(const KvPools& pools, PoolRow r, InputRow k, RowEncoding k_encoding, float k_scale,
-                                   InputRow v, RowEncoding v_encoding, float v_scale) {
+                                   InputRow v, RowEncoding v_encoding, float v_scale, Nvfp4Rows nvfp4_rows = {}) {
   const int32_t D = pools.geometry.head_dim;
   r.kv = 0;
-  write_pool_row(pools, r, 0, D, k, k_encoding, k_scale);
+  write_pool_row(pools, r, 0, D, k, k_encoding, k_scale, nvfp4_rows);
   r.kv = 1;
-  write_pool_row(pools, r, 0, D, v, v_encoding, v_scale);
+  write_pool_row(pools, r, 0, D, v, v_encoding, v_scale, nvfp4_rows);
 }
 
 // Work item (token i, KV head, kv, chunks chunk + k * stride for k < n): chunks of the K (kv 0) or V (kv 1) row.
@@ -615,12 +622,15 @@ __device__ inline void append_paged_chunks_quantized(const KvPools& pools, const
 }
 #endif
 
-// Work item (token i, KV head): K and V rows of that head.
-KVSIM_HD inline void append_paged_token_head(const KvPools& pools, const AppendPagedArgs& a, int64_t i, int32_t head) {
+// Work item (token i, KV head): K and V rows of that head (nvfp4 rows
+// quantized by nvfp4_rows, a host backend's choice: nvfp4_rows.hpp).
+template <class Nvfp4Rows = CoreNvfp4Rows>
+KVSIM_HD inline void append_paged_token_head(const KvPools& pools, const AppendPagedArgs& a, int64_t i, int32_t head,
+                                             Nvfp4Rows nvfp4_rows = {}) {
   PoolRow r = append_target(a.table, a.layer, a.batch_indices[i], a.positions[i]);
   r.head = head;
   write_kv_rows(pools, r, input_row(a.k, i, head), a.encoding, a.k_global_scale, input_row(a.v, i, head), a.encoding,
-                a.v_global_scale);
+                a.v_global_scale, nvfp4_rows);
 }
 
 // ---------------------------------------------------------------- reshape_and_cache
