@@ -11,6 +11,7 @@
 
 #include "backends/cpu/cpu_backend.hpp"
 #include "backends/cpu/cpu_target.hpp"
+#include "backends/cpu/nvfp4_rows.hpp"
 
 namespace kvsim {
 namespace {
@@ -21,26 +22,28 @@ namespace {
 // (load_floats, the bias, rope_rotate, store_floats, qkv_store_cache_run)
 // are compiled with vector instructions. Only the width changes: the same
 // operations in the same order (-ffp-contract=off stays), so the same bytes
-// at every ISA (tests/oracle/qkv_preprocess_test.cpp runs each).
-using QkvItemFn = void (*)(const KvPools&, const QkvPreprocessArgs&, int32_t, int32_t, int64_t, int32_t);
+// at every ISA (tests/oracle/qkv_preprocess_test.cpp runs each). nvfp4
+// caches are quantized by the ISA's cpu_nvfp4 quantizer (nvfp4_rows.hpp).
+using QkvItemFn = void (*)(const KvPools&, const QkvPreprocessArgs&, int32_t, int32_t, int64_t, int32_t,
+                           cpu_nvfp4::Rows);
 
 void qkv_item_baseline(const KvPools& pools, const QkvPreprocessArgs& a, int32_t b, int32_t t, int64_t row,
-                       int32_t kv_head) {
-  qkv_preprocess_token_head<0>(pools, a, b, t, row, kv_head);
+                       int32_t kv_head, cpu_nvfp4::Rows rows) {
+  qkv_preprocess_token_head<0>(pools, a, b, t, row, kv_head, rows);
 }
 
 #if KVSIM_CPU_X86
 KVSIM_CPU_TARGET_BEGIN(KVSIM_CPU_TARGET_AVX2)
 __attribute__((flatten)) void qkv_item_avx2(const KvPools& pools, const QkvPreprocessArgs& a, int32_t b, int32_t t,
-                                            int64_t row, int32_t kv_head) {
-  qkv_preprocess_token_head<0>(pools, a, b, t, row, kv_head);
+                                            int64_t row, int32_t kv_head, cpu_nvfp4::Rows rows) {
+  qkv_preprocess_token_head<0>(pools, a, b, t, row, kv_head, rows);
 }
 KVSIM_CPU_TARGET_END
 
 KVSIM_CPU_TARGET_BEGIN(KVSIM_CPU_TARGET_AVX512)
 __attribute__((flatten)) void qkv_item_avx512(const KvPools& pools, const QkvPreprocessArgs& a, int32_t b, int32_t t,
-                                              int64_t row, int32_t kv_head) {
-  qkv_preprocess_token_head<0>(pools, a, b, t, row, kv_head);
+                                              int64_t row, int32_t kv_head, cpu_nvfp4::Rows rows) {
+  qkv_preprocess_token_head<0>(pools, a, b, t, row, kv_head, rows);
 }
 KVSIM_CPU_TARGET_END
 #endif
@@ -70,9 +73,10 @@ void CpuBackend::run_qkv_preprocess_write(const KvPools& pools, const QkvPreproc
   const int64_t items = static_cast<int64_t>(row_sequence.size()) * kv_heads;
 
   const QkvItemFn item = qkv_item_at(isa_);
+  const cpu_nvfp4::Rows rows{cpu_nvfp4::rows_at(isa_)};
   for_each_item(items, [&](int64_t i) {
     const int64_t row = i / kv_heads;
-    item(pools, args, row_sequence[row], row_token[row], row, static_cast<int32_t>(i % kv_heads));
+    item(pools, args, row_sequence[row], row_token[row], row, static_cast<int32_t>(i % kv_heads), rows);
   });
 }
 
