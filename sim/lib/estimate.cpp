@@ -15,7 +15,10 @@
 namespace kvsim::sim {
 namespace {
 
-constexpr int64_t kRecordRowBytes = 72;  // RecordedOutput: key (request id, layer, kind, position), digest, offset
+// RecordedOutput (key: request id, layer, kind, position; digest, length,
+// order, spill offset) is 80 bytes; RunRecord's deque keeps 6 in a 480-byte
+// node, 496 bytes with malloc's header.
+constexpr int64_t kRecordRowBytes = 83;
 constexpr int64_t kIndexerRowBytes = 128 + 4;
 
 struct RunWork {

@@ -92,6 +92,7 @@ void record(RunRecord& r, const OutputKey& key, const Digest128& digest, const v
   o.key = key;
   o.digest = digest;
   o.bytes = static_cast<uint32_t>(bytes);
+  o.order = static_cast<uint32_t>(r.outputs.size());
   if (r.spill && r.spill_kinds[static_cast<int>(key.kind)]) o.spill_offset = r.spill->append(data, bytes);
   if (r.capture_key && *r.capture_key == key) {
     const auto* p = static_cast<const uint8_t*>(data);
@@ -101,9 +102,10 @@ void record(RunRecord& r, const OutputKey& key, const Digest128& digest, const v
 }
 
 void finalize(RunRecord& r) {
-  // Stable: of equal keys the last production comes last, and is the one kept.
-  std::stable_sort(r.outputs.begin(), r.outputs.end(),
-                   [](const RecordedOutput& a, const RecordedOutput& b) { return a.key < b.key; });
+  // Of equal keys the last production comes last (by order), and is the one kept.
+  std::sort(r.outputs.begin(), r.outputs.end(), [](const RecordedOutput& a, const RecordedOutput& b) {
+    return a.key < b.key || (a.key == b.key && a.order < b.order);
+  });
   size_t kept = 0;
   for (size_t i = 0; i < r.outputs.size(); ++i) {
     if (i + 1 < r.outputs.size() && r.outputs[i + 1].key == r.outputs[i].key) continue;

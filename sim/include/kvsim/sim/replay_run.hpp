@@ -12,6 +12,7 @@
 
 #include <compare>
 #include <cstdint>
+#include <deque>
 #include <map>
 #include <memory>
 #include <optional>
@@ -45,6 +46,7 @@ struct RecordedOutput {
   OutputKey key;
   Digest128 digest;          // BLAKE2b-128 of the row's bytes
   uint32_t bytes = 0;
+  uint32_t order = 0;         // its place among the run's productions (finalize()'s tie-break)
   int64_t spill_offset = -1;  // where the row lies in RunRecord::spill; -1 = not kept
 };
 
@@ -53,7 +55,10 @@ struct RunRecord {
   // One entry per key, sorted by key, the last production of the key when the
   // run wrote it more than once (a preempted request's recompute): see
   // record() and finalize().
-  std::vector<RecordedOutput> outputs;
+  // A deque: it grows node by node (a vector's doubling held up to twice the
+  // rows, and the old buffer beside the new while it moved them), and
+  // finalize() sorts it in place (stable_sort took a buffer as large again).
+  std::deque<RecordedOutput> outputs;
   std::shared_ptr<SpillFile> spill;  // rows kept for values (ReplayOptions::spill_attention)
   // The bytes of ReplayOptions::capture's key, its last production.
   std::optional<std::vector<uint8_t>> captured;
