@@ -14,6 +14,8 @@
 #include "backends/cpu/cpu_target.hpp"
 #include "kvsim/core/codecs.hpp"
 
+#include <limits>
+
 #if KVSIM_CPU_X86
 #include <immintrin.h>
 #endif
@@ -140,27 +142,30 @@ inline __m512 e4m3_decode(__m512i c) {
   return _mm512_castsi512_ps(bits);
 }
 
-// Sixteen nibbles codec::f32_to_e2m1(y), in the low 4 bits of each lane.
-// Not core's count of midpoints but the same code for every fp32 y (the
-// test holds it to f32_to_e2m1 through the quantizer): c = min(|y|, 6) (NaN
-// -> 6: vminps returns its second operand when either is NaN; |y| >= 6 and
-// (5, 6) both round to 6, code 7). Binade E = max(exponent(c), 0) in {0, 1,
-// 2}: e2m1's step there is 2^(E-1) (0.5 below 2, then 1, then 2), so
-// s = c + 2^(E+22) -- one fp32 add, whose ulp is that step -- rounds c to
-// nearest even on e2m1's grid, s's mantissa k = round(c / 2^(E-1)) (0..4),
-// even k being an even code. The code is then 2E + k. The sign (bit 31 to
-// bit 3) is kept except for NaN, which is +6 (0x7).
+// Sixteen nibbles codec::f32_to_e2m1(y), in the low 4 bits of each lane
+// (bits above them are not zero). Not core's count of midpoints but the same
+// code for every fp32 y (the test holds it to f32_to_e2m1 through the
+// quantizer):
+//  * t = min(y, +Inf) is y, or +Inf for NaN (vminps returns its second
+//    operand when either is NaN): NaN is +6, code 0x7, positive.
+//  * c = min(|t|, 6) (vrangeps: the smaller magnitude, sign cleared); |y| >= 6
+//    and (5, 6) both round to 6, code 7.
+//  * binade E = max(exponent(c), 0) in {0, 1, 2}: e2m1's step there is
+//    2^(E-1) (0.5 below 2, then 1, then 2). s = c + m, m = 2^(E+22) + 2E
+//    steps, is one fp32 add whose ulp is that step: it rounds c to nearest
+//    even on e2m1's grid (m is a whole number of steps, an even one, so the
+//    parity of s's mantissa is that of c's rounded step count k), and s's
+//    mantissa is 2E + k, the code (0..7).
+//  * the sign, bit 31 of t, into bit 3.
 inline __m512i e2m1_nibbles(__m512 y) {
-  const __m512i yb = _mm512_castps_si512(y);
-  const __m512 c = _mm512_min_ps(_mm512_castsi512_ps(_mm512_and_si512(yb, splat(0x7FFFFFFFu))), _mm512_set1_ps(6.0f));
+  const __m512 t = _mm512_min_ps(y, _mm512_set1_ps(std::numeric_limits<float>::infinity()));
+  const __m512 c = _mm512_range_ps(t, _mm512_set1_ps(6.0f), 0x0A);  // [1:0] = 10: min |.|; [3:2] = 10: sign 0
   const __m512i ef = _mm512_max_epu32(_mm512_and_si512(_mm512_castps_si512(c), splat(0x7F800000u)), splat(127u << 23));
-  const __m512i magic = _mm512_add_epi32(ef, splat(22u << 23));  // 2^(E + 22)
-  const __m512i s = _mm512_castps_si512(_mm512_add_ps(c, _mm512_castsi512_ps(magic)));
-  // k + 2E = (s - magic) + (ef >> 22) - 254
-  const __m512i code = _mm512_sub_epi32(_mm512_add_epi32(_mm512_sub_epi32(s, magic), _mm512_srli_epi32(ef, 22)),
-                                        splat(254u));
-  const __m512i sign = _mm512_maskz_srli_epi32(_mm512_cmp_ps_mask(y, y, _CMP_ORD_Q), yb, 28);
-  return _mm512_ternarylogic_epi32(sign, splat(8u), code, 0xEA);  // (sign & 8) | code
+  // m = ef + (22 << 23) + 2E, with 2E = (ef >> 22) - 254
+  const __m512i m = _mm512_add_epi32(_mm512_add_epi32(ef, splat((22u << 23) - 254u)), _mm512_srli_epi32(ef, 22));
+  const __m512i s = _mm512_castps_si512(_mm512_add_ps(c, _mm512_castsi512_ps(m)));
+  // bit 3 from t >> 28 (the sign), every other bit from s
+  return _mm512_ternarylogic_epi32(_mm512_srli_epi32(_mm512_castps_si512(t), 28), s, splat(8u), 0xE4);
 }
 
 // nvfp4_quantize16 of `blocks` (1..16) blocks, kIn = 8 or 16 (>= blocks).
@@ -192,7 +197,8 @@ inline void rows_avx512_n(const float* x, int32_t blocks, float global_scale, ui
   for (int b = 0; b < kIn; ++b) {
     if (b >= blocks) break;
     const __m512i nib = e2m1_nibbles(_mm512_mul_ps(v[b], _mm512_set1_ps(mul[lane_of(b)])));
-    const __m512i pairs = _mm512_or_si512(nib, _mm512_srli_epi64(nib, 28));
+    // Per 64-bit lane: bits 0-3 from the even element, 4-7 from the odd one's bits 32-35.
+    const __m512i pairs = _mm512_ternarylogic_epi64(_mm512_srli_epi64(nib, 28), nib, _mm512_set1_epi64(0xF0), 0xE4);
     _mm_storel_epi64(reinterpret_cast<__m128i*>(packed + 8 * b), _mm512_cvtepi64_epi8(pairs));
   }
 }
