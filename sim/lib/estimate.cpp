@@ -10,15 +10,16 @@
 #include <cstdio>
 #include <vector>
 
+#include "kvsim/sim/replay_run.hpp"
 #include "kvsim/sim/scheduler.hpp"
 
 namespace kvsim::sim {
 namespace {
 
-// RecordedOutput (key: request id, layer, kind, position; digest, length,
-// order, spill offset) is 80 bytes; RunRecord's deque keeps 6 in a 480-byte
-// node, 496 bytes with malloc's header.
-constexpr int64_t kRecordRowBytes = 83;
+// RecordedOutput: key (request id, layer, kind, position), digest, length,
+// production order, spill offset.
+constexpr int64_t kRecordRowBytes = 80;
+static_assert(sizeof(RecordedOutput) == kRecordRowBytes);
 constexpr int64_t kIndexerRowBytes = 128 + 4;
 
 struct RunWork {

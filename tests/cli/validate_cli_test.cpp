@@ -95,7 +95,7 @@ TEST_CASE("kvsim validate: every bad file is reported with its location, the goo
   CHECK(r.status == 2);
   CHECK(r.out == good.string() + ": ok (1 request, 3 prompt + 0 decode tokens, L=2 F=2 H=2 P=16 D=64 bf16 nhd "
                                  "in_block)\n  estimate with every invariant: 4 runs, 24 token-layers, 9.83e+04 "
-                                 "attention FLOP; peak backend memory 1.02 MiB (pools 1.00 MiB), host memory 34.4 KiB\n");
+                                 "attention FLOP; peak backend memory 1.02 MiB (pools 1.00 MiB), host memory 34.3 KiB\n");
   CHECK(r.err == "kvsim: error: bad_scenario: " + typo.string() +
                      ":3:1: cache.page_sise: unknown key; did you mean page_size?\n"
                      "kvsim: error: bad_scenario: " + pool.string() +

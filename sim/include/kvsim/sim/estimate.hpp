@@ -21,7 +21,7 @@ struct ReplayEstimate {
   int64_t pool_bytes = 0;         // pools, scale pools, shared allocations, indexer caches (backend memory)
   int64_t step_backend_bytes = 0; // one step's op buffers on the backend (inputs, Q, outputs, gathers)
   int64_t step_host_bytes = 0;    // the same step's host copies, the dense check's K/V of one sequence, the content hash's chunks
-  int64_t record_bytes = 0;       // digests of the two records held at once (83 bytes per output row)
+  int64_t record_bytes = 0;       // digests of the two records held at once (80 bytes per output row)
   int64_t spill_disk_bytes = 0;   // the quantization invariant's attention rows on disk ($TMPDIR)
   int64_t runs = 1;               // replays: the scenario's own and one per comparison re-run
   double token_layers = 0;        // tokens written x layers, over every run

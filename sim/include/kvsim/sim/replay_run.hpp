@@ -12,7 +12,6 @@
 
 #include <compare>
 #include <cstdint>
-#include <deque>
 #include <map>
 #include <memory>
 #include <optional>
@@ -55,10 +54,8 @@ struct RunRecord {
   // One entry per key, sorted by key, the last production of the key when the
   // run wrote it more than once (a preempted request's recompute): see
   // record() and finalize().
-  // A deque: it grows node by node (a vector's doubling held up to twice the
-  // rows, and the old buffer beside the new while it moved them), and
   // finalize() sorts it in place (stable_sort took a buffer as large again).
-  std::deque<RecordedOutput> outputs;
+  std::vector<RecordedOutput> outputs;
   std::shared_ptr<SpillFile> spill;  // rows kept for values (ReplayOptions::spill_attention)
   // The bytes of ReplayOptions::capture's key, its last production.
   std::optional<std::vector<uint8_t>> captured;
