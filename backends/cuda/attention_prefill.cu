@@ -132,16 +132,13 @@ __device__ __forceinline__ float from_ordered_key(uint32_t k) {
   return bits_float((k & 0x80000000u) ? (k & 0x7FFFFFFFu) : ~k);
 }
 
-// Two floats as one bf16x2 register, rounded to nearest even (the lower k
-// in the low half), and the hi/lo split of a pair.
-__device__ __forceinline__ uint32_t bf16x2_rn(float low_k, float high_k) {
-  uint32_t r;
-  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(high_k), "f"(low_k));
-  return r;
-}
+// The bf16 hi/lo split of a pair (core's split_probability: hi = bf16(x),
+// lo = bf16(x - hi)), the lower k in each register's low half.
 __device__ __forceinline__ void split_bf16x2(float x0, float x1, uint32_t& hi, uint32_t& lo) {
-  hi = bf16x2_rn(x0, x1);
-  lo = bf16x2_rn(x0 - bits_float(hi << 16), x1 - bits_float(hi & 0xFFFF0000u));
+  const mma_order::SplitProbability a = mma_order::split_probability(mma::Operand::bf16, x0);
+  const mma_order::SplitProbability b = mma_order::split_probability(mma::Operand::bf16, x1);
+  hi = pack_codes(a.hi, b.hi);
+  lo = pack_codes(a.lo, b.lo);
 }
 
 // max|x| (as magnitude bits) as the bound's factor: itself, or Inf outside [2^-60, 2^50].
