@@ -113,7 +113,10 @@ ReplayEstimate estimate_replay(const Scenario& s, const std::optional<std::set<I
     }
     if (runs.size() > 1) {
       const int64_t rows = total_tokens * g.layers * (1 + g.kv_factor);  // attention rows and read-back K/V rows
-      e.record_bytes = 2 * rows * kRecordRowBytes;
+      // The main run's record and one comparison run's, each its rows plus what RecordRows
+      // holds beyond them while it grows: its first chunk's doubling, or one partly filled chunk.
+      const int64_t slack = std::min<int64_t>(2 * rows, static_cast<int64_t>(RecordRows::kRowsPerChunk));
+      e.record_bytes = 2 * (rows + slack) * kRecordRowBytes;
       // A window-off re-run's pool holds every token: one pool of that size at a time.
       if (s.window.mode != WindowMode::none && wanted(Invariant::window)) {
         int64_t blocks = 1;

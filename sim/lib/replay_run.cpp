@@ -101,6 +101,25 @@ void record(RunRecord& r, const OutputKey& key, const Digest128& digest, const v
   r.outputs.push_back(std::move(o));
 }
 
+void RecordRows::push_back(RecordedOutput o) {
+  // The first chunk grows as a vector does (1, 2, 4, ... kRowsPerChunk rows: a small record stays
+  // small); a record that fills it is large, and each later chunk is reserved whole.
+  if (size_ == chunks_.size() * kRowsPerChunk) {
+    chunks_.emplace_back();
+    if (chunks_.size() > 1) chunks_.back().reserve(kRowsPerChunk);
+  }
+  chunks_.back().push_back(std::move(o));
+  ++size_;
+}
+
+void RecordRows::truncate(size_t n) {
+  if (n >= size_) return;
+  const size_t keep_chunks = (n + kRowsPerChunk - 1) / kRowsPerChunk;
+  chunks_.resize(keep_chunks);
+  if (keep_chunks > 0) chunks_.back().resize(n - (keep_chunks - 1) * kRowsPerChunk);
+  size_ = n;
+}
+
 void finalize(RunRecord& r) {
   // Of equal keys the last production comes last (by order), and is the one kept.
   std::sort(r.outputs.begin(), r.outputs.end(), [](const RecordedOutput& a, const RecordedOutput& b) {
@@ -112,8 +131,7 @@ void finalize(RunRecord& r) {
     if (kept != i) r.outputs[kept] = std::move(r.outputs[i]);
     ++kept;
   }
-  r.outputs.resize(kept);
-  r.outputs.shrink_to_fit();
+  r.outputs.truncate(kept);
 }
 
 const RecordedOutput* find_output(const RunRecord& r, const OutputKey& key) {

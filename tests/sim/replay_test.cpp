@@ -5,6 +5,7 @@
 // determinism across runs and thread counts; the --dump files.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -574,6 +575,40 @@ TEST_CASE("comparisons: digests alone find the differing row, and the record kee
   const std::vector<uint8_t> xa(reinterpret_cast<const uint8_t*>(x), reinterpret_cast<const uint8_t*>(x) + 8),
       ya(reinterpret_cast<const uint8_t*>(y), reinterpret_cast<const uint8_t*>(y) + 8);
   CHECK(describe_difference(*c.differing_key, xa, ya) == "cached K of request r, layer 0, position 4, element 1: 2 vs -2");
+}
+
+TEST_CASE("comparisons: a record across several row chunks sorts, keeps each key's last production, frees the rest") {
+  // 2.5 chunks of rows in a scrambled key order, every 7th key produced twice (the second one counts),
+  // so finalize() sorts through the chunked iterator, moves rows across chunk edges and drops rows.
+  const size_t n = RecordRows::kRowsPerChunk * 5 / 2, dup_every = 7;
+  RunRecord r;
+  std::vector<int64_t> positions(n);
+  for (size_t i = 0; i < n; ++i) positions[i] = static_cast<int64_t>((i * 40503u) % n);  // 40503 is odd: a permutation of 0..n-1
+  size_t produced = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const float first = static_cast<float>(positions[i]), second = -first;
+    if (positions[i] % dup_every == 0) {
+      record(r, {"q", 1, OutputKind::attention, positions[i]}, &second, 4);
+      ++produced;
+    }
+    record(r, {"q", 1, OutputKind::attention, positions[i]}, &first, 4);
+    ++produced;
+  }
+  REQUIRE(r.outputs.size() == produced);
+  finalize(r);
+  REQUIRE(r.outputs.size() == n);
+  for (size_t i = 0; i < n; ++i) {
+    const float want = static_cast<float>(i);
+    CHECK_MESSAGE(r.outputs[i].key.position == static_cast<int64_t>(i), "row " << i);
+    CHECK_MESSAGE(r.outputs[i].digest == blake2b_128(&want, 4), "row " << i << ": not the last production");
+    if (r.outputs[i].key.position != static_cast<int64_t>(i)) break;
+  }
+  const RecordedOutput* o = find_output(r, {"q", 1, OutputKind::attention, static_cast<int64_t>(n - 1)});
+  REQUIRE(o);
+  CHECK(o->key.position == static_cast<int64_t>(n - 1));
+  CHECK_FALSE(find_output(r, {"q", 1, OutputKind::attention, static_cast<int64_t>(n)}));
+  CHECK(std::is_sorted(r.outputs.begin(), r.outputs.end(),
+                       [](const RecordedOutput& a, const RecordedOutput& b) { return a.key < b.key; }));
 }
 
 TEST_CASE("BLAKE2b-128 matches Python's hashlib.blake2b(digest_size=16)") {

@@ -11,6 +11,9 @@
 #pragma once
 
 #include <compare>
+#include <cstddef>
+#include <iterator>
+#include <type_traits>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -49,13 +52,74 @@ struct RecordedOutput {
   int64_t spill_offset = -1;  // where the row lies in RunRecord::spill; -1 = not kept
 };
 
+// A record's rows in chunks of kRowsPerChunk (5 MiB): appending never moves
+// more than the first chunk. One vector's doubling held up to three times its
+// rows at once (old buffer, new buffer), a gap between the estimate and the
+// full 8B mix's peak RSS. finalize() sorts the rows in place through the
+// random-access iterator below. A record of R rows takes at most
+// R + min(2R, kRowsPerChunk) rows of memory, which is what estimate.cpp counts.
+class RecordRows {
+ public:
+  static constexpr size_t kRowsPerChunk = size_t{1} << 16;
+
+  template <bool Const>
+  class Iter {
+   public:
+    using iterator_category = std::random_access_iterator_tag;
+    using value_type = RecordedOutput;
+    using difference_type = std::ptrdiff_t;
+    using reference = std::conditional_t<Const, const RecordedOutput&, RecordedOutput&>;
+    using pointer = std::conditional_t<Const, const RecordedOutput*, RecordedOutput*>;
+    using Owner = std::conditional_t<Const, const RecordRows, RecordRows>;
+    Iter() = default;
+    Iter(Owner* rows, size_t i) : rows_(rows), i_(static_cast<difference_type>(i)) {}
+    reference operator*() const { return (*rows_)[static_cast<size_t>(i_)]; }
+    pointer operator->() const { return &**this; }
+    reference operator[](difference_type n) const { return *(*this + n); }
+    Iter& operator++() { ++i_; return *this; }
+    Iter operator++(int) { Iter t = *this; ++i_; return t; }
+    Iter& operator--() { --i_; return *this; }
+    Iter operator--(int) { Iter t = *this; --i_; return t; }
+    Iter& operator+=(difference_type n) { i_ += n; return *this; }
+    Iter& operator-=(difference_type n) { i_ -= n; return *this; }
+    friend Iter operator+(Iter a, difference_type n) { return a += n; }
+    friend Iter operator+(difference_type n, Iter a) { return a += n; }
+    friend Iter operator-(Iter a, difference_type n) { return a -= n; }
+    friend difference_type operator-(const Iter& a, const Iter& b) { return a.i_ - b.i_; }
+    friend bool operator==(const Iter& a, const Iter& b) { return a.i_ == b.i_; }
+    friend auto operator<=>(const Iter& a, const Iter& b) { return a.i_ <=> b.i_; }
+
+   private:
+    Owner* rows_ = nullptr;
+    difference_type i_ = 0;
+  };
+  using iterator = Iter<false>;
+  using const_iterator = Iter<true>;
+
+  size_t size() const { return size_; }
+  bool empty() const { return size_ == 0; }
+  RecordedOutput& operator[](size_t i) { return chunks_[i / kRowsPerChunk][i % kRowsPerChunk]; }
+  const RecordedOutput& operator[](size_t i) const { return chunks_[i / kRowsPerChunk][i % kRowsPerChunk]; }
+  void push_back(RecordedOutput o);
+  // Keeps the first n rows and frees every chunk past them.
+  void truncate(size_t n);
+  iterator begin() { return {this, 0}; }
+  iterator end() { return {this, size_}; }
+  const_iterator begin() const { return {this, 0}; }
+  const_iterator end() const { return {this, size_}; }
+
+ private:
+  std::vector<std::vector<RecordedOutput>> chunks_;  // every one but the first reserved to kRowsPerChunk
+  size_t size_ = 0;
+};
+
 struct RunRecord {
   ReplayCounters counters;
   // One entry per key, sorted by key, the last production of the key when the
   // run wrote it more than once (a preempted request's recompute): see
   // record() and finalize().
   // finalize() sorts it in place (stable_sort took a buffer as large again).
-  std::vector<RecordedOutput> outputs;
+  RecordRows outputs;
   std::shared_ptr<SpillFile> spill;  // rows kept for values (ReplayOptions::spill_attention)
   // The bytes of ReplayOptions::capture's key, its last production.
   std::optional<std::vector<uint8_t>> captured;
