@@ -54,6 +54,11 @@ class Backend {
     bool backend_is_host = true;
   };
   virtual MemoryInfo memory_info() const;
+  // A second, independent instance of this backend (its own memory and
+  // state, the same settings), for runs made at once on other threads (a
+  // small scenario's comparison runs, sim/lib/replay.cpp); nullptr where runs
+  // must share this one (a device, the differential pair).
+  virtual std::unique_ptr<Backend> another() const { return nullptr; }
   // Memory for one pool of allocate_pools(), freed with release(). A backend
   // may place a pool kind elsewhere (cuda: the secondary pool in pinned host
   // memory, so offload/onboard are real host<->device copies).

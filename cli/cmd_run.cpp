@@ -188,15 +188,21 @@ void run(const RunOptions& o) {
                   invariants_cell(r).c_str(), r.ok ? "" : "  NOT OK");
     double main_s = 0, total_s = 0;
     int64_t token_layers = 0;
+    size_t at_once = 0;
     for (const sim::ScenarioReport& r : reports) {
       main_s += r.main_seconds;
       total_s += r.total_seconds;
       token_layers += r.counters.token_layers;
+      at_once += r.concurrent_runs > 1;
     }
-    std::printf("\n%zu scenarios on %s: %s; %.2f s in all (%.2f s replaying the scenarios, the rest re-running them "
-                "for the comparison invariants); replay throughput %.3g token-layers/s\n",
+    // Where a scenario's comparison runs ran beside its own run, the rest is not all theirs.
+    const std::string rest = at_once == 0 ? "the rest re-running them for the comparison invariants"
+                                          : "for " + std::to_string(at_once) + " of them, the comparison runs " +
+                                                "ran at the same time on other threads";
+    std::printf("\n%zu scenarios on %s: %s; %.2f s in all (%.2f s replaying the scenarios, %s); replay throughput "
+                "%.3g token-layers/s\n",
                 reports.size(), std::string(backend->name()).c_str(), all_ok ? "all ok" : "FAILURES", total_s, main_s,
-                main_s > 0 ? static_cast<double>(token_layers) / main_s : 0.0);
+                rest.c_str(), main_s > 0 ? static_cast<double>(token_layers) / main_s : 0.0);
   }
   // What failed, and why (stderr under --json, so stdout stays one JSON object);
   // with --details, every checked invariant's finding.

@@ -44,8 +44,9 @@ std::string summary(const sim::Scenario& s) {
 std::string estimate_line(const sim::Scenario& s) {
   const sim::ReplayEstimate e = sim::estimate_replay(s);
   char work[160];
-  std::snprintf(work, sizeof work, "%lld %s, %.3g token-layers, %.3g attention FLOP", static_cast<long long>(e.runs),
-                e.runs == 1 ? "run" : "runs", e.token_layers, e.attention_flops);
+  std::snprintf(work, sizeof work, "%lld %s%s, %.3g token-layers, %.3g attention FLOP", static_cast<long long>(e.runs),
+                e.runs == 1 ? "run" : "runs", e.concurrent_runs > 1 ? " (at once on a host backend)" : "",
+                e.token_layers, e.attention_flops);
   std::string out = std::string("  estimate with every invariant: ") + work + "; peak backend memory " +
                     sim::format_bytes(e.backend_peak()) + " (pools " + sim::format_bytes(e.pool_bytes) +
                     "), host memory " + sim::format_bytes(e.host_peak());

@@ -26,7 +26,8 @@ std::optional<tbb::global_control> oversubscription_for(int threads) {
 CpuBackend::CpuBackend(int threads) : CpuBackend(threads, selected_cpu_isa()) {}
 
 CpuBackend::CpuBackend(int threads, CpuIsa isa)
-    : isa_(isa),
+    : requested_threads_(threads),
+      isa_(isa),
       reference_attention_(cpu_attention::selected_attention_path() == cpu_attention::AttentionPath::reference),
       allow_oversubscription_(oversubscription_for(threads)),
       arena_(threads > 0 ? threads : tbb::task_arena::automatic) {

@@ -10,6 +10,7 @@
 #include <tbb/parallel_for.h>
 #include <tbb/task_arena.h>
 
+#include <memory>
 #include <optional>
 
 #include "backends/backend.hpp"
@@ -28,6 +29,7 @@ class CpuBackend final : public Backend {
   std::string_view name() const override { return "cpu"; }
   int threads() const { return arena_.max_concurrency(); }
   CpuIsa isa() const { return isa_; }
+  std::unique_ptr<Backend> another() const override { return std::make_unique<CpuBackend>(requested_threads_, isa_); }
 
   void* allocate(size_t bytes) override;
   void release(void* p) noexcept override;
@@ -66,6 +68,7 @@ class CpuBackend final : public Backend {
   // oneTBB caps workers at the core count; a request for more threads than
   // cores (e.g. 3 on a 2-core CI machine) raises the cap so the requested
   // concurrency is real and the thread-count determinism tests mean something.
+  int requested_threads_;  // the constructor's (0: every core)
   CpuIsa isa_;
   bool reference_attention_;  // KVSIM_CPU_ATTENTION=reference
   std::optional<tbb::global_control> allow_oversubscription_;

@@ -16,6 +16,7 @@ namespace kvsim {
 class ReferenceBackend final : public HostMemoryBackend {
  public:
   std::string_view name() const override { return "reference"; }
+  std::unique_ptr<Backend> another() const override { return std::make_unique<ReferenceBackend>(); }
 
  protected:
   KVSIM_BACKEND_OP_OVERRIDES

@@ -764,22 +764,28 @@ Case indexer_case(int64_t tokens) {
 
 // ---------------------------------------------------------------- scenario_replay (small suite)
 // The whole simulator -- block manager, scheduler, synthetic model, every op
-// of every layer -- on one built-in scenario, without the comparison re-runs
-// and the dense check. items = token-layers written; checked by the content
-// hash of the final pools against the oracle's replay.
+// of every layer -- on one built-in scenario: its own run alone (without the
+// comparison re-runs and the dense check), or with every invariant as `kvsim
+// run` replays it (whose runs a host backend makes at once: replay.cpp).
+// items = token-layers of the scenario's own run; checked by the content hash
+// of the final pools against the oracle's replay (and, with every invariant,
+// by the report: every invariant holds).
 struct ReplayFixture final : Fixture {
   Backend& be;
   sim::Scenario scenario;
   sim::ReplayOptions options;
   uint64_t hash = 0;
-  explicit ReplayFixture(Backend& b)
+  bool ok = true;
+  ReplayFixture(Backend& b, bool every_invariant)
       : be(b), scenario(sim::load_scenario_file(sim::builtin_scenario_dir() + "/gqa_decode_batch_ragged.toml")) {
-    options.comparison_invariants = false;
-    options.dense_check = false;
+    options.comparison_invariants = every_invariant;
+    options.dense_check = every_invariant;
   }
   double run() override {
     const auto t0 = std::chrono::steady_clock::now();
-    hash = sim::replay(scenario, be, options).content_hash;
+    const sim::ScenarioReport r = sim::replay(scenario, be, options);
+    hash = r.content_hash;
+    ok = ok && (r.ok || !options.comparison_invariants);  // alone, the [expect]ed comparisons report n/a
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   }
   CheckResult check(Backend& oracle) override {
@@ -789,27 +795,30 @@ struct ReplayFixture final : Fixture {
     if (want != hash) {
       r.bytes_differing = 8;
       r.first_difference = "content hash differs from the oracle's replay";
+    } else if (!ok) {
+      r.bytes_differing = 8;
+      r.first_difference = "an invariant failed in the replay";
     }
     return r;
   }
 };
 
-Case replay_case() {
+Case replay_case(bool every_invariant) {
   const sim::Scenario s = sim::load_scenario_file(sim::builtin_scenario_dir() + "/gqa_decode_batch_ragged.toml");
   sim::ReplayOptions ro;
   ro.comparison_invariants = false;
   ro.dense_check = false;
   Case c;
   c.op = "scenario_replay";
-  c.config = "gqa_decode_batch_ragged";
-  c.params = {{"scenario", "gqa_decode_batch_ragged"}};
+  c.config = every_invariant ? "gqa_decode_batch_ragged, every invariant" : "gqa_decode_batch_ragged";
+  c.params = {{"scenario", "gqa_decode_batch_ragged"}, {"invariants", every_invariant ? "every" : "none"}};
   const PoolGeometry g = sim::pool_geometry(s);
   // token-layers of one replay: counted once on the CPU (cheap, deterministic).
   auto cpu = make_backend("cpu");
   const double token_layers = static_cast<double>(sim::replay(s, *cpu, ro).counters.token_layers);
   c.bytes = token_layers * static_cast<double>(g.bytes_for(static_cast<int64_t>(g.kv_factor) * g.kv_heads * g.head_dim));
   c.items = token_layers;
-  c.prepare = [](Backend& be) { return std::make_unique<ReplayFixture>(be); };
+  c.prepare = [every_invariant](Backend& be) { return std::make_unique<ReplayFixture>(be, every_invariant); };
   return c;
 }
 
@@ -834,7 +843,8 @@ std::vector<Case> make_suite(const SuiteOptions& o) {
     cases.push_back(block_copy_case(bf16, 16, std::min(pairs, 64), 8));
     cases.push_back(move_case(true, 2 * static_cast<int64_t>(pairs)));
     cases.push_back(move_case(false, 2 * static_cast<int64_t>(pairs)));
-    cases.push_back(replay_case());
+    cases.push_back(replay_case(false));
+    cases.push_back(replay_case(true));
     return cases;
   }
   cases.push_back(fma_case(int64_t{1} << 20, 4096));  // first: the FLOP rows of the run quote it

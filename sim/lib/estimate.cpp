@@ -93,6 +93,10 @@ ReplayEstimate estimate_replay(const Scenario& s, const std::optional<std::set<I
     auto wanted = [&](Invariant inv) { return selection.wanted(inv); };
     if (wanted(Invariant::chunking)) runs.push_back(whole);
     if (s.reuse.enabled && wanted(Invariant::reuse)) runs.push_back(whole);
+    // The window invariant's re-runs: per-layer windows against full attention in every layer,
+    // a window against none (replay.cpp).
+    const bool window_runs = (s.layers.enabled || s.window.mode != WindowMode::none) && wanted(Invariant::window);
+    if (s.layers.enabled && wanted(Invariant::window)) runs.push_back(whole);
     if (s.window.mode != WindowMode::none && wanted(Invariant::window)) {
       Scenario no_window = s;
       no_window.window = WindowSpec{};
@@ -117,8 +121,8 @@ ReplayEstimate estimate_replay(const Scenario& s, const std::optional<std::set<I
       // holds beyond them while it grows: its first chunk's doubling, or one partly filled chunk.
       const int64_t slack = std::min<int64_t>(2 * rows, static_cast<int64_t>(RecordRows::kRowsPerChunk));
       e.record_bytes = 2 * (rows + slack) * kRecordRowBytes;
-      // A window-off re-run's pool holds every token: one pool of that size at a time.
-      if (s.window.mode != WindowMode::none && wanted(Invariant::window)) {
+      // A re-run without the windows holds every token: one pool of that size at a time.
+      if (window_runs) {
         int64_t blocks = 1;
         for (const RequestState& r : reqs) blocks += (r.final_len + g.tokens_per_block - 1) / g.tokens_per_block;
         e.pool_bytes = std::max(e.pool_bytes, e.pool_bytes / std::max<int64_t>(1, g.primary_blocks) *
@@ -127,6 +131,15 @@ ReplayEstimate estimate_replay(const Scenario& s, const std::optional<std::set<I
     }
   }
   e.runs = static_cast<int64_t>(runs.size());
+  if (e.runs > 1 && e.record_bytes > 0) {
+    // At once, every run holds its pools, its step's buffers and its record until the judging.
+    const int64_t per_record = e.record_bytes / 2;
+    const int64_t together = e.runs * (e.pool_bytes + e.step_backend_bytes + e.step_host_bytes + per_record);
+    if (together <= ReplayEstimate::kConcurrentRunsBytes) {
+      e.concurrent_runs = e.runs;
+      e.record_bytes = e.runs * per_record;
+    }
+  }
   for (const RunWork& w : runs) {
     e.token_layers += w.token_layers;
     e.attention_flops += w.attention_flops;

@@ -4,15 +4,20 @@
 #include "kvsim/sim/replay.hpp"
 
 #include <tbb/task_arena.h>
+#include <tbb/task_group.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <exception>
+#include <functional>
 #include <limits>
+#include <memory>
 #include <optional>
 #include <set>
 
+#include "kvsim/sim/estimate.hpp"
 #include "kvsim/sim/invariants.hpp"
 #include "kvsim/sim/scheduler.hpp"
 
@@ -155,6 +160,17 @@ struct Outcome {
   std::string detail;
 };
 
+// One comparison run of replay()'s plan: the scenario with one setting
+// changed, and how its record is judged against the main run's.
+struct ComparisonRun {
+  Invariant invariant;
+  Scenario scenario;
+  ReplayOptions options;
+  std::string name;      // the progress line's
+  std::string rejected;  // an outcome's detail before the message, when validation rejects the run
+  std::function<Outcome(const RunRecord&)> judge;
+};
+
 Outcome from_comparison(const Comparison& c, const std::string& what) {
   Outcome o;
   o.applicable = c.compared > 0;
@@ -231,18 +247,23 @@ ScenarioReport replay(const Scenario& s, Backend& backend, const ReplayOptions& 
   // Each run by name for the progress line (ReplayOptions::progress).
   int32_t runs_started = 0;
   int64_t token_layers_done = 0;
-  auto run_timed = [&](const Scenario& scenario, Backend& be, const ReplayOptions& o, const std::string& name) {
-    const Phase paused(clock, nullptr);
-    const auto r0 = std::chrono::steady_clock::now();
-    auto since_r0 = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - r0).count(); };
+  // The options of the next run, telling ReplayOptions::progress about its steps.
+  auto with_progress = [&](const Scenario& scenario, const ReplayOptions& o, const std::string& name) {
     ReplayOptions told = o;
     if (options.progress)
-      told.after_step = [&, then = o.after_step, index = runs_started, before = token_layers_done,
+      told.after_step = [&options, name, then = o.after_step, index = runs_started, before = token_layers_done,
                          planned = planned_steps(scenario)](int64_t step, const ReplayCounters& c) {
         if (then) then(step, c);
         options.progress({name, index, step, c.prefill_tokens + c.decode_tokens, c.token_layers, before, planned});
       };
     ++runs_started;
+    return told;
+  };
+  auto run_timed = [&](const Scenario& scenario, Backend& be, const ReplayOptions& o, const std::string& name) {
+    const Phase paused(clock, nullptr);
+    const auto r0 = std::chrono::steady_clock::now();
+    auto since_r0 = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - r0).count(); };
+    const ReplayOptions told = with_progress(scenario, o, name);
     try {
       RunRecord r = run_scenario(scenario, be, told);
       token_layers_done += r.counters.token_layers;
@@ -260,10 +281,199 @@ ScenarioReport replay(const Scenario& s, Backend& backend, const ReplayOptions& 
   main_options.dense_check = options.dense_check && selected(Invariant::dense);
   main_options.write_check = options.write_check && selected(Invariant::write);
   main_options.spill_attention = compare_quantization;
-  const RunRecord main = run_timed(s, backend, main_options, "replay");
+
+  // The comparison runs, planned before any run: each re-runs the scenario
+  // with one setting changed, and its judge compares its record with the
+  // main run's (set below, before any judge is called).
+  const RunRecord* main_record = nullptr;
+  std::vector<ComparisonRun> plan;
+  ReplayOptions inner;
+  inner.comparison_invariants = false;
+  inner.dense_check = false;
+  inner.content_hash = false;
+  inner.write_check = false;
+  // The records keep digests, not bytes: a difference is named by running
+  // both scenarios once more, keeping only the first differing row.
+  auto compare = [&](const Scenario& changed, const RunRecord& r, const std::string& what,
+                     const std::function<bool(const OutputKey&)>& include = {}) {
+    std::optional<Phase> comparing(std::in_place, clock, &rep.timings.comparisons);
+    Comparison c = compare_outputs(*main_record, r, include);
+    comparing.reset();
+    if (c.differing_key && !c.located) {
+      ReplayOptions capture = inner;
+      capture.capture = c.differing_key;
+      const RunRecord a = run_timed(s, backend, capture, "locating the difference (the scenario)"),
+                      b = run_timed(changed, backend, capture, "locating the difference (" + what + ")");
+      if (a.captured && b.captured) c.first_difference = describe_difference(*c.differing_key, *a.captured, *b.captured);
+    }
+    return from_comparison(c, what);
+  };
+  // A comparison run whose judge compares every output both runs hold (or those `include` takes).
+  auto plan_compare = [&](Invariant inv, const Scenario& changed, const std::string& run_name, const std::string& what,
+                          const std::string& rejected, std::function<bool(const OutputKey&)> include = {}) {
+    plan.push_back({inv, changed, inner, run_name, rejected, {}});
+    plan.back().judge = [&compare, &plan, i = plan.size() - 1, what, include = std::move(include)](const RunRecord& r) {
+      return compare(plan[i].scenario, r, what, include);
+    };
+  };
+  if (options.comparison_invariants) {
+    const std::string rejected_run = "the comparison run was rejected: ";
+    if (wanted(Invariant::chunking)) {
+      Scenario c = s;
+      if (s.scheduler.chunk_size > 0) {
+        // Each prompt in one chunk, in steps no larger than the main run's or
+        // the longest request (bounded memory: not every prompt in one step).
+        c.scheduler.chunk_size = 0;
+        c.scheduler.whole_prompts = true;
+        c.scheduler.token_budget = one_chunk_budget(s);
+      } else {
+        c.scheduler.chunk_size = 5;  // odd chunks, against the scenario's whole-prompt prefill
+      }
+      const std::string what = chunking_comparison(s, c);
+      plan_compare(Invariant::chunking, c, "chunking (" + what + ")", what, rejected_run);
+    }
+    if (s.reuse.enabled && wanted(Invariant::reuse)) {
+      Scenario c = s;
+      c.reuse.enabled = false;
+      plan_compare(Invariant::reuse, c, "reuse (reuse off)", "reuse off", rejected_run);
+    }
+    if (s.layers.enabled && wanted(Invariant::window)) {
+      // Per layer: a full layer's outputs at every position, a sliding
+      // layer's at positions < its W, and every cached token, bit-equal to
+      // the same model with full attention everywhere.
+      Scenario c = s;
+      c.layers = LayersSpec{};
+      int64_t blocks = 1;
+      for (const RequestState& r : make_requests(s)) blocks += (r.final_len + s.cache.page_size - 1) / s.cache.page_size;
+      c.cache.primary_blocks = std::max(c.cache.primary_blocks, blocks);
+      plan_compare(Invariant::window, c, "window (full attention in every layer)",
+                   "full attention in every layer (each sliding layer's positions < its W, every full layer's output, "
+                   "every cached token)",
+                   rejected_run, [&s](const OutputKey& k) {
+                     const int32_t w = layer_window(s, k.layer);
+                     return k.kind != OutputKind::attention || w == 0 || k.position < w;
+                   });
+    }
+    if (s.window.mode != WindowMode::none && wanted(Invariant::window)) {
+      Scenario c = s;
+      c.window = WindowSpec{};
+      // Without the window every token stays cached: give the pool room for all of them.
+      int64_t blocks = 1;
+      for (const RequestState& r : make_requests(s)) blocks += (r.final_len + s.cache.page_size - 1) / s.cache.page_size;
+      c.cache.primary_blocks = std::max(c.cache.primary_blocks, blocks);
+      const int64_t W = s.window.window;
+      // Queries at positions < W attend exactly what they would without a window.
+      plan_compare(Invariant::window, c, "window (no window)",
+                   "no window (positions < W = " + std::to_string(W) + ", and every cached token)", rejected_run,
+                   [W](const OutputKey& k) { return k.kind != OutputKind::attention || k.position < W; });
+    }
+    if (wanted(Invariant::layout)) {
+      const BlockLayout layouts[3] = {BlockLayout::nhd, BlockLayout::hnd, BlockLayout::split_x};
+      int cur = 0;
+      while (layouts[cur] != s.cache.layout) ++cur;
+      const LayerPlacement other = s.cache.placement == LayerPlacement::in_block ? LayerPlacement::per_layer
+                                                                                 : LayerPlacement::in_block;
+      const std::pair<BlockLayout, LayerPlacement> alts[2] = {{layouts[(cur + 1) % 3], other},
+                                                              {layouts[(cur + 2) % 3], s.cache.placement}};
+      for (const auto& [layout, placement] : alts) {
+        if (layout == BlockLayout::split_x && s.cache.dtype == CacheDtype::nvfp4) continue;  // no split-x nvfp4
+        Scenario c = s;
+        c.cache.layout = layout;
+        c.cache.placement = placement;
+        c.cache.shared_kv_allocation = false;
+        c.cache.engine.reset();
+        const std::string what = std::string(layout_name(layout)) + " " + std::string(placement_name(placement));
+        plan_compare(Invariant::layout, c, "layout (" + what + ")", what, what + " rejected: ");
+      }
+    }
+    if (compare_quantization) {
+      Scenario c = s;
+      c.cache.dtype = CacheDtype::bf16;
+      ReplayOptions spilled = inner;
+      spilled.spill_attention = true;
+      plan.push_back({Invariant::quantization, c, spilled, "quantization (a bf16 cache)", rejected_run,
+                      [&](const RunRecord& r) {
+                        const Phase comparing(clock, &rep.timings.comparisons);
+                        const QuantizationError q = quantization_error(*main_record, r);
+                        const double bound = quantization_bound(s.cache.dtype);
+                        return Outcome{q.compared > 0, !(q.rel_rms <= bound),
+                                       "relative RMS error against bf16 " + format_double(q.rel_rms) +
+                                           (q.rel_rms <= bound ? " <= " : " > ") + "bound " + format_double(bound) +
+                                           " over " + std::to_string(q.compared) + " outputs (max |diff| " +
+                                           format_double(q.max_abs) + worst_at(q) + ")"};
+                      }});
+    }
+    if (wanted(Invariant::batch) && s.requests.size() >= 2) {
+      Scenario reversed = s;
+      std::reverse(reversed.requests.begin(), reversed.requests.end());
+      Scenario alone = s;
+      alone.requests = {s.requests.front()};
+      const std::string alone_what = "request " + s.requests.front().id + " alone";
+      plan_compare(Invariant::batch, reversed, "batch (the batch in reverse order)", "the batch in reverse order",
+                   "the batch in reverse order rejected: ");
+      plan_compare(Invariant::batch, alone, "batch (" + alone_what + ")", alone_what, alone_what + " rejected: ");
+    }
+  }
+
+  // A host backend replays a small scenario's runs at once, each on its own
+  // backend instance and thread (estimate.hpp's concurrent_runs: they fit
+  // together in kConcurrentRunsBytes), and judges them afterwards in the plan's
+  // order; otherwise each comparison run follows the main run and is judged
+  // before the next starts (one comparison record at a time). Results are the
+  // same either way; observers, dumps, captures and the progress line (which
+  // names each run in turn) keep the sequential order.
+  std::vector<std::unique_ptr<Backend>> run_backends;
+  if (!plan.empty() && options.runs_at_once && !options.observer && !options.before_op && !options.after_step &&
+      !options.progress && options.dump_dir.empty() && !options.capture && tbb::this_task_arena::max_concurrency() > 1 &&
+      estimate_replay(s, options.invariants).concurrent_runs > 1) {
+    for (size_t i = 0; i < plan.size(); ++i) {
+      std::unique_ptr<Backend> b = backend.another();
+      if (!b) {
+        run_backends.clear();
+        break;
+      }
+      b->set_kernel_timing(backend.kernel_timing());
+      run_backends.push_back(std::move(b));
+    }
+  }
+  const bool at_once = !run_backends.empty();
+  struct RunSlot {
+    std::optional<RunRecord> record;
+    std::exception_ptr error;
+  };
+  std::vector<RunSlot> slots(at_once ? plan.size() + 1 : 0);
+  if (at_once) {
+    const Phase paused(clock, nullptr);
+    const auto w0 = std::chrono::steady_clock::now();
+    tbb::task_group group;
+    for (size_t i = 0; i < slots.size(); ++i)
+      group.run([&, i] {
+        try {
+          slots[i].record = i == 0 ? run_scenario(s, backend, main_options)
+                                   : run_scenario(plan[i - 1].scenario, *run_backends[i - 1], plan[i - 1].options);
+        } catch (...) {
+          slots[i].error = std::current_exception();
+        }
+      });
+    group.wait();
+    // The wall time of the runs, split in the proportions of their own splits.
+    const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - w0).count();
+    double summed = 0;
+    for (const RunSlot& slot : slots)
+      if (slot.record) summed += slot.record->timings.total();
+    const double share = summed > 0 ? wall / summed : 0.0;
+    for (const RunSlot& slot : slots)
+      if (slot.record) rep.timings += slot.record->timings.scaled(share);
+    rep.timings.other += std::max(0.0, wall - summed * share);
+    if (slots[0].error) std::rethrow_exception(slots[0].error);
+  }
+  const RunRecord main = at_once ? std::move(*slots[0].record) : run_timed(s, backend, main_options, "replay");
+  if (at_once) slots[0].record.reset();
+  main_record = &main;
   rep.counters = main.counters;
   rep.content_hash = main.content_hash;
   rep.main_seconds = main.seconds;
+  rep.concurrent_runs = at_once ? static_cast<int32_t>(slots.size()) : 1;
 
   std::map<Invariant, InvariantReport> results;
   std::set<Invariant> settled_by_rejection;
@@ -339,150 +549,26 @@ ScenarioReport replay(const Scenario& s, Backend& backend, const ReplayOptions& 
                   : main.offload_violation});
 
     if (options.comparison_invariants && !rejected) {
-      ReplayOptions inner;
-      inner.comparison_invariants = false;
-      inner.dense_check = false;
-      inner.content_hash = false;
-      inner.write_check = false;
-      // The records keep digests, not bytes: a difference is named by running
-      // both scenarios once more, keeping only the first differing row.
-      auto compare = [&](const Scenario& changed, const RunRecord& r, const std::string& what,
-                         const std::function<bool(const OutputKey&)>& include = {}) {
-        std::optional<Phase> comparing(std::in_place, clock, &rep.timings.comparisons);
-        Comparison c = compare_outputs(main, r, include);
-        comparing.reset();
-        if (c.differing_key && !c.located) {
-          ReplayOptions capture = inner;
-          capture.capture = c.differing_key;
-          const RunRecord a = run_timed(s, backend, capture, "locating the difference (the scenario)"),
-                          b = run_timed(changed, backend, capture, "locating the difference (" + what + ")");
-          if (a.captured && b.captured) c.first_difference = describe_difference(*c.differing_key, *a.captured, *b.captured);
-        }
-        return from_comparison(c, what);
-      };
-      auto rerun = [&](const Scenario& changed, Invariant inv, const std::string& what,
-                       const std::function<Outcome(const RunRecord&)>& judge, const ReplayOptions& o) {
+      // Each invariant's runs folded into one outcome (merge), settled in the plan's order.
+      std::vector<std::pair<Invariant, Outcome>> totals;
+      for (size_t i = 0; i < plan.size(); ++i) {
+        const ComparisonRun& run = plan[i];
+        Outcome o;
         try {
-          settle(inv, judge(run_timed(changed, backend, o, std::string(invariant_name(inv)) + " (" + what + ")")));
+          if (at_once) {
+            if (slots[i + 1].error) std::rethrow_exception(slots[i + 1].error);
+            o = run.judge(*slots[i + 1].record);
+            slots[i + 1].record.reset();
+          } else {
+            o = run.judge(run_timed(run.scenario, backend, run.options, run.name));
+          }
         } catch (const ValidationError& e) {
-          settle(inv, {false, false, std::string("the comparison run was rejected: ") + e.what()});
+          o = {false, false, run.rejected + e.what()};
         }
-      };
-      if (wanted(Invariant::chunking)) {
-        Scenario c = s;
-        if (s.scheduler.chunk_size > 0) {
-          // Each prompt in one chunk, in steps no larger than the main run's or
-          // the longest request (bounded memory: not every prompt in one step).
-          c.scheduler.chunk_size = 0;
-          c.scheduler.whole_prompts = true;
-          c.scheduler.token_budget = one_chunk_budget(s);
-        } else {
-          c.scheduler.chunk_size = 5;  // odd chunks, against the scenario's whole-prompt prefill
-        }
-        const std::string what = chunking_comparison(s, c);
-        rerun(c, Invariant::chunking, what, [&](const RunRecord& r) { return compare(c, r, what); }, inner);
+        if (totals.empty() || totals.back().first != run.invariant) totals.push_back({run.invariant, Outcome{false, false, ""}});
+        merge(totals.back().second, o);
       }
-      if (s.reuse.enabled && wanted(Invariant::reuse)) {
-        Scenario c = s;
-        c.reuse.enabled = false;
-        rerun(c, Invariant::reuse, "reuse off", [&](const RunRecord& r) { return compare(c, r, "reuse off"); }, inner);
-      }
-      if (s.layers.enabled && wanted(Invariant::window)) {
-        // Per layer: a full layer's outputs at every position, a sliding
-        // layer's at positions < its W, and every cached token, bit-equal to
-        // the same model with full attention everywhere.
-        Scenario c = s;
-        c.layers = LayersSpec{};
-        int64_t blocks = 1;
-        for (const RequestState& r : make_requests(s)) blocks += (r.final_len + s.cache.page_size - 1) / s.cache.page_size;
-        c.cache.primary_blocks = std::max(c.cache.primary_blocks, blocks);
-        rerun(
-            c, Invariant::window, "full attention in every layer",
-            [&](const RunRecord& r) {
-              return compare(c, r,
-                             "full attention in every layer (each sliding layer's positions < its W, every full "
-                             "layer's output, every cached token)",
-                             [&](const OutputKey& k) {
-                               const int32_t w = layer_window(s, k.layer);
-                               return k.kind != OutputKind::attention || w == 0 || k.position < w;
-                             });
-            },
-            inner);
-      }
-      if (s.window.mode != WindowMode::none && wanted(Invariant::window)) {
-        Scenario c = s;
-        c.window = WindowSpec{};
-        // Without the window every token stays cached: give the pool room for all of them.
-        int64_t blocks = 1;
-        for (const RequestState& r : make_requests(s)) blocks += (r.final_len + s.cache.page_size - 1) / s.cache.page_size;
-        c.cache.primary_blocks = std::max(c.cache.primary_blocks, blocks);
-        const int64_t W = s.window.window;
-        // Queries at positions < W attend exactly what they would without a window.
-        rerun(
-            c, Invariant::window, "no window",
-            [&](const RunRecord& r) {
-              return compare(c, r, "no window (positions < W = " + std::to_string(W) + ", and every cached token)",
-                             [&](const OutputKey& k) { return k.kind != OutputKind::attention || k.position < W; });
-            },
-            inner);
-      }
-      if (wanted(Invariant::layout)) {
-        const BlockLayout layouts[3] = {BlockLayout::nhd, BlockLayout::hnd, BlockLayout::split_x};
-        int cur = 0;
-        while (layouts[cur] != s.cache.layout) ++cur;
-        const LayerPlacement other = s.cache.placement == LayerPlacement::in_block ? LayerPlacement::per_layer
-                                                                                   : LayerPlacement::in_block;
-        const std::pair<BlockLayout, LayerPlacement> alts[2] = {{layouts[(cur + 1) % 3], other},
-                                                                {layouts[(cur + 2) % 3], s.cache.placement}};
-        Outcome total{false, false, ""};
-        for (const auto& [layout, placement] : alts) {
-          if (layout == BlockLayout::split_x && s.cache.dtype == CacheDtype::nvfp4) continue;  // no split-x nvfp4
-          Scenario c = s;
-          c.cache.layout = layout;
-          c.cache.placement = placement;
-          c.cache.shared_kv_allocation = false;
-          c.cache.engine.reset();
-          const std::string what = std::string(layout_name(layout)) + " " + std::string(placement_name(placement));
-          try {
-            merge(total, compare(c, run_timed(c, backend, inner, "layout (" + what + ")"), what));
-          } catch (const ValidationError& e) {
-            merge(total, {false, false, what + " rejected: " + e.what()});
-          }
-        }
-        settle(Invariant::layout, total);
-      }
-      if (compare_quantization) {
-        Scenario c = s;
-        c.cache.dtype = CacheDtype::bf16;
-        ReplayOptions spilled = inner;
-        spilled.spill_attention = true;
-        rerun(c, Invariant::quantization, "a bf16 cache", [&](const RunRecord& r) {
-          const Phase comparing(clock, &rep.timings.comparisons);
-          const QuantizationError q = quantization_error(main, r);
-          const double bound = quantization_bound(s.cache.dtype);
-          return Outcome{q.compared > 0, !(q.rel_rms <= bound),
-                         "relative RMS error against bf16 " + format_double(q.rel_rms) + (q.rel_rms <= bound ? " <= " : " > ") +
-                             "bound " + format_double(bound) + " over " + std::to_string(q.compared) +
-                             " outputs (max |diff| " + format_double(q.max_abs) + worst_at(q) + ")"};
-        }, spilled);
-      }
-      if (wanted(Invariant::batch) && s.requests.size() >= 2) {
-        Outcome total{false, false, ""};
-        Scenario reversed = s;
-        std::reverse(reversed.requests.begin(), reversed.requests.end());
-        Scenario alone = s;
-        alone.requests = {s.requests.front()};
-        const std::pair<const Scenario*, std::string> runs[2] = {{&reversed, "the batch in reverse order"},
-                                                                 {&alone, "request " + s.requests.front().id + " alone"}};
-        for (const auto& [c, what] : runs) {
-          try {
-            merge(total, compare(*c, run_timed(*c, backend, inner, "batch (" + what + ")"), what));
-          } catch (const ValidationError& e) {
-            merge(total, {false, false, what + " rejected: " + e.what()});
-          }
-        }
-        settle(Invariant::batch, total);
-      }
+      for (const auto& [inv, total] : totals) settle(inv, total);
     }
   }
 

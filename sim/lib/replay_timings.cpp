@@ -26,6 +26,14 @@ ReplayTimings& ReplayTimings::operator+=(const ReplayTimings& o) {
   return *this;
 }
 
+ReplayTimings ReplayTimings::scaled(double f) const {
+  ReplayTimings t = *this;
+  for (double* part : {&t.kernels, &t.op_host, &t.inputs, &t.transfers, &t.scheduling, &t.recording, &t.dense, &t.checks,
+                       &t.comparisons, &t.other})
+    *part *= f;
+  return t;
+}
+
 PhaseClock::PhaseClock(double* start) : current_(start), since_ns_(now_ns()) {}
 
 double* PhaseClock::enter(double* part) {

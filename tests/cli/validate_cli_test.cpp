@@ -81,8 +81,8 @@ TEST_CASE("kvsim validate: one ok line per good file, naming requests, tokens an
   CHECK(r.status == 0);
   CHECK(r.out == file + ": ok (2 requests, 42 prompt + 160 decode tokens, L=2 F=2 H=2 P=16 D=64 bf16 nhd in_block, "
                         "cyclic window 40)\n"
-                        "  estimate with every invariant: 7 runs, 2.7e+03 token-layers, 2.02e+08 attention FLOP; peak "
-                        "backend memory 1.36 MiB (pools 384 KiB), host memory 2.06 MiB\n");
+                        "  estimate with every invariant: 7 runs (at once on a host backend), 2.7e+03 token-layers, 2.02e+08 "
+                        "attention FLOP; peak backend memory 9.51 MiB (pools 384 KiB), host memory 12.4 MiB\n");
   CHECK(r.err.empty());
 }
 
@@ -94,8 +94,8 @@ TEST_CASE("kvsim validate: every bad file is reported with its location, the goo
   const Run r = run_kvsim("validate '" + typo.string() + "' '" + good.string() + "' '" + pool.string() + "'");
   CHECK(r.status == 2);
   CHECK(r.out == good.string() + ": ok (1 request, 3 prompt + 0 decode tokens, L=2 F=2 H=2 P=16 D=64 bf16 nhd "
-                                 "in_block)\n  estimate with every invariant: 4 runs, 24 token-layers, 9.83e+04 "
-                                 "attention FLOP; peak backend memory 1.02 MiB (pools 1.00 MiB), host memory 39.9 KiB\n");
+                                 "in_block)\n  estimate with every invariant: 4 runs (at once on a host backend), 24 token-layers, "
+                                 "9.83e+04 attention FLOP; peak backend memory 4.06 MiB (pools 1.00 MiB), host memory 143 KiB\n");
   CHECK(r.err == "kvsim: error: bad_scenario: " + typo.string() +
                      ":3:1: cache.page_sise: unknown key; did you mean page_size?\n"
                      "kvsim: error: bad_scenario: " + pool.string() +

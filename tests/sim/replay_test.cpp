@@ -20,6 +20,7 @@
 
 #include "backends/backend.hpp"
 #include "kvsim/sim/digest.hpp"
+#include "kvsim/sim/estimate.hpp"
 #include "kvsim/sim/invariants.hpp"
 #include "kvsim/sim/replay.hpp"
 #include "kvsim/sim/replay_run.hpp"
@@ -264,6 +265,38 @@ TEST_CASE("replay: ReplayOptions::threads runs the whole replay, its checks incl
     CHECK(r.ok);
     CHECK(r.content_hash == replay(s, cpu()).content_hash);  // the same bytes as the caller's arena
   }
+}
+
+TEST_CASE("replay: a small scenario's runs made at once report what runs one after another report") {
+  // Every built-in scenario (faults, expectations, every comparison invariant), 4 threads: one run
+  // after another, then a host backend's runs at once where they fit together. (The same thread
+  // count: the dense check's tasks, and so its worst ratio's last digits, follow it.)
+  const auto be = make_backend("cpu", BackendOptions{1});
+  int at_once = 0;
+  for (const std::string& path : builtin_scenario_paths()) {
+    const Scenario s = load_scenario_file(path);
+    ReplayOptions one, four;
+    one.threads = 4;
+    one.runs_at_once = false;
+    four.threads = 4;
+    const ScenarioReport a = replay(s, *be, one), b = replay(s, *be, four);
+    INFO(s.name << "\none after another:\n" << details(a) << "at once:\n" << details(b));
+    CHECK(a.concurrent_runs == 1);
+    const ReplayEstimate e = estimate_replay(s);
+    CHECK(b.concurrent_runs == (e.concurrent_runs > 1 ? e.runs : 1));
+    at_once += b.concurrent_runs > 1;
+    CHECK(details(a) == details(b));
+    CHECK(a.ok == b.ok);
+    CHECK(a.content_hash == b.content_hash);
+    CHECK(a.counters.steps == b.counters.steps);
+    CHECK(a.counters.token_layers == b.counters.token_layers);
+    // The split still adds up to the wall time: the runs' parts in proportion to their own splits.
+    CHECK(b.timings.total() == doctest::Approx(b.total_seconds).epsilon(1e-3));
+  }
+  CHECK(at_once >= 30);  // most built-in scenarios are small enough
+  // The reference backend has instances for other threads too; a device backend (and the
+  // differential pair) would not: there every run shares the caller's backend, one after another.
+  CHECK(make_backend("reference")->another() != nullptr);
 }
 
 TEST_CASE("replay: determinism across runs and thread counts; content hash covers the pools") {

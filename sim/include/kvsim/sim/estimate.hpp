@@ -21,13 +21,18 @@ struct ReplayEstimate {
   int64_t pool_bytes = 0;         // pools, scale pools, shared allocations, indexer caches (backend memory)
   int64_t step_backend_bytes = 0; // one step's op buffers on the backend (inputs, Q, outputs, gathers)
   int64_t step_host_bytes = 0;    // the same step's host copies, the dense check's K/V of one sequence, the content hash's chunks
-  int64_t record_bytes = 0;       // digests of the two records held at once (80 bytes per output row)
+  int64_t record_bytes = 0;       // digests of the records held at once (80 bytes per output row)
   int64_t spill_disk_bytes = 0;   // the quantization invariant's attention rows on disk ($TMPDIR)
   int64_t runs = 1;               // replays: the scenario's own and one per comparison re-run
+  // Runs made at once: all of them where together they fit kConcurrentRunsBytes
+  // (a host backend then runs each on its own thread and backend instance,
+  // replay.cpp), else 1. The pools and step buffers count once per run at once.
+  int64_t concurrent_runs = 1;
+  static constexpr int64_t kConcurrentRunsBytes = int64_t{64} << 20;
   double token_layers = 0;        // tokens written x layers, over every run
   double attention_flops = 0;     // 4 * Hq * D per (query row, key) (Q.K and P.V, multiply and add), every run
-  int64_t backend_peak() const { return pool_bytes + step_backend_bytes; }
-  int64_t host_peak() const { return step_host_bytes + record_bytes; }
+  int64_t backend_peak() const { return concurrent_runs * (pool_bytes + step_backend_bytes); }
+  int64_t host_peak() const { return concurrent_runs * step_host_bytes + record_bytes; }
 };
 
 // `invariants`: those selected (ReplayOptions::invariants; nullopt = all);

@@ -99,6 +99,8 @@ struct ReplayTimings {
   }
   double host() const { return total() - kernels; }
   ReplayTimings& operator+=(const ReplayTimings& o);
+  // Every time times f (transfer_bytes unchanged): a run's share of runs made at once.
+  ReplayTimings scaled(double f) const;
 };
 
 // Charges wall time to one part of a ReplayTimings at a time: enter() adds the
@@ -153,6 +155,7 @@ struct ScenarioReport {
   double main_seconds = 0.0;   // wall time of the scenario's own replay (throughput: counters.token_layers / this)
   double total_seconds = 0.0;  // ... plus the comparison invariants' replays
   ReplayTimings timings;       // total_seconds split by part (every run of the scenario)
+  int32_t concurrent_runs = 1;  // runs made at once (replay.cpp: a small scenario's on a host backend), else 1
 };
 
 // Where the replay is, told to observers before each op runs.
@@ -199,6 +202,10 @@ struct ReplayOptions {
   // Run the comparison invariants (they replay the scenario again with one
   // setting changed). Off for the inner replays themselves.
   bool comparison_invariants = true;
+  // Let a host backend make a small scenario's runs at once, each on its own
+  // thread (ScenarioReport::concurrent_runs); false: one after another, as on
+  // a device. The report is the same either way.
+  bool runs_at_once = true;
   // Check the dense invariant during the run (a gather and a double-precision
   // reference per attention op). replay() turns it off for the comparison
   // re-runs, whose dense results nobody reads.
