@@ -18,8 +18,9 @@ namespace {
 // are compiled as vector code. The same
 // operations in the same order (-ffp-contract=off stays): the same bytes at
 // every ISA (tests/oracle/write_ops_test.cpp runs each). nvfp4 rows are
-// quantized by the ISA's cpu_nvfp4 quantizer (nvfp4_rows.hpp: at avx512 the
-// explicit one, the same bytes as core's).
+// quantized by the ISA's cpu_nvfp4 quantizer (nvfp4_rows.hpp: at avx2 and
+// avx512 the explicit ones, the same bytes as core's), an item's K and V rows
+// in one call where both are nvfp4 (write_kv_rows).
 
 #define KVSIM_WRITE_ITEMS(SUFFIX, ATTR)                                                                   \
   ATTR void append_item_##SUFFIX(const KvPools& pools, const AppendPagedArgs& a, int64_t i, int32_t h,    \

@@ -1,5 +1,5 @@
 // The CPU backend's nvfp4 quantizers (backends/cpu/nvfp4_rows.hpp: core's
-// row form at portable and avx2, the explicit AVX-512 one at avx512) against
+// row form at portable, the explicit AVX2 and AVX-512 ones) against
 // codec::nvfp4_quantize16, block by block, at every ISA this machine runs:
 //   * the edge blocks (tests/support/nvfp4_edge_blocks.hpp: 18,000 blocks of
 //     NaN, +-Inf, +-0, subnormals, e2m1 midpoints, saturating scales) under
@@ -8,7 +8,9 @@
 //     finite g > 0; the quantizer is held to core's bytes for any float);
 //   * rows of 1..16 blocks of random bits and of normal-ish values (a sum of
 //     uniforms times a power of two per block), some on e2m1's midpoints
-//     exactly;
+//     exactly; each call also as two rows (an item's K and V) under two
+//     global scales;
+//   * bf16 and fp16 rows, read in place by the quantizer, one or two a call;
 //   * every fp32 y through the codes step: blocks whose multiplier is 1
 //     (g = 1, one element 6), every other element one fp32 bit pattern of
 //     magnitude <= 6.375 (the amax that still gives scale 1.0) or NaN, each
@@ -29,6 +31,7 @@
 #include "backends/cpu/cpu_isa.hpp"
 #include "backends/cpu/nvfp4_rows.hpp"
 #include "kvsim/core/codecs.hpp"
+#include "kvsim/core/nvfp4_rows.hpp"
 
 #include "../support/cpu_isas.hpp"
 #include "../support/nvfp4_edge_blocks.hpp"
@@ -48,16 +51,42 @@ constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 // Inf at 1e38), subnormal, Inf, NaN, +-0, negative.
 const float kMoreGlobals[] = {1e-30f, 3.0e30f, 1e38f, 1e-40f, kInf, kNaN, 0.0f, -0.0f, -2.0f};
 
-// Blocks of x where `fn` and nvfp4_quantize16 differ (scale byte or any
-// packed byte); quantizes `blocks` at once.
-int64_t mismatches(cpu_nvfp4::RowsFn fn, const float* x, int blocks, float g) {
-  uint8_t packed[cpu_nvfp4::kMaxBlocks * 8], scales[cpu_nvfp4::kMaxBlocks];
-  fn(x, blocks, g, packed, scales);
+// Blocks where `fn` and nvfp4_quantize16 of the loaded floats differ (scale
+// byte or any packed byte), over the call's rows (each `blocks` blocks).
+int64_t mismatches(cpu_nvfp4::RowsFn fn, const Nvfp4Row* in, int nrows, int blocks) {
+  uint8_t packed[2][cpu_nvfp4::kMaxBlocks * 8], scales[2][cpu_nvfp4::kMaxBlocks];
+  Nvfp4Row rows[2];
+  for (int r = 0; r < nrows; ++r) {
+    rows[r] = in[r];
+    rows[r].packed = packed[r];
+    rows[r].scales = scales[r];
+  }
+  fn(rows, nrows, blocks);
   int64_t bad = 0;
-  for (int b = 0; b < blocks; ++b) {
-    uint8_t want[8];
-    const uint8_t want_scale = codec::nvfp4_quantize16(x + 16 * b, g, want);
-    bad += scales[b] != want_scale || std::memcmp(packed + 8 * b, want, 8) != 0;
+  for (int r = 0; r < nrows; ++r)
+    for (int b = 0; b < blocks; ++b) {
+      float x[16];
+      load_floats(rows[r].x, rows[r].dtype, 16 * b, 1, 16, x);
+      uint8_t want[8];
+      const uint8_t want_scale = codec::nvfp4_quantize16(x, rows[r].global_scale, want);
+      bad += scales[r][b] != want_scale || std::memcmp(packed[r] + 8 * b, want, 8) != 0;
+    }
+  return bad;
+}
+
+// One fp32 row of `blocks` blocks of x under g; and, for an even count, the
+// same blocks as two rows of half as many (an item's K and V), the second
+// under g2: both against nvfp4_quantize16.
+int64_t mismatches(cpu_nvfp4::RowsFn fn, const float* x, int blocks, float g, float g2) {
+  Nvfp4Row rows[2];
+  rows[0].x = x;
+  rows[0].global_scale = g;
+  int64_t bad = mismatches(fn, rows, 1, blocks);
+  if (blocks % 2 == 0) {
+    rows[0].x = x;
+    rows[1].x = x + 16 * (blocks / 2);
+    rows[1].global_scale = g2;
+    bad += mismatches(fn, rows, 2, blocks / 2);
   }
   return bad;
 }
@@ -69,8 +98,9 @@ TEST_CASE("every ISA's nvfp4 quantizer: the edge blocks under every global scale
     const cpu_nvfp4::RowsFn fn = cpu_nvfp4::rows_at(isa);
     int64_t checked = 0, bad = 0;
     kvsim::testing::for_each_nvfp4_edge_row([&](int, int blocks, float g, const float* x) {
-      bad += mismatches(fn, x, blocks, g);
-      for (const float more : kMoreGlobals) bad += mismatches(fn, x, blocks, more);
+      bad += mismatches(fn, x, blocks, g, kMoreGlobals[0]);
+      for (size_t i = 0; i < std::size(kMoreGlobals); ++i)
+        bad += mismatches(fn, x, blocks, kMoreGlobals[i], i + 1 < std::size(kMoreGlobals) ? kMoreGlobals[i + 1] : g);
       checked += blocks * (1 + static_cast<int64_t>(std::size(kMoreGlobals)));
     });
     CHECK(checked == kvsim::testing::kNvfp4EdgeBlocks * 10);
@@ -108,7 +138,7 @@ TEST_CASE("every ISA's nvfp4 quantizer: random-bit and normal-ish rows of 1..16 
           }
         }
       }
-      bad += mismatches(fn, x, blocks, g);
+      bad += mismatches(fn, x, blocks, g, globals[row % std::size(globals)]);
       checked += blocks;
     }
     CHECK(checked == 3400000);
@@ -137,7 +167,11 @@ TEST_CASE("every ISA's nvfp4 quantizer: every fp32 value through the codes step 
           int filled = 0;
           const auto flush = [&](int elements) {
             for (int i = elements; i < 16 * 16; ++i) x[i] = i % 16 == 0 ? 6.0f : 0.0f;
-            fn(x, 16, 1.0f, packed, scales);
+            Nvfp4Row one;
+            one.x = x;
+            one.packed = packed;
+            one.scales = scales;
+            fn(&one, 1, 16);
             for (int i = 0; i < 16 * 16; ++i) {
               const uint8_t want = i % 16 == 0 ? codec::kE2m1MaxCode : codec::f32_to_e2m1(x[i]);
               bad += codec::nibble_at(packed, i) != want;
@@ -159,6 +193,37 @@ TEST_CASE("every ISA's nvfp4 quantizer: every fp32 value through the codes step 
           return bad;
         },
         [](int64_t a, int64_t b) { return a + b; });
+    CHECK(bad == 0);
+  }
+}
+
+TEST_CASE("every ISA's nvfp4 quantizer: bf16 and fp16 rows read in place, one or two rows a call") {
+  const float globals[] = {1.0f, 0.5f, 1.0f / 448.0f, 7.0f, 1e-30f, 1e30f, 0.0f, kNaN, kInf, -2.0f};
+  constexpr int kCalls = 200000;
+  for (CpuIsa isa : machine_isas()) {
+    const std::string isa_name = cpu_isa_name(isa);
+    CAPTURE(isa_name);
+    const cpu_nvfp4::RowsFn fn = cpu_nvfp4::rows_at(isa);
+    Rng rng(0x6e76663462663136ull);
+    int64_t bad = 0;
+    uint16_t bits[2][cpu_nvfp4::kMaxBlocks * 16];
+    for (int call = 0; call < kCalls; ++call) {
+      const int nrows = 1 + call % 2;
+      const int blocks = 1 + (call / 2) % (cpu_nvfp4::kMaxBlocks / nrows);
+      Nvfp4Row rows[2];
+      for (int r = 0; r < nrows; ++r) {
+        const bool bf16 = (call / 16 + r * ((call / 32) % 2)) % 2 == 0;  // mixed and same-dtype pairs
+        // random bits, or values near a scale of 1 (every midpoint and NaN/Inf pattern of the type turns up)
+        for (int i = 0; i < 16 * blocks; ++i) {
+          const uint32_t u = static_cast<uint32_t>(rng.next());
+          bits[r][i] = static_cast<uint16_t>(call % 3 == 0 ? u : (u & 0x83FFu) | (bf16 ? 0x3E00u : 0x3C00u) * ((u >> 16) & 1));
+        }
+        rows[r].x = bits[r];
+        rows[r].dtype = bf16 ? CacheDtype::bf16 : CacheDtype::fp16;
+        rows[r].global_scale = globals[(call / 7 + 3 * r) % std::size(globals)];
+      }
+      bad += mismatches(fn, rows, nrows, blocks);
+    }
     CHECK(bad == 0);
   }
 }

@@ -267,12 +267,14 @@ KVSIM_HD inline uint16_t qkv_cache_code_pair(float x0, float x1, float encode_sc
 // gives the same bytes: nvfp4_rows.hpp), its scale byte
 // stored at scale_offset, its 8 packed bytes handed to store(d0, packed) --
 // nibble by nibble through element_offset, or as 8 bytes where the row is
-// one run from a whole byte.
+// one run from a whole byte; on a host, that run may come as packed_run, and
+// the quantizer writes the row's bytes there itself.
 template <class StorePacked, class Nvfp4Rows = CoreNvfp4Rows>
 KVSIM_HD inline void qkv_store_nvfp4_blocks(const KvPools& pools, int32_t layer, int64_t block, int32_t entry,
                                             int32_t kv, int32_t head, int32_t dim0, int32_t count, const float* x,
                                             float global_scale, StorePacked store,
-                                            [[maybe_unused]] Nvfp4Rows nvfp4_rows = {}) {
+                                            [[maybe_unused]] Nvfp4Rows nvfp4_rows = {},
+                                            [[maybe_unused]] uint8_t* packed_run = nullptr) {
   uint8_t* scales = pools.scale_bytes(PoolKind::primary);
   const PoolStrides& ss = pools.scale_strides[static_cast<int>(PoolKind::primary)];
   constexpr int kBlocks = codec::kNvfp4RowBlocks, kElems = codec::kNvfp4BlockElems;
@@ -284,14 +286,23 @@ KVSIM_HD inline void qkv_store_nvfp4_blocks(const KvPools& pools, int32_t layer,
       scales[scale_offset(ss, block, layer, kv, head, entry, dim0 + d0)] = scale_code;
     }
   } else {
-    for (int32_t g0 = 0; g0 < count; g0 += kBlocks * kElems) {  // kNvfp4RowBlocks blocks at a time
-      const int32_t blocks = (count - g0 < kBlocks * kElems ? count - g0 : kBlocks * kElems) / kElems;
-      uint8_t packed[kBlocks * kElems / 2], scale_codes[kBlocks];
-      nvfp4_rows(x + g0, blocks, global_scale, packed, scale_codes);
+    // kNvfp4CallBlocks blocks a call; the scale bytes straight into the pool
+    // where they are one run; packed_run, where given, takes the packed bytes
+    // of the row as one run from a whole byte (else store() per block).
+    for (int32_t g0 = 0; g0 < count; g0 += kNvfp4CallBlocks * kElems) {
+      const int32_t blocks = (count - g0 < kNvfp4CallBlocks * kElems ? count - g0 : kNvfp4CallBlocks * kElems) / kElems;
+      uint8_t packed[kNvfp4CallBlocks * kElems / 2], scale_codes[kNvfp4CallBlocks];
+      const bool scale_run = dims_contiguous(ss.inner[kv], (dim0 + g0) / kElems, blocks);
+      Nvfp4Row row;
+      row.x = x + g0;
+      row.global_scale = global_scale;
+      row.packed = packed_run ? packed_run + g0 / 2 : packed;
+      row.scales = scale_run ? scales + scale_offset(ss, block, layer, kv, head, entry, dim0 + g0) : scale_codes;
+      nvfp4_rows(&row, 1, blocks);
       for (int32_t b = 0; b < blocks; ++b) {
         const int32_t d0 = g0 + b * kElems;
-        store(d0, packed + b * kElems / 2);
-        scales[scale_offset(ss, block, layer, kv, head, entry, dim0 + d0)] = scale_codes[b];
+        if (!packed_run) store(d0, packed + b * kElems / 2);
+        if (!scale_run) scales[scale_offset(ss, block, layer, kv, head, entry, dim0 + d0)] = scale_codes[b];
       }
     }
   }
@@ -670,7 +681,7 @@ KVSIM_HD inline void qkv_preprocess_head_row(const KvPools& pools, const QkvPrep
       qkv_store_nvfp4_blocks(pools, a.layer, block, entry, kv, head, 0, D, x,
                              is_v ? a.v_global_scale : a.k_global_scale, [&](int32_t d0, const uint8_t* packed) {
                                for (int32_t i = 0; i < codec::kNvfp4BlockElems / 2; ++i) bytes[d0 / 2 + i] = packed[i];
-                             }, nvfp4_rows);
+                             }, nvfp4_rows, bytes);
       return;
     }
   }

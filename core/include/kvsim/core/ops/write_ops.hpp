@@ -322,6 +322,57 @@ KVSIM_HD inline void write_pool_row(const KvPools& pools, const PoolRow& r, int3
   }
 }
 #else
+// One row's part of a quantizer call (nvfp4_rows.hpp) for dims [dim0, dim0 +
+// n) of pool row r, from input elements j0.. of `in`: the input read in place
+// where its elements are consecutive floats (no fp32 copy on the stack), the
+// packed bytes and the scale bytes written straight into the pools where
+// each is one run (one store per row, not a memcpy per row and a
+// scale_offset per block); else through this object's buffers, which start()
+// fills and finish() scatters element by element as before.
+struct Nvfp4RowTarget {
+  Nvfp4Row row;
+  bool packed_run = false, scales_run = false;
+  float x[kNvfp4CallBlocks * codec::kNvfp4BlockElems];
+  uint8_t packed[kNvfp4CallBlocks * codec::kNvfp4BlockElems / 2], scales[kNvfp4CallBlocks];
+
+  KVSIM_HD void start(const KvPools& pools, const PoolRow& r, int32_t dim0, int32_t n, const InputRow& in, int32_t j0,
+                      float global_scale) {
+    row.global_scale = global_scale;
+    if (in.stride == 1 && is_float_input(in.dtype)) {
+      row.x = static_cast<const uint8_t*>(in.data) + in.at(j0) * bytes_per_element(in.dtype);
+      row.dtype = in.dtype;
+    } else {
+      load_floats(in.data, in.dtype, in.at(j0), in.stride, n, x);
+      row.x = x;
+      row.dtype = CacheDtype::fp32;
+    }
+    const PoolStrides& s = pools.strides_of(PoolKind::primary);
+    const int64_t e0 = pool_row_offset(s, r, dim0);
+    packed_run = dims_contiguous(s.inner[r.kv], dim0, n) && (e0 & 1) == 0;  // element 2i: the low nibble of byte i
+    row.packed = packed_run ? pools.bytes(PoolKind::primary) + (e0 >> 1) : packed;
+    const PoolStrides& ss = pools.scale_strides[static_cast<int>(PoolKind::primary)];
+    constexpr int32_t kElems = codec::kNvfp4BlockElems;
+    scales_run = dims_contiguous(ss.inner[r.kv], dim0 / kElems, n / kElems);
+    row.scales = scales_run ? pools.scale_bytes(PoolKind::primary) +
+                                  scale_offset(ss, r.block, r.layer, r.kv, r.head, r.entry, dim0)
+                            : scales;
+  }
+
+  KVSIM_HD void finish(const KvPools& pools, const PoolRow& r, int32_t dim0, int32_t n) const {
+    if (!packed_run) {
+      const PoolStrides& s = pools.strides_of(PoolKind::primary);
+      for (int32_t e = 0; e < n; ++e)
+        store_nibble(pools.bytes(PoolKind::primary), pool_row_offset(s, r, dim0 + e), codec::nibble_at(packed, e));
+    }
+    if (!scales_run) {
+      const PoolStrides& ss = pools.scale_strides[static_cast<int>(PoolKind::primary)];
+      for (int32_t b = 0; b < n / codec::kNvfp4BlockElems; ++b)
+        pools.scale_bytes(PoolKind::primary)[scale_offset(ss, r.block, r.layer, r.kv, r.head, r.entry,
+                                                          dim0 + b * codec::kNvfp4BlockElems)] = scales[b];
+    }
+  }
+};
+
 template <class Nvfp4Rows = CoreNvfp4Rows>
 KVSIM_HD inline void write_pool_row(const KvPools& pools, const PoolRow& r, int32_t dim0, int32_t count,
                                     const InputRow& in, RowEncoding encoding, float scale, Nvfp4Rows nvfp4_rows = {}) {
@@ -349,26 +400,14 @@ KVSIM_HD inline void write_pool_row(const KvPools& pools, const PoolRow& r, int3
       break;
     }
     case RowEncoding::nvfp4: {
-      // Up to kNvfp4RowBlocks blocks at a time (nvfp4_rows: nvfp4_quantize_blocks by default).
-      constexpr int kBlocks = codec::kNvfp4RowBlocks, kElems = codec::kNvfp4BlockElems;
-      uint8_t* scale_pool = pools.scale_bytes(PoolKind::primary);
-      const PoolStrides& ss = pools.scale_strides[static_cast<int>(PoolKind::primary)];
-      for (int32_t g0 = 0; g0 < count; g0 += kBlocks * kElems) {
-        const int32_t n = count - g0 < kBlocks * kElems ? count - g0 : kBlocks * kElems;
-        float x[kBlocks * kElems];
-        load_floats(in.data, in.dtype, in.at(g0), in.stride, n, x);
-        uint8_t packed[kBlocks * kElems / 2], scale_codes[kBlocks];
-        nvfp4_rows(x, n / kElems, scale, packed, scale_codes);
-        const int64_t e0 = pool_row_offset(s, r, dim0 + g0);
-        if (dims_contiguous(s.inner[r.kv], dim0 + g0, n) && (e0 & 1) == 0) {
-          copy_bytes_run(pool + (e0 >> 1), packed, n / 2);  // element 2i: the low nibble of byte i
-        } else {
-          for (int32_t e = 0; e < n; ++e)
-            store_nibble(pool, pool_row_offset(s, r, dim0 + g0 + e), codec::nibble_at(packed, e));
-        }
-        for (int32_t b = 0; b < n / kElems; ++b)
-          scale_pool[scale_offset(ss, r.block, r.layer, r.kv, r.head, r.entry, dim0 + g0 + b * kElems)] =
-              scale_codes[b];
+      // Up to kNvfp4CallBlocks blocks a quantizer call (nvfp4_rows: core's by default).
+      constexpr int32_t kElems = codec::kNvfp4BlockElems, kCall = kNvfp4CallBlocks * kElems;
+      for (int32_t g0 = 0; g0 < count; g0 += kCall) {
+        const int32_t n = count - g0 < kCall ? count - g0 : kCall;
+        Nvfp4RowTarget t;
+        t.start(pools, r, dim0 + g0, n, in, g0, scale);
+        nvfp4_rows(&t.row, 1, n / kElems);
+        t.finish(pools, r, dim0 + g0, n);
       }
       break;
     }
@@ -587,6 +626,24 @@ template <class Nvfp4Rows = CoreNvfp4Rows>
 KVSIM_HD inline void write_kv_rows(const KvPools& pools, PoolRow r, InputRow k, RowEncoding k_encoding, float k_scale,
                                    InputRow v, RowEncoding v_encoding, float v_scale, Nvfp4Rows nvfp4_rows = {}) {
   const int32_t D = pools.geometry.head_dim;
+#if !defined(__CUDA_ARCH__)
+  // nvfp4 K and V rows of D <= 128 in one quantizer call (16 blocks): its
+  // fixed work once per item, not once per row (docs/benchmarks.md, session 31).
+  if (k_encoding == RowEncoding::nvfp4 && v_encoding == RowEncoding::nvfp4 &&
+      2 * D <= kNvfp4CallBlocks * codec::kNvfp4BlockElems) {
+    PoolRow rv = r;
+    r.kv = 0;
+    rv.kv = 1;
+    Nvfp4RowTarget t[2];
+    t[0].start(pools, r, 0, D, k, 0, k_scale);
+    t[1].start(pools, rv, 0, D, v, 0, v_scale);
+    const Nvfp4Row rows[2] = {t[0].row, t[1].row};
+    nvfp4_rows(rows, 2, D / codec::kNvfp4BlockElems);
+    t[0].finish(pools, r, 0, D);
+    t[1].finish(pools, rv, 0, D);
+    return;
+  }
+#endif
   r.kv = 0;
   write_pool_row(pools, r, 0, D, k, k_encoding, k_scale, nvfp4_rows);
   r.kv = 1;
