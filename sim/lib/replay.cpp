@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <functional>
@@ -16,6 +17,7 @@
 #include <memory>
 #include <optional>
 #include <set>
+#include <string_view>
 
 #include "kvsim/sim/estimate.hpp"
 #include "kvsim/sim/invariants.hpp"
@@ -204,6 +206,16 @@ std::string format_double(double x) {
 // prompt wraps a cyclic ring, the scheduler cuts every chunk to what the ring
 // can take without overwriting keys the chunk's own queries attend to
 // (Scheduler::chunk_for), so "one chunk" is one chunk only until then.
+// KVSIM_RUNS_AT_ONCE=0 makes every replay's runs follow each other (same-binary
+// timings of the two ways); 1 or unset lets a small scenario's runs go at once.
+bool runs_at_once_allowed() {
+  const char* env = std::getenv("KVSIM_RUNS_AT_ONCE");
+  if (env == nullptr || *env == '\0' || std::string_view(env) == "1") return true;
+  if (std::string_view(env) == "0") return false;
+  throw ValidationError(ErrorCode::bad_argument,
+                        std::string("KVSIM_RUNS_AT_ONCE = '") + env + "': expected 0 or 1 (or unset: 1)");
+}
+
 std::string chunking_comparison(const Scenario& s, const Scenario& c) {
   const int64_t chunk = c.scheduler.chunk_size > 0 ? c.scheduler.chunk_size : std::numeric_limits<int64_t>::max();
   const std::string what =
@@ -423,7 +435,7 @@ ScenarioReport replay(const Scenario& s, Backend& backend, const ReplayOptions& 
   // same either way; observers, dumps, captures and the progress line (which
   // names each run in turn) keep the sequential order.
   std::vector<std::unique_ptr<Backend>> run_backends;
-  if (!plan.empty() && options.runs_at_once && !options.observer && !options.before_op && !options.after_step &&
+  if (!plan.empty() && options.runs_at_once && runs_at_once_allowed() && !options.observer && !options.before_op && !options.after_step &&
       !options.progress && options.dump_dir.empty() && !options.capture && tbb::this_task_arena::max_concurrency() > 1 &&
       estimate_replay(s, options.invariants).concurrent_runs > 1) {
     for (size_t i = 0; i < plan.size(); ++i) {

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <numeric>
@@ -294,6 +295,17 @@ TEST_CASE("replay: a small scenario's runs made at once report what runs one aft
     CHECK(b.timings.total() == doctest::Approx(b.total_seconds).epsilon(1e-3));
   }
   CHECK(at_once >= 30);  // most built-in scenarios are small enough
+  // KVSIM_RUNS_AT_ONCE=0 (same-binary timings) makes them follow each other; a bad value is named.
+  const Scenario s = load_scenario_file(std::string(KVSIM_SOURCE_DIR) + "/scenarios/gqa_decode_batch_ragged.toml");
+  ReplayOptions four;
+  four.threads = 4;
+  REQUIRE(replay(s, *be, four).concurrent_runs > 1);
+  ::setenv("KVSIM_RUNS_AT_ONCE", "0", 1);
+  CHECK(replay(s, *be, four).concurrent_runs == 1);
+  ::setenv("KVSIM_RUNS_AT_ONCE", "yes", 1);
+  CHECK_THROWS_WITH_AS(replay(s, *be, four), doctest::Contains("KVSIM_RUNS_AT_ONCE = 'yes': expected 0 or 1"),
+                       ValidationError);
+  ::unsetenv("KVSIM_RUNS_AT_ONCE");
   // The reference backend has instances for other threads too; a device backend (and the
   // differential pair) would not: there every run shares the caller's backend, one after another.
   CHECK(make_backend("reference")->another() != nullptr);
