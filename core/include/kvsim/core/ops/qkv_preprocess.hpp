@@ -643,17 +643,14 @@ KVSIM_HD inline void qkv_store_cache_run(uint8_t* pool, int64_t e0, int32_t n, c
   }
 }
 
-template <class Nvfp4Rows = CoreNvfp4Rows>
-KVSIM_HD inline void qkv_preprocess_head_row(const KvPools& pools, const QkvPreprocessArgs& a, int32_t b, int32_t t,
-                                             int64_t row, int32_t fused_head, Nvfp4Rows nvfp4_rows = {}) {
-  const int64_t cache_len = a.cache_lens[b];
-  const int64_t position = cache_len - a.seq_lens[b] + t;
-  const bool is_q = fused_head < a.num_q_heads;
+// One head's row as qkv_preprocess_head_row writes it: qkv_input (+ bias),
+// rotated for Q and K, into in[0..D).
+KVSIM_HD inline void qkv_head_row_values(const QkvPreprocessArgs& a, int32_t b, int64_t position, int64_t row,
+                                         int32_t fused_head, float* in) {
   const bool is_v = fused_head >= a.num_q_heads + a.kv_heads;
-  if (!is_q && !qkv_token_reaches_cache(a.window, cache_len, position)) return;
   const int32_t D = a.head_dim;
   const int64_t col0 = static_cast<int64_t>(fused_head) * D;
-  float in[kQkvMaxHeadDim], bias[kQkvMaxHeadDim];
+  float bias[kQkvMaxHeadDim];
   load_floats(a.qkv.data, a.qkv.dtype, a.qkv.offset(row, col0), a.qkv.stride[1], D, in);  // qkv_input
   if (!a.bias.empty()) {
     load_floats(a.bias.data, a.bias.dtype, a.bias.offset(col0), a.bias.stride[0], D, bias);
@@ -663,6 +660,19 @@ KVSIM_HD inline void qkv_preprocess_head_row(const KvPools& pools, const QkvPrep
   // V is never rotated; Q and K by core's rope_rotate itself (validated: 2 <= rotary_dim <= D, even).
   if (a.rope_style != RopeStyle::none && !is_v)
     rope_rotate(in, a.cos_sin + rotary_position * a.cos_sin_row_stride, a.rotary_dim, a.rope_style);
+}
+
+template <class Nvfp4Rows = CoreNvfp4Rows>
+KVSIM_HD inline void qkv_preprocess_head_row(const KvPools& pools, const QkvPreprocessArgs& a, int32_t b, int32_t t,
+                                             int64_t row, int32_t fused_head, Nvfp4Rows nvfp4_rows = {}) {
+  const int64_t cache_len = a.cache_lens[b];
+  const int64_t position = cache_len - a.seq_lens[b] + t;
+  const bool is_q = fused_head < a.num_q_heads;
+  const bool is_v = fused_head >= a.num_q_heads + a.kv_heads;
+  if (!is_q && !qkv_token_reaches_cache(a.window, cache_len, position)) return;
+  const int32_t D = a.head_dim;
+  float in[kQkvMaxHeadDim];
+  qkv_head_row_values(a, b, position, row, fused_head, in);
   const float* x = in;
   if (is_q) return store_floats(a.q_out.data, a.q_out.dtype, a.q_out.offset(row, fused_head, 0), a.q_out.stride[2], D, x);
   const QkvCacheRow r = qkv_cache_row(a, b, position, fused_head);
@@ -689,6 +699,56 @@ KVSIM_HD inline void qkv_preprocess_head_row(const KvPools& pools, const QkvPrep
                                        is_v ? a.v_global_scale : a.k_global_scale);
 }
 
+#if !defined(__CUDA_ARCH__)
+// A host's K and V rows of one (token, kv head) into an nvfp4 cache in one
+// quantizer call (16 blocks at D = 128: the call's fixed work once per item,
+// as write_kv_rows does; docs/benchmarks.md, session 31), the packed bytes
+// straight into the pool. Only where both rows are runs from a whole byte and
+// 2D <= kNvfp4CallBlocks * 16; false (nothing written) otherwise, and the
+// caller writes the heads one by one. The values and bytes are
+// qkv_preprocess_head_row's.
+template <class Nvfp4Rows>
+KVSIM_HD inline bool qkv_nvfp4_kv_pair(const KvPools& pools, const QkvPreprocessArgs& a, int32_t b, int32_t t, int64_t row,
+                                       int32_t kv_head, Nvfp4Rows nvfp4_rows) {
+  constexpr int32_t kElems = codec::kNvfp4BlockElems;
+  const int32_t D = a.head_dim;
+  if (pools.geometry.dtype != CacheDtype::nvfp4 || 2 * D > kNvfp4CallBlocks * kElems) return false;
+  const int64_t cache_len = a.cache_lens[b];
+  const int64_t position = cache_len - a.seq_lens[b] + t;
+  if (!qkv_token_reaches_cache(a.window, cache_len, position)) return true;  // neither row is written
+  const PoolStrides& s = pools.strides[static_cast<int>(PoolKind::primary)];
+  const PoolStrides& ss = pools.scale_strides[static_cast<int>(PoolKind::primary)];
+  QkvCacheRow r[2];
+  int64_t e0[2];
+  for (int32_t kv = 0; kv < 2; ++kv) {
+    r[kv] = qkv_cache_row(a, b, position, a.num_q_heads + kv * a.kv_heads + kv_head);
+    e0[kv] = element_offset(s, r[kv].block, a.layer, r[kv].kv, r[kv].head, r[kv].entry, 0);
+    if (!dims_contiguous(s.inner[r[kv].kv], 0, D) || (e0[kv] & 1) != 0) return false;
+  }
+  float in[2][kQkvMaxHeadDim];
+  uint8_t scale_codes[2][kNvfp4CallBlocks];
+  Nvfp4Row rows[2];
+  bool scale_run[2];
+  for (int32_t kv = 0; kv < 2; ++kv) {
+    qkv_head_row_values(a, b, position, row, a.num_q_heads + kv * a.kv_heads + kv_head, in[kv]);
+    rows[kv].x = in[kv];
+    rows[kv].global_scale = kv ? a.v_global_scale : a.k_global_scale;
+    rows[kv].packed = pools.bytes(PoolKind::primary) + (e0[kv] >> 1);  // element 2i: the low nibble of byte i
+    scale_run[kv] = dims_contiguous(ss.inner[r[kv].kv], 0, D / kElems);
+    rows[kv].scales = scale_run[kv] ? pools.scale_bytes(PoolKind::primary) +
+                                          scale_offset(ss, r[kv].block, a.layer, r[kv].kv, r[kv].head, r[kv].entry, 0)
+                                    : scale_codes[kv];
+  }
+  nvfp4_rows(rows, 2, D / kElems);
+  for (int32_t kv = 0; kv < 2; ++kv)
+    if (!scale_run[kv])
+      for (int32_t j = 0; j < D / kElems; ++j)
+        pools.scale_bytes(PoolKind::primary)[scale_offset(ss, r[kv].block, a.layer, r[kv].kv, r[kv].head,
+                                                          r[kv].entry, j * kElems)] = scale_codes[kv][j];
+  return true;
+}
+#endif
+
 // The work item of a narrow backend: token t of sequence b (fused qkv row
 // `row`) and kv head `kv_head` -- the whole heads of the kv head's query
 // group, its K and V heads, and, for the chunk's last token in a context
@@ -705,8 +765,14 @@ KVSIM_HD inline void qkv_preprocess_token_head(const KvPools& pools, const QkvPr
   };
   const int32_t group = a.num_q_heads / a.kv_heads;
   for (int32_t q = kv_head * group; q < (kv_head + 1) * group; ++q) head(q);
-  head(a.num_q_heads + kv_head);
-  head(a.num_q_heads + a.kv_heads + kv_head);
+  bool kv_done = false;
+#if !defined(__CUDA_ARCH__)
+  if constexpr (kChunk == 0) kv_done = qkv_nvfp4_kv_pair(pools, a, b, t, row, kv_head, nvfp4_rows);
+#endif
+  if (!kv_done) {
+    head(a.num_q_heads + kv_head);
+    head(a.num_q_heads + a.kv_heads + kv_head);
+  }
   if (t == a.seq_lens[b] - 1) qkv_zero_v_tail_head(pools, a, b, kv_head);
 }
 
