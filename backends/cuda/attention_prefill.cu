@@ -336,7 +336,8 @@ __device__ __forceinline__ void pv_tile(const SmemT& sm, int ch, int pu0, int la
 // ---------------------------------------------------------------- the kernel
 template <class Order, class Elem, int C, int G>
 __global__ void __launch_bounds__(kThreads, 1)
-    prefill_tiled_kernel(AttentionArgs a, const RowBlock* __restrict__ blocks, int32_t kv_heads, bool allow_bounds) {
+    prefill_tiled_kernel(AttentionArgs a, const RowBlock* __restrict__ blocks, int32_t kv_heads, bool allow_bounds,
+                         bool two_tiles_ahead) {
   static_assert(kUnits % G == 0);
   constexpr int D = Shape<C>::D;
   extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -400,8 +401,8 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   // The tile schedule: pass 1's K tiles, then per partition its K tiles and
   // its V tiles. advance() makes step s's tile current and starts loading
-  // step s + 1's into registers, so a tile's global loads overlap the
-  // previous tile's arithmetic.
+  // step s + 2's into the registers it frees, so a tile's global loads overlap
+  // the two tiles' arithmetic before it.
   const int32_t parts = (pass2_chunks + kChunksPerPart - 1) / kChunksPerPart;
   auto chunks_of = [&](int32_t part) { return min(kChunksPerPart, pass2_chunks - part * kChunksPerPart); };
   auto tile_of = [&](int32_t s, int32_t& kv, int32_t& chunk) {
@@ -417,8 +418,13 @@ __global__ void __launch_bounds__(kThreads, 1)
     kv = r >= n ? 1 : 0;
     chunk = part * kChunksPerPart + r - kv * n;
   };
-  TileLoader<Elem, C> loader;
-  auto prefetch = [&](int32_t s) {
+  // Two tiles in flight: step s's tile waits in the registers of the loader
+  // of its parity while step s + 1's loads are still outstanding. With one, a
+  // pass-1 tile's loads had only its short tensor-core bound to hide behind.
+  // (!two_tiles_ahead, KVSIM_PREFILL_TILES_AHEAD=1: one tile, the loaders
+  // alternating, for same-binary timings.)
+  TileLoader<Elem, C> even, odd;
+  auto prefetch = [&](TileLoader<Elem, C>& loader, int32_t s) {
     if (s >= steps) return;
     int32_t kv, chunk;
     tile_of(s, kv, chunk);
@@ -426,11 +432,26 @@ __global__ void __launch_bounds__(kThreads, 1)
   };
   auto advance = [&](int32_t s) {
     __syncthreads();  // the tile is free; earlier shared writes are visible
-    loader.store(sm.tile, bounded && s < pass1_chunks ? &p1 : nullptr);
-    __syncthreads();
-    prefetch(s + 1);
+    Pass1Smem<C>* bounds = bounded && s < pass1_chunks ? &p1 : nullptr;
+    // Two branches, not a reference chosen at run time: that would put the loaders' registers on the stack.
+    if (s % 2 == 0) {
+      even.store(sm.tile, bounds);
+      __syncthreads();
+      if (two_tiles_ahead)
+        prefetch(even, s + 2);
+      else
+        prefetch(odd, s + 1);
+    } else {
+      odd.store(sm.tile, bounds);
+      __syncthreads();
+      if (two_tiles_ahead)
+        prefetch(odd, s + 2);
+      else
+        prefetch(even, s + 1);
+    }
   };
-  prefetch(0);
+  prefetch(even, 0);
+  if (two_tiles_ahead) prefetch(odd, 1);
 
   // Score-tile coordinates: units u0 .. u0 + 3, keys k0, k0 + 16, k0 + 32, k0 + 48.
   const int u0 = (tid / 16) * 4;
@@ -702,6 +723,19 @@ bool pass1_bounds_allowed() {
   return allowed;
 }
 
+// KVSIM_PREFILL_TILES_AHEAD=1 keeps one K/V tile in flight instead of two
+// (same-binary timings of the two-deep prefetch); unset or 2: two.
+bool two_tiles_ahead() {
+  static const bool two = [] {
+    const char* env = std::getenv("KVSIM_PREFILL_TILES_AHEAD");
+    if (env == nullptr || *env == '\0' || std::string_view(env) == "2") return true;
+    if (std::string_view(env) == "1") return false;
+    throw ValidationError(ErrorCode::bad_argument,
+                          std::string("KVSIM_PREFILL_TILES_AHEAD = '") + env + "': expected 1 or 2 (or unset: 2)");
+  }();  // a throw leaves it unset: the next call throws again
+  return two;
+}
+
 template <class Elem, int C, int G>
 bool launch_shape(const AttentionArgs& a, const RowBlock* blocks, int32_t n_blocks, cudaStream_t stream,
                   KernelInfo* info) {
@@ -710,7 +744,7 @@ bool launch_shape(const AttentionArgs& a, const RowBlock* blocks, int32_t n_bloc
   if (prefill_kernel_setup(kernel, kThreads, smem, kChunk, 1, info)) return true;
   const int32_t kv_heads = a.pools.geometry.kv_heads;
   kernel<<<static_cast<unsigned>(n_blocks) * kv_heads, kThreads, smem, stream>>>(a, blocks, kv_heads,
-                                                                                 pass1_bounds_allowed());
+                                                                                 pass1_bounds_allowed(), two_tiles_ahead());
   check_launch("prefill_attention", "prefill_tiled_kernel", stream);
   return true;
 }
