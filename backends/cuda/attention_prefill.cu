@@ -38,6 +38,7 @@
 #include "backends/cuda/attention_plan.cuh"
 #include "backends/cuda/attention_warp.cuh"
 #include "backends/cuda/cuda_check.hpp"
+#include "backends/env_switch.hpp"
 #include "backends/cuda/mma_fragments.cuh"
 #include "backends/cuda/prefill_rows.cuh"
 
@@ -713,26 +714,14 @@ __global__ void __launch_bounds__(kThreads, 1)
 // kernel before the bounds), for same-binary before/after timings; unset or
 // `bounded`: the bounds where the scale allows them. The bytes are the same.
 bool pass1_bounds_allowed() {
-  static const bool allowed = [] {
-    const char* env = std::getenv("KVSIM_PREFILL_PASS1");
-    if (env == nullptr || *env == '\0' || std::string_view(env) == "bounded") return true;
-    if (std::string_view(env) == "every") return false;
-    throw ValidationError(ErrorCode::bad_argument,
-                          std::string("KVSIM_PREFILL_PASS1 = '") + env + "': expected bounded or every (or unset: bounded)");
-  }();  // a throw leaves it unset: the next call throws again
+  static const bool allowed = env_switch("KVSIM_PREFILL_PASS1", "bounded", "every");  // a throw leaves it unset
   return allowed;
 }
 
 // KVSIM_PREFILL_TILES_AHEAD=1 keeps one K/V tile in flight instead of two
 // (same-binary timings of the two-deep prefetch); unset or 2: two.
 bool two_tiles_ahead() {
-  static const bool two = [] {
-    const char* env = std::getenv("KVSIM_PREFILL_TILES_AHEAD");
-    if (env == nullptr || *env == '\0' || std::string_view(env) == "2") return true;
-    if (std::string_view(env) == "1") return false;
-    throw ValidationError(ErrorCode::bad_argument,
-                          std::string("KVSIM_PREFILL_TILES_AHEAD = '") + env + "': expected 1 or 2 (or unset: 2)");
-  }();  // a throw leaves it unset: the next call throws again
+  static const bool two = env_switch("KVSIM_PREFILL_TILES_AHEAD", "2", "1");
   return two;
 }
 

@@ -19,6 +19,7 @@
 #include <set>
 #include <string_view>
 
+#include "backends/env_switch.hpp"
 #include "kvsim/sim/estimate.hpp"
 #include "kvsim/sim/invariants.hpp"
 #include "kvsim/sim/scheduler.hpp"
@@ -202,20 +203,14 @@ std::string format_double(double x) {
   return buf;
 }
 
+// KVSIM_RUNS_AT_ONCE=0 makes every replay's runs follow each other (same-binary
+// timings of the two ways); 1 or unset lets a small scenario's runs go at once.
+bool runs_at_once_allowed() { return env_switch("KVSIM_RUNS_AT_ONCE", "1", "0"); }
+
 // What the chunking re-run `c` of `s` prefills, said as it runs: once a
 // prompt wraps a cyclic ring, the scheduler cuts every chunk to what the ring
 // can take without overwriting keys the chunk's own queries attend to
 // (Scheduler::chunk_for), so "one chunk" is one chunk only until then.
-// KVSIM_RUNS_AT_ONCE=0 makes every replay's runs follow each other (same-binary
-// timings of the two ways); 1 or unset lets a small scenario's runs go at once.
-bool runs_at_once_allowed() {
-  const char* env = std::getenv("KVSIM_RUNS_AT_ONCE");
-  if (env == nullptr || *env == '\0' || std::string_view(env) == "1") return true;
-  if (std::string_view(env) == "0") return false;
-  throw ValidationError(ErrorCode::bad_argument,
-                        std::string("KVSIM_RUNS_AT_ONCE = '") + env + "': expected 0 or 1 (or unset: 1)");
-}
-
 std::string chunking_comparison(const Scenario& s, const Scenario& c) {
   const int64_t chunk = c.scheduler.chunk_size > 0 ? c.scheduler.chunk_size : std::numeric_limits<int64_t>::max();
   const std::string what =

@@ -303,7 +303,7 @@ TEST_CASE("replay: a small scenario's runs made at once report what runs one aft
   ::setenv("KVSIM_RUNS_AT_ONCE", "0", 1);
   CHECK(replay(s, *be, four).concurrent_runs == 1);
   ::setenv("KVSIM_RUNS_AT_ONCE", "yes", 1);
-  CHECK_THROWS_WITH_AS(replay(s, *be, four), doctest::Contains("KVSIM_RUNS_AT_ONCE = 'yes': expected 0 or 1"),
+  CHECK_THROWS_WITH_AS(replay(s, *be, four), doctest::Contains("KVSIM_RUNS_AT_ONCE = 'yes': expected 1 or 0 (or unset: 1)"),
                        ValidationError);
   ::unsetenv("KVSIM_RUNS_AT_ONCE");
   // The reference backend has instances for other threads too; a device backend (and the
