@@ -434,22 +434,19 @@ __global__ void __launch_bounds__(kThreads, 1)
   auto advance = [&](int32_t s) {
     __syncthreads();  // the tile is free; earlier shared writes are visible
     Pass1Smem<C>* bounds = bounded && s < pass1_chunks ? &p1 : nullptr;
-    // Two branches, not a reference chosen at run time: that would put the loaders' registers on the stack.
-    if (s % 2 == 0) {
-      even.store(sm.tile, bounds);
+    auto store_and_refill = [&](TileLoader<Elem, C>& current, TileLoader<Elem, C>& other) {
+      current.store(sm.tile, bounds);
       __syncthreads();
       if (two_tiles_ahead)
-        prefetch(even, s + 2);
+        prefetch(current, s + 2);
       else
-        prefetch(odd, s + 1);
-    } else {
-      odd.store(sm.tile, bounds);
-      __syncthreads();
-      if (two_tiles_ahead)
-        prefetch(odd, s + 2);
-      else
-        prefetch(even, s + 1);
-    }
+        prefetch(other, s + 1);
+    };
+    // Two calls, not a reference chosen at run time: that would put the loaders' registers on the stack.
+    if (s % 2 == 0)
+      store_and_refill(even, odd);
+    else
+      store_and_refill(odd, even);
   };
   prefetch(even, 0);
   if (two_tiles_ahead) prefetch(odd, 1);
