@@ -16,7 +16,7 @@ inline bool env_switch(const char* name, std::string_view on, std::string_view o
   const char* env = std::getenv(name);
   if (env == nullptr || *env == '\0' || std::string_view(env) == on) return true;
   if (std::string_view(env) == off) return false;
-  throw ValidationError(ErrorCode::bad_argument, std::string(name) + " = '" + env + "': expected " + std::string(on) +
+  throw ValidationError(ErrorCode::bad_argument, std::string(name) + " = '" + clipped(env) + "': expected " + std::string(on) +
                                                      " or " + std::string(off) + " (or unset: " + std::string(on) + ")");
 }
 

@@ -670,7 +670,7 @@ AttentionPath selected_attention_path() {
     const char* env = std::getenv("KVSIM_CPU_ATTENTION");
     if (env == nullptr || *env == '\0' || std::string_view(env) == "fast") return AttentionPath::fast;
     if (std::string_view(env) == "reference") return AttentionPath::reference;
-    throw ValidationError(ErrorCode::bad_argument, std::string("KVSIM_CPU_ATTENTION = '") + env +
+    throw ValidationError(ErrorCode::bad_argument, std::string("KVSIM_CPU_ATTENTION = '") + clipped(env) +
                                                        "': expected reference or fast (or unset: fast); the ISA is "
                                                        "KVSIM_CPU_ISA's");
   }();  // a throw leaves it unset: the next call throws again

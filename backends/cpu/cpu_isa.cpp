@@ -53,7 +53,7 @@ CpuIsa isa_from_environment() {
                                cpu_isa_name(best_cpu_isa()) + ")");
     return isa;
   }
-  throw ValidationError(ErrorCode::bad_argument, std::string("KVSIM_CPU_ISA = '") + env +
+  throw ValidationError(ErrorCode::bad_argument, std::string("KVSIM_CPU_ISA = '") + clipped(env) +
                                                      "': expected portable, avx2 or avx512 (or unset: the widest "
                                                      "this CPU runs)");
 }

@@ -42,27 +42,6 @@ SourceLocation location_of(const std::string& file, const toml::source_region& r
   return SourceLocation{file, static_cast<int>(r.begin.line), static_cast<int>(r.begin.column)};
 }
 
-// Text from the file, echoed in a message: cut after 64 characters, so a
-// 10 MB key or string does not come back whole, and control characters
-// written as TOML escapes (\u0000): a NUL would end the message where it is
-// printed, and the terminal must not take the rest as commands.
-std::string clipped(std::string_view text) {
-  constexpr size_t kShown = 64;
-  std::string out;
-  for (const char c : text.substr(0, kShown)) {
-    const auto u = static_cast<unsigned char>(c);
-    if (u < 0x20 || u == 0x7F) {
-      char esc[8];
-      std::snprintf(esc, sizeof esc, "\\u%04X", u);
-      out += esc;
-    } else {
-      out += c;
-    }
-  }
-  if (text.size() <= kShown) return out;
-  return out + "... (" + std::to_string(text.size()) + " characters)";
-}
-
 [[noreturn]] void reject_at(const SourceLocation& at, const std::string& key, const std::string& message) {
   fail(ErrorCode::bad_scenario, location_string(at.file, at.line, at.column) + ": " + clipped(key) + ": " + message);
 }

@@ -305,6 +305,9 @@ TEST_CASE("replay: a small scenario's runs made at once report what runs one aft
   ::setenv("KVSIM_RUNS_AT_ONCE", "yes", 1);
   CHECK_THROWS_WITH_AS(replay(s, *be, four), doctest::Contains("KVSIM_RUNS_AT_ONCE = 'yes': expected 1 or 0 (or unset: 1)"),
                        ValidationError);
+  ::setenv("KVSIM_RUNS_AT_ONCE", std::string(1000, '9').c_str(), 1);  // echoed clipped, not whole
+  const std::string clipped_value = "'" + std::string(64, '9') + "... (1000 characters)'";
+  CHECK_THROWS_WITH_AS(replay(s, *be, four), doctest::Contains(clipped_value.c_str()), ValidationError);
   ::unsetenv("KVSIM_RUNS_AT_ONCE");
   // The reference backend has instances for other threads too; a device backend (and the
   // differential pair) would not: there every run shares the caller's backend, one after another.
